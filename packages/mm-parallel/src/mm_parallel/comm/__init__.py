@@ -1,0 +1,196 @@
+"""Collectives on `Group`s: one API, two backends (native HCCL on Ascend, emulated on CPU mccl).
+
+Every function returns a result and leaves its input alone. A group of size one is the identity:
+the input comes back as it is and nothing is communicated. Shapes are checked before anything is
+sent, so a bad shape raises ValueError on every rank instead of hanging one of them.
+These functions are not differentiable; `mm_parallel.mappings` wraps them with their backward.
+
+    all_reduce(x, g, op)        every rank gets op(x_0, ..., x_{n-1})          op: sum avg max min
+    all_gather(x, g, dim)       every rank gets cat(x_0, ..., x_{n-1}; dim)     (group-rank order)
+    reduce_scatter(x, g, dim)   rank i gets chunk i (along dim) of sum_j x_j
+    all_to_all(x, g, s, c)      rank i gets cat_j(chunk i along s of x_j; along c)
+    broadcast(x, src, g)        every rank gets x_src                            (src: global rank)
+    send / recv                 one-way transfer between two global ranks
+    exchange(x, peer)           two ranks swap tensors at once (pipeline send-and-receive)
+    send_recv(x, dst, src, g)   every rank of g sends to dst and receives from src at once (rings)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import mindspore as ms
+
+from mm_parallel.comm.base import Backend
+from mm_parallel.topology import Group, get_topology
+
+REDUCE_OPS = ("sum", "avg", "max", "min")
+
+_BACKEND: Optional[Backend] = None
+
+
+def get_backend() -> Backend:
+    """The backend for this device: native on Ascend, emulated elsewhere.
+
+    ``MM_COMM_BACKEND=cpu|native`` overrides the choice (the CPU emulation also runs on Ascend,
+    which is how the two are compared there).
+    """
+    global _BACKEND
+    if _BACKEND is None:
+        choice = os.environ.get("MM_COMM_BACKEND") or (
+            "native" if ms.get_context("device_target") == "Ascend" else "cpu"
+        )
+        if choice == "native":
+            from mm_parallel.comm.native import NativeBackend
+
+            _BACKEND = NativeBackend()
+        elif choice == "cpu":
+            from mm_parallel.comm.cpu import CpuBackend
+
+            _BACKEND = CpuBackend()
+        else:
+            raise ValueError(f"MM_COMM_BACKEND={choice!r} is unknown; use 'cpu' or 'native'")
+    return _BACKEND
+
+
+def _group(group: Optional[Group]) -> Group:
+    return get_topology().world if group is None else group
+
+
+def _dim(x, dim: int, what: str) -> int:
+    if not -x.ndim <= dim < x.ndim:
+        raise ValueError(f"{what}: dim {dim} is out of range for a tensor of shape {tuple(x.shape)}")
+    return dim % x.ndim
+
+
+def _divisible(x, dim: int, size: int, what: str):
+    if x.shape[dim] % size != 0:
+        raise ValueError(
+            f"{what}: dimension {dim} of shape {tuple(x.shape)} has length {x.shape[dim]}, "
+            f"which does not split into {size} equal parts; pad it to a multiple of {size}"
+        )
+
+
+def _check_op(x, op: str):
+    if op not in REDUCE_OPS:
+        raise ValueError(f"reduction op {op!r} is unknown; use one of {', '.join(REDUCE_OPS)}")
+    if op == "avg" and not ms.common.dtype.is_float(x.dtype) and x.dtype != ms.bfloat16:
+        raise TypeError(f"op='avg' needs a floating dtype, got {x.dtype}; use op='sum' and divide yourself")
+
+
+def all_reduce(x, group: Optional[Group] = None, op: str = "sum"):
+    """op over the group of every member's ``x``; all members get the result."""
+    group = _group(group)
+    _check_op(x, op)
+    if group.size == 1:
+        return x
+    out = get_backend().all_reduce(x, group, "sum" if op == "avg" else op)
+    return out / group.size if op == "avg" else out
+
+
+def all_gather(x, group: Optional[Group] = None, dim: int = 0):
+    """Concatenation along ``dim`` of every member's ``x``, in group-rank order."""
+    group = _group(group)
+    dim = _dim(x, dim, "all_gather")
+    if group.size == 1:
+        return x
+    return get_backend().all_gather(x, group, dim)
+
+
+def reduce_scatter(x, group: Optional[Group] = None, dim: int = 0, op: str = "sum"):
+    """Member i gets the i-th of ``group.size`` equal chunks (along ``dim``) of the reduction."""
+    group = _group(group)
+    dim = _dim(x, dim, "reduce_scatter")
+    _check_op(x, op)
+    _divisible(x, dim, group.size, "reduce_scatter")
+    if group.size == 1:
+        return x
+    out = get_backend().reduce_scatter(x, group, dim, "sum" if op == "avg" else op)
+    return out / group.size if op == "avg" else out
+
+
+def all_to_all(x, group: Optional[Group] = None, scatter_dim: int = 0, gather_dim: int = 0):
+    """Member i gets, from every member j in order, chunk i of x_j along ``scatter_dim``,
+    concatenated along ``gather_dim``."""
+    group = _group(group)
+    scatter_dim = _dim(x, scatter_dim, "all_to_all")
+    gather_dim = _dim(x, gather_dim, "all_to_all")
+    _divisible(x, scatter_dim, group.size, "all_to_all")
+    if group.size == 1:
+        return x
+    return get_backend().all_to_all(x, group, scatter_dim, gather_dim)
+
+
+def broadcast(x, src: int, group: Optional[Group] = None):
+    """Every member gets the ``x`` of global rank ``src`` (``x`` elsewhere gives shape and dtype)."""
+    group = _group(group)
+    group.group_rank_of(src)
+    if group.size == 1:
+        return x
+    return get_backend().broadcast(x, src, group)
+
+
+def barrier(group: Optional[Group] = None):
+    """Return once every member has arrived."""
+    group = _group(group)
+    if group.size > 1:
+        get_backend().barrier(group)
+
+
+def _me() -> int:
+    return get_topology().rank
+
+
+def send(x, dst: int):
+    """Send ``x`` to global rank ``dst``, which must call ``recv`` with the same shape and dtype."""
+    get_backend().send(x, dst, _me())
+
+
+def recv(shape: Sequence[int], dtype, src: int):
+    """Receive from global rank ``src`` the tensor it passes to ``send``."""
+    return get_backend().recv(tuple(shape), dtype, src, _me())
+
+
+def exchange(x, peer: int, recv_shape: Optional[Sequence[int]] = None):
+    """Send ``x`` to ``peer`` and receive ``peer``'s tensor (shape ``recv_shape``, default x's) at once.
+
+    Both sides call it together; the two tensors may differ in shape but not in dtype.
+    """
+    recv_shape = tuple(x.shape if recv_shape is None else recv_shape)
+    return get_backend().exchange(x, peer, _me(), recv_shape)
+
+
+def send_recv(x, dst: int, src: int, group: Group, recv_shape: Optional[Sequence[int]] = None):
+    """Every member of ``group`` at once sends ``x`` to ``dst`` and receives from ``src``
+    (global ranks): a ring shift when dst = next and src = previous."""
+    group.group_rank_of(dst)
+    group.group_rank_of(src)
+    recv_shape = tuple(x.shape if recv_shape is None else recv_shape)
+    if group.size == 1:
+        return x
+    return get_backend().send_recv(x, dst, src, group, recv_shape)
+
+
+def ring_shift(x, group: Group, offset: int = 1):
+    """Member i receives the ``x`` of member (i - offset) mod n: K/V passing in ring attention."""
+    n = group.size
+    dst = group.ranks[(group.rank + offset) % n]
+    src = group.ranks[(group.rank - offset) % n]
+    return send_recv(x, dst, src, group)
+
+
+__all__ = [
+    "REDUCE_OPS",
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "barrier",
+    "broadcast",
+    "exchange",
+    "get_backend",
+    "recv",
+    "ring_shift",
+    "send",
+    "send_recv",
+]

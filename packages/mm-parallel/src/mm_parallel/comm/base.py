@@ -1,0 +1,59 @@
+"""What both communication backends share: joining the world, creating groups, cutting chunks."""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+from mm_parallel.topology import Group
+
+
+def chunk(x, parts: int, index: int, dim: int):
+    """The ``index``-th of ``parts`` equal pieces of ``x`` along ``dim`` (a slice, no copy of the rest)."""
+    dim = dim % x.ndim
+    size = x.shape[dim] // parts
+    return x.narrow(dim, index * size, size)
+
+
+class Backend:
+    """Collectives on ``mindspore.mint.distributed``; subclasses supply the ops.
+
+    Group communicators are created lazily, by the members only, the first time the group
+    communicates, and cached by their rank tuple: a layout declares many groups (tp, cp, dp, ...)
+    of which a run may use few, and creating one costs a rendezvous.
+    """
+
+    name = "?"
+
+    def __init__(self):
+        self._names: Dict[Tuple[int, ...], str] = {}
+        self._world_size = None
+
+    def init_world(self):
+        """Join the launcher's world once; return (world_size, rank)."""
+        from mindspore.communication import get_group_size, get_rank, init
+        from mindspore.communication.management import GlobalComm
+
+        if not GlobalComm.INITED:
+            init()
+        self._world_size = get_group_size()
+        return self._world_size, get_rank()
+
+    def group_name(self, group: Group) -> str:
+        ranks = tuple(group.ranks)
+        if ranks not in self._names:
+            from mindspore.communication.management import GlobalComm
+            import mindspore.mint.distributed as dist
+
+            if self._world_size is not None and ranks == tuple(range(self._world_size)):
+                self._names[ranks] = GlobalComm.WORLD_COMM_GROUP
+            else:
+                self._names[ranks] = dist.new_group(list(ranks), backend=self.name)
+        return self._names[ranks]
+
+    @staticmethod
+    def pair(a: int, b: int) -> Group:
+        """The two-rank group {a, b} seen from ``a``; point-to-point transfers travel in it."""
+        if a == b:
+            raise ValueError(f"rank {a} cannot send to itself")
+        ranks = (min(a, b), max(a, b))
+        return Group(ranks, ranks.index(a), "pair")

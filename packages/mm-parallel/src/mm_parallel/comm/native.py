@@ -1,0 +1,97 @@
+"""Native backend (Ascend, HCCL): every collective is the library's own.
+
+HCCL's tensor collectives work on dimension 0 of a contiguous tensor, so other dimensions are
+moved to the front and back. Not exercised on CPU (mccl lacks these kernels); the CPU backend
+is the tested reference for the semantics, and both are reached through the same public layer.
+"""
+
+from __future__ import annotations
+
+from mindspore import ops
+
+from mm_parallel.comm.base import Backend
+
+
+def _to_front(x, dim):
+    return x if dim == 0 else ops.moveaxis(x, dim, 0).contiguous()
+
+
+def _from_front(x, dim):
+    return x if dim == 0 else ops.moveaxis(x, 0, dim).contiguous()
+
+
+class NativeBackend(Backend):
+    name = "hccl"
+
+    def all_reduce(self, x, group, op):
+        import mindspore.mint.distributed as dist
+
+        out = x.copy()
+        dist.all_reduce(out, op=op, group=self.group_name(group))
+        return out
+
+    def all_gather(self, x, group, dim):
+        import mindspore.mint.distributed as dist
+
+        front = _to_front(x, dim)
+        out = ops.zeros((front.shape[0] * group.size,) + front.shape[1:], x.dtype)
+        dist.all_gather_into_tensor(out, front, group=self.group_name(group))
+        return _from_front(out, dim)
+
+    def reduce_scatter(self, x, group, dim, op):
+        import mindspore.mint.distributed as dist
+
+        front = _to_front(x, dim)
+        out = ops.zeros((front.shape[0] // group.size,) + front.shape[1:], x.dtype)
+        dist.reduce_scatter_tensor(out, front, op=op, group=self.group_name(group))
+        return _from_front(out, dim)
+
+    def all_to_all(self, x, group, scatter_dim, gather_dim):
+        import mindspore.mint.distributed as dist
+
+        # all_to_all_single sends the i-th dim-0 chunk to rank i and stacks what arrives on dim 0.
+        front = _to_front(x, scatter_dim)
+        out = ops.zeros(front.shape, x.dtype)
+        dist.all_to_all_single(out, front, group=self.group_name(group))
+        pieces = ops.split(_from_front(out, scatter_dim), x.shape[scatter_dim] // group.size, scatter_dim)
+        return ops.concat(pieces, gather_dim)
+
+    def broadcast(self, x, src, group):
+        import mindspore.mint.distributed as dist
+
+        out = x.copy()
+        dist.broadcast(out, src=src, group=self.group_name(group))
+        return out
+
+    def barrier(self, group):
+        import mindspore.mint.distributed as dist
+
+        dist.barrier(group=self.group_name(group))
+
+    def send(self, x, dst, me):
+        import mindspore.mint.distributed as dist
+
+        dist.send(x.contiguous(), dst=dst)
+
+    def recv(self, shape, dtype, src, me):
+        import mindspore.mint.distributed as dist
+
+        out = ops.zeros(shape, dtype)
+        dist.recv(out, src=src)
+        return out
+
+    def exchange(self, x, peer, me, recv_shape):
+        return self._isend_irecv(x, peer, peer, recv_shape)
+
+    def send_recv(self, x, dst, src, group, recv_shape):
+        return self._isend_irecv(x, dst, src, recv_shape)
+
+    def _isend_irecv(self, x, dst, src, recv_shape):
+        import mindspore.mint.distributed as dist
+
+        out = ops.zeros(tuple(recv_shape), x.dtype)
+        ops_list = [dist.P2POp(dist.isend, x.contiguous(), dst), dist.P2POp(dist.irecv, out, src)]
+        for work in dist.batch_isend_irecv(ops_list):
+            work.wait()
+        return out
+

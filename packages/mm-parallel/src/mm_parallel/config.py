@@ -1,0 +1,107 @@
+"""`ParallelConfig`: the parallel layout a user asks for, checked before any process group exists.
+
+Every degree except data parallel is given; data parallel is whatever the world size leaves:
+``dp = world_size / (tp * cp * pp)``. Expert parallel does not multiply the world: the ``ep``
+expert groups are carved out of the ``dp * cp`` ranks that share a tensor/pipeline position
+(as Megatron-Core does), so ``ep`` must divide ``dp * cp``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+CP_ALGORITHMS = ("ulysses", "ring", "hybrid")
+ZERO_STAGES = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """The degrees of each parallel dimension.
+
+    tp: tensor parallel; pp: pipeline stages; vpp: virtual (interleaved) chunks per stage;
+    cp: context parallel, split by ``cp_algo`` ("ulysses" all-to-all, "ring" attention, or
+    "hybrid" = Ulysses of ``ulysses_degree`` inside x Ring of ``cp / ulysses_degree`` across);
+    ep: expert parallel (inside dp x cp); sequence_parallel: shard activations along the sequence
+    inside the TP group (needs tp > 1); zero_stage: 0 plain DP, 1 sharded optimizer state,
+    2 sharded state and gradients.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    cp: int = 1
+    cp_algo: str = "ulysses"
+    ulysses_degree: Optional[int] = None
+    ep: int = 1
+    sequence_parallel: bool = False
+    zero_stage: int = 0
+
+    def __post_init__(self):
+        for name in ("tp", "pp", "vpp", "cp", "ep"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ParallelConfig.{name} must be a positive integer, got {value!r}")
+        if self.cp_algo not in CP_ALGORITHMS:
+            raise ValueError(
+                f"ParallelConfig.cp_algo={self.cp_algo!r} is unknown; use one of {', '.join(CP_ALGORITHMS)}"
+            )
+        if self.zero_stage not in ZERO_STAGES:
+            raise ValueError(f"ParallelConfig.zero_stage={self.zero_stage!r} is unknown; use 0, 1 or 2")
+        if self.vpp > 1 and self.pp == 1:
+            raise ValueError(
+                f"vpp={self.vpp} needs pipeline parallelism: interleaved chunks exist only with pp > 1; "
+                "set pp > 1 or vpp=1"
+            )
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError(
+                "sequence_parallel=True shards activations over the tensor-parallel group; it needs tp > 1"
+            )
+        self._check_ulysses_degree()
+
+    def _check_ulysses_degree(self):
+        u = self.ulysses_degree
+        if self.cp_algo != "hybrid":
+            if u is not None and u != (self.cp if self.cp_algo == "ulysses" else 1):
+                raise ValueError(
+                    f"ulysses_degree={u} applies only to cp_algo='hybrid' (with cp_algo={self.cp_algo!r} "
+                    "leave it unset)"
+                )
+            return
+        if u is None:
+            raise ValueError("cp_algo='hybrid' needs ulysses_degree (cp = ulysses_degree x ring size)")
+        if isinstance(u, bool) or not isinstance(u, int) or u < 1 or self.cp % u != 0:
+            raise ValueError(
+                f"ulysses_degree={u!r} must be a positive divisor of cp={self.cp} "
+                "(cp = ulysses_degree x ring size)"
+            )
+
+    @property
+    def ulysses_size(self) -> int:
+        """Ranks that exchange heads by all-to-all inside one context-parallel group."""
+        if self.cp_algo == "ulysses":
+            return self.cp
+        if self.cp_algo == "ring":
+            return 1
+        return self.ulysses_degree
+
+    @property
+    def ring_size(self) -> int:
+        """Ranks that pass key/value blocks round a ring inside one context-parallel group."""
+        return self.cp // self.ulysses_size
+
+    def data_parallel_size(self, world_size: int) -> int:
+        """dp = world_size / (tp * cp * pp); raises ValueError when the layout does not tile the world."""
+        model = self.tp * self.cp * self.pp
+        if world_size % model != 0:
+            raise ValueError(
+                f"world size {world_size} is not divisible by tp*cp*pp = {self.tp}*{self.cp}*{self.pp} = {model}; "
+                "change the degrees or the number of processes"
+            )
+        dp = world_size // model
+        if (dp * self.cp) % self.ep != 0:
+            raise ValueError(
+                f"ep={self.ep} must divide dp*cp = {dp}*{self.cp} = {dp * self.cp} "
+                "(expert groups are carved out of the data- and context-parallel ranks)"
+            )
+        return dp

@@ -1,0 +1,184 @@
+"""Run code under ``msrun`` with N CPU workers and collect what each rank returns.
+
+    results = run_distributed(check_all_reduce, nproc=4, timeout=240, size=8)
+    # results[r] is the JSON value rank r's check_all_reduce(size=8) returned
+
+The function must live at module level in a file (a test module is fine): every worker loads
+that file afresh and calls it. Return values travel as JSON (numpy arrays are encoded, nothing is
+pickled). A launch gets a free port and a hard timeout: a hang kills the whole process group and
+fails with the tail of every worker's log; a rank that raises fails the launch with its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+_WORKER = Path(__file__).with_name("worker.py")
+# Grace period for the other ranks once one rank has failed (they may be stuck in a collective).
+_FAILURE_GRACE_S = 5.0
+
+
+class DistributedRunError(RuntimeError):
+    """A launch failed: a rank raised, a worker died, or the launch ran past its timeout."""
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the scheduler binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def encode(value: Any) -> Any:
+    """JSON-ready form of a result: numpy arrays and scalars become tagged lists / numbers."""
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": value.tolist(), "dtype": str(value.dtype), "shape": list(value.shape)}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {str(k): encode(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [encode(v) for v in value]
+    return value
+
+
+def decode(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "__ndarray__" in value:
+            return np.asarray(value["__ndarray__"], dtype=value["dtype"]).reshape(value["shape"])
+        return {k: decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    return value
+
+
+def _msrun() -> List[str]:
+    beside = Path(sys.executable).with_name("msrun")
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which("msrun")
+    if found:
+        return [found]
+    raise DistributedRunError("msrun was not found: install mindspore in this environment")
+
+
+def _log_tail(path: Path, lines: int) -> str:
+    if not path.exists():
+        return f"(no log at {path})"
+    text = path.read_text(errors="replace").splitlines()
+    # MindSpore's cluster layer logs every TCP connection; keep the lines a person needs.
+    kept = [t for t in text if not t.startswith(("[INFO]", "[WARNING] DISTRIBUTED"))]
+    return "\n".join(kept[-lines:])
+
+
+def launch(
+    script: os.PathLike,
+    nproc: int,
+    args: Sequence[str] = (),
+    timeout: float = 300.0,
+    log_dir: Optional[os.PathLike] = None,
+    env: Optional[Dict[str, str]] = None,
+    failed: Callable[[], bool] = lambda: False,
+) -> Path:
+    """Run ``script args`` under msrun with ``nproc`` local CPU workers; return the log folder.
+
+    Raises DistributedRunError when the launch exits non-zero, when ``failed()`` turns true and
+    the workers do not exit within a short grace, or after ``timeout`` seconds.
+    """
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="mm_msrun_"))
+    cmd = _msrun() + [
+        f"--worker_num={nproc}",
+        f"--local_worker_num={nproc}",
+        f"--master_port={free_port()}",
+        f"--log_dir={log_dir}",
+        "--join=True",
+        str(script),
+        *args,
+    ]
+    # msrun starts workers with the `python` found on PATH: make it this interpreter.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    full_env = {**os.environ, "PATH": path, "GLOG_v": "3", **(env or {})}
+    proc = subprocess.Popen(
+        cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    start, failed_at, reason = time.monotonic(), None, None
+    while proc.poll() is None:
+        now = time.monotonic()
+        if now - start > timeout:
+            reason = f"timed out after {timeout:.0f} s"
+        elif failed_at is None and failed():
+            failed_at = now
+        elif failed_at is not None and now - failed_at > _FAILURE_GRACE_S:
+            reason = "a rank failed and the others did not exit"
+        if reason:
+            _kill(proc)
+            break
+        time.sleep(0.2)
+    output = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+    if reason is None and proc.returncode != 0:
+        reason = f"msrun exited with {proc.returncode}"
+    if reason:
+        tails = "\n".join(
+            f"--- worker {r} (log tail) ---\n{_log_tail(log_dir / f'worker_{r}.log', 40)}" for r in range(nproc)
+        )
+        raise DistributedRunError(
+            f"{Path(script).name} on {nproc} processes: {reason}\n{tails}\n--- msrun ---\n{output[-2000:]}"
+        )
+    return log_dir
+
+
+def _kill(proc: subprocess.Popen):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_distributed(
+    fn: Callable,
+    nproc: int,
+    timeout: float = 300.0,
+    env: Optional[Dict[str, str]] = None,
+    **kwargs,
+) -> List[Any]:
+    """Call module-level ``fn(**kwargs)`` on ``nproc`` msrun workers; return each rank's result.
+
+    kwargs must be JSON values. Results are listed by global rank.
+    """
+    source = Path(sys.modules[fn.__module__].__file__).resolve()
+    with tempfile.TemporaryDirectory(prefix="mm_dist_") as tmp:
+        out = Path(tmp)
+        spec = {"file": str(source), "function": fn.__qualname__, "kwargs": kwargs, "out": str(out)}
+        (out / "spec.json").write_text(json.dumps(spec))
+
+        def errors() -> List[Path]:
+            return sorted(out.glob("rank*.error"))
+
+        try:
+            launch(_WORKER, nproc, [str(out / "spec.json")], timeout, out / "logs", env, lambda: bool(errors()))
+        except DistributedRunError as e:
+            tracebacks = "\n".join(f"--- {p.stem} raised ---\n{p.read_text()}" for p in errors())
+            raise DistributedRunError(f"{fn.__qualname__}: {tracebacks}\n{e}" if tracebacks else str(e)) from None
+        results = []
+        for r in range(nproc):
+            path = out / f"rank{r}.json"
+            if not path.exists():
+                raise DistributedRunError(f"{fn.__qualname__}: rank {r} exited without a result")
+            results.append(decode(json.loads(path.read_text())))
+        return results
+
+
+__all__ = ["DistributedRunError", "decode", "encode", "free_port", "launch", "run_distributed"]

@@ -1,0 +1,43 @@
+"""One msrun worker of `run_distributed`: load the target file, call the function, write the result.
+
+Usage (by the harness): ``worker.py SPEC.json`` with SPEC = {file, function, kwargs, out}.
+Writes ``out/rank{R}.json`` on success and ``out/rank{R}.error`` (the traceback) on failure.
+"""
+
+import importlib.util
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+
+def _rank() -> int:
+    # msrun numbers its workers (RANK_ID) in the environment before MindSpore is imported.
+    return int(os.environ.get("RANK_ID", "0"))
+
+
+def main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    out = Path(spec["out"])
+    rank = _rank()
+    try:
+        from mm_parallel.testing import encode
+
+        module_spec = importlib.util.spec_from_file_location("_mm_distributed_target", spec["file"])
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_spec.name] = module
+        module_spec.loader.exec_module(module)
+        fn = module
+        for part in spec["function"].split("."):
+            fn = getattr(fn, part)
+        result = fn(**spec["kwargs"])
+        (out / f"rank{rank}.json").write_text(json.dumps(encode(result)))
+        return 0
+    except BaseException:
+        (out / f"rank{rank}.error").write_text(traceback.format_exc())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
