@@ -26,6 +26,7 @@ from mm_parallel.comm.base import Backend
 from mm_parallel.topology import Group, get_topology
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
+_FLOAT_DTYPES = (ms.float16, ms.bfloat16, ms.float32, ms.float64)
 
 _BACKEND: Optional[Backend] = None
 
@@ -75,7 +76,7 @@ def _divisible(x, dim: int, size: int, what: str):
 def _check_op(x, op: str):
     if op not in REDUCE_OPS:
         raise ValueError(f"reduction op {op!r} is unknown; use one of {', '.join(REDUCE_OPS)}")
-    if op == "avg" and not ms.common.dtype.is_float(x.dtype) and x.dtype != ms.bfloat16:
+    if op == "avg" and x.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"op='avg' needs a floating dtype, got {x.dtype}; use op='sum' and divide yourself")
 
 

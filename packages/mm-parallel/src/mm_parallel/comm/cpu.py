@@ -40,7 +40,7 @@ def _carried(x):
     raise TypeError(f"dtype {x.dtype} cannot be communicated on CPU; cast to one of float32, float16, int32, int64")
 
 
-_LOCAL_REDUCE = {"sum": lambda s: s.sum(0), "max": lambda s: s.max(0), "min": lambda s: s.min(0)}
+_LOCAL_REDUCE = {"sum": lambda s: s.sum(0), "max": lambda s: ops.amax(s, 0), "min": lambda s: ops.amin(s, 0)}
 
 
 class CpuBackend(Backend):

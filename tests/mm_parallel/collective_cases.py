@@ -1,0 +1,329 @@
+"""Collective and region-map checks against numpy, run inside msrun workers.
+
+Every rank draws the data of every rank from a seed (rank, case), so each rank computes the
+numpy answer for its own group independently of the communication under test. A case returns
+"" when it matches and a message otherwise; `run_cases` runs them all in one launch (one msrun
+start costs seconds, one collective milliseconds).
+
+Values are small integers, so sums are exact in every dtype and comparisons are exact except
+where a division (avg) rounds.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+# (group kind, layout): which groups the cases run on, per world size. tp=2 x cp=2 inside a
+# world of 4 gives contiguous tp groups [0,1],[2,3] and strided cp groups [0,2],[1,3].
+GROUPS = {
+    2: [("world", {}), ("tp", {"tp": 2})],
+    4: [("world", {}), ("tp", {"tp": 2, "cp": 2}), ("cp", {"tp": 2, "cp": 2}), ("dp", {"tp": 2, "cp": 2})],
+}
+REDUCE_DTYPES = ["float32", "float16", "bfloat16", "int8", "int16", "int32", "int64", "float64", "uint8", "bool"]
+MOVE_DTYPES = ["float32", "float16", "bfloat16", "int8", "int16", "int32", "int64", "float64", "uint8", "bool"]
+SHAPE = (4, 8, 4)
+ALL_TO_ALL_DIMS = [(0, 1), (1, 0), (2, 1), (1, 1), (1, 2)]
+MAPS = [
+    "copy_to_region",
+    "reduce_from_region",
+    "scatter_to_region",
+    "gather_from_region",
+    "scatter_to_sequence",
+    "gather_from_sequence",
+    "gather_from_sequence_split_grad",
+    "reduce_scatter_to_sequence",
+    "all_to_all_1_2",
+    "all_to_all_2_1",
+]
+
+
+def case_names(world_size: int) -> List[str]:
+    names = []
+    for kind, _ in GROUPS[world_size]:
+        for dtype in REDUCE_DTYPES:
+            for op in ("sum", "max", "min") if dtype != "bool" else ("sum",):
+                names.append(f"{kind}/all_reduce/{op}/{dtype}")
+        names.append(f"{kind}/all_reduce/avg/float32")
+        for dtype in MOVE_DTYPES:
+            for dim in (0, 1, 2):
+                names.append(f"{kind}/all_gather/dim{dim}/{dtype}")
+        for dim in (0, 1):
+            for op in ("sum", "avg", "max"):
+                names.append(f"{kind}/reduce_scatter/dim{dim}/{op}")
+        for s, g in ALL_TO_ALL_DIMS:
+            names.append(f"{kind}/all_to_all/{s}to{g}")
+        names += [f"{kind}/all_to_all/int64", f"{kind}/broadcast/float32", f"{kind}/broadcast/bool"]
+        names += [f"{kind}/ring_shift/+1", f"{kind}/ring_shift/-1", f"{kind}/barrier"]
+        names += [f"{kind}/map/{m}" for m in MAPS]
+        names += [f"{kind}/errors/not_divisible"]
+    names += ["p2p/exchange_unequal_shapes", "p2p/send_recv", "p2p/send_recv_pipeline"]
+    return names
+
+
+def _data(rank: int, case: str, shape=SHAPE, dtype="float32") -> np.ndarray:
+    seed = [rank] + [ord(c) for c in case]
+    values = np.random.default_rng(seed).integers(-8, 8, size=shape)
+    if dtype == "bool":
+        return values > 0
+    if dtype == "uint8":
+        return (values + 8).astype(np.uint8)
+    return values.astype(np.float32 if dtype == "bfloat16" else dtype)
+
+
+def _chunks(a: np.ndarray, n: int, dim: int) -> List[np.ndarray]:
+    return np.split(a, n, axis=dim)
+
+
+def _to_ms(a: np.ndarray, dtype: str):
+    import mindspore as ms
+    from mindspore import Tensor
+
+    t = Tensor(a)
+    return t.astype(ms.bfloat16) if dtype == "bfloat16" else t
+
+
+def _to_np(t) -> np.ndarray:
+    import mindspore as ms
+
+    return t.astype(ms.float32).asnumpy() if t.dtype == ms.bfloat16 else t.asnumpy()
+
+
+def _compare(got: np.ndarray, want: np.ndarray, rtol: float = 0.0, atol: float = 0.0) -> str:
+    if got.shape != want.shape:
+        return f"shape {got.shape} != expected {want.shape}"
+    if got.dtype != want.dtype:
+        return f"dtype {got.dtype} != expected {want.dtype}"
+    try:
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol)
+    except AssertionError as e:
+        return str(e)
+    return ""
+
+
+_NP_REDUCE = {"sum": lambda s: s.sum(0), "max": lambda s: s.max(0), "min": lambda s: s.min(0)}
+
+
+def _expected_reduce(stack: np.ndarray, op: str, dtype: str) -> np.ndarray:
+    if dtype == "bool":
+        return stack.any(0)
+    if op == "avg":
+        return stack.sum(0) / stack.shape[0]
+    return _NP_REDUCE[op](stack).astype(stack.dtype)
+
+
+def _run_case(name: str, topo) -> str:
+    import mindspore as ms
+
+    from mm_parallel import comm, mappings
+
+    parts = name.split("/")
+    kind, what = parts[0], parts[1]
+    if kind == "p2p":
+        return _run_p2p(what, topo)
+    group = getattr(topo, kind) if kind != "world" else topo.world
+    n, me = group.size, group.rank
+    xs = [_data(r, name) for r in group.ranks]
+
+    if what == "all_reduce":
+        op, dtype = parts[2], parts[3]
+        xs = [_data(r, name, dtype=dtype) for r in group.ranks]
+        got = _to_np(comm.all_reduce(_to_ms(xs[me], dtype), group, op))
+        want = _expected_reduce(np.stack(xs), op, dtype)
+        return _compare(got, want, rtol=1e-6 if op == "avg" else 0.0)
+    if what == "all_gather":
+        dim, dtype = int(parts[2][3:]), parts[3]
+        xs = [_data(r, name, dtype=dtype) for r in group.ranks]
+        got = _to_np(comm.all_gather(_to_ms(xs[me], dtype), group, dim))
+        return _compare(got, np.concatenate(xs, axis=dim))
+    if what == "reduce_scatter":
+        dim, op = int(parts[2][3:]), parts[3]
+        got = _to_np(comm.reduce_scatter(_to_ms(xs[me], "float32"), group, dim, op))
+        want = _chunks(_expected_reduce(np.stack(xs), op, "float32"), n, dim)[me]
+        return _compare(got, want, rtol=1e-6)
+    if what == "all_to_all":
+        s, g = (0, 0) if parts[2] == "int64" else map(int, parts[2].split("to"))
+        if parts[2] == "int64":
+            xs = [_data(r, name, dtype="int64") for r in group.ranks]
+        got = _to_np(comm.all_to_all(_to_ms(xs[me], "float32"), group, s, g))
+        want = np.concatenate([_chunks(x, n, s)[me] for x in xs], axis=g)
+        return _compare(got, want)
+    if what == "broadcast":
+        dtype = parts[2]
+        xs = [_data(r, name, dtype=dtype) for r in group.ranks]
+        problems = []
+        for src_index, src in enumerate(group.ranks):
+            got = _to_np(comm.broadcast(_to_ms(xs[me], dtype), src, group))
+            problems.append(_compare(got, xs[src_index]))
+        return "; ".join(p for p in problems if p)
+    if what == "ring_shift":
+        offset = int(parts[2])
+        got = _to_np(comm.ring_shift(_to_ms(xs[me], "float32"), group, offset))
+        return _compare(got, xs[(me - offset) % n])
+    if what == "barrier":
+        comm.barrier(group)
+        return ""
+    if what == "map":
+        return _run_map(parts[2], group, xs, name)
+    if what == "errors":
+        return _run_errors(group)
+    raise KeyError(name)
+
+
+def _run_map(which: str, group, xs, name) -> str:
+    """Forward and backward of one region map; the cotangent c_r differs per rank."""
+    import mindspore as ms
+
+    from mm_parallel import mappings
+
+    n, me = group.size, group.rank
+    dim_tp, dim_seq = -1, 1
+    x = xs[me]
+
+    if which == "copy_to_region":
+        fn = lambda t: mappings.copy_to_region(t, group)
+        y_want = x
+        cs = [_data(r + 100, name, y_want.shape) for r in group.ranks]
+        dx_want = sum(cs)
+    elif which == "reduce_from_region":
+        fn = lambda t: mappings.reduce_from_region(t, group)
+        y_want = sum(xs)
+        cs = [_data(r + 100, name, y_want.shape) for r in group.ranks]
+        dx_want = cs[me]
+    elif which in ("scatter_to_region", "scatter_to_sequence"):
+        dim = dim_tp if which == "scatter_to_region" else dim_seq
+        # the input of a scatter is replicated; take rank 0's
+        x = xs[0]
+        fn = (lambda t: mappings.scatter_to_region(t, group, dim)) if dim == dim_tp else (
+            lambda t: mappings.scatter_to_sequence(t, group, dim))
+        if x.shape[dim] % n:
+            x = np.concatenate([x] * n, axis=dim)
+        y_want = _chunks(x, n, dim)[me]
+        cs = [_data(r + 100, name, y_want.shape) for r in group.ranks]
+        dx_want = np.concatenate(cs, axis=dim)
+    elif which == "gather_from_region":
+        fn = lambda t: mappings.gather_from_region(t, group, dim_tp)
+        y_want = np.concatenate(xs, axis=dim_tp)
+        c = _data(100, name, y_want.shape)  # the gathered output is replicated, so is its cotangent
+        cs = [c] * n
+        dx_want = _chunks(c, n, dim_tp)[me]
+    elif which in ("gather_from_sequence", "gather_from_sequence_split_grad"):
+        split = which.endswith("split_grad")
+        fn = lambda t: mappings.gather_from_sequence(t, group, dim_seq, grad_reduce_scatter=not split)
+        y_want = np.concatenate(xs, axis=dim_seq)
+        cs = [_data(r + 100, name, y_want.shape) for r in group.ranks]
+        dx_want = _chunks(cs[me] if split else sum(cs), n, dim_seq)[me]
+    elif which == "reduce_scatter_to_sequence":
+        fn = lambda t: mappings.reduce_scatter_to_sequence(t, group, dim_seq)
+        y_want = _chunks(sum(xs), n, dim_seq)[me]
+        cs = [_data(r + 100, name, y_want.shape) for r in group.ranks]
+        dx_want = np.concatenate(cs, axis=dim_seq)
+    elif which.startswith("all_to_all"):
+        s, g = map(int, which.split("_")[-2:])
+        fn = lambda t: mappings.all_to_all(t, group, s, g)
+        y_want = np.concatenate([_chunks(v, n, s)[me] for v in xs], axis=g)
+        cs = [_data(r + 100, name, y_want.shape) for r in group.ranks]
+        # the inverse all-to-all: rank me gets, from every rank j, chunk me of c_j along g, on s
+        dx_want = np.concatenate([_chunks(c, n, g)[me] for c in cs], axis=s)
+    else:
+        raise KeyError(which)
+
+    from mindspore import Tensor
+
+    c_me = Tensor(cs[me].astype(np.float32))
+    y = fn(Tensor(x))
+    problem = _compare(y.asnumpy(), y_want.astype(np.float32))
+    if problem:
+        return "forward: " + problem
+    dx = ms.grad(lambda t: (fn(t) * c_me).sum())(Tensor(x))
+    problem = _compare(dx.asnumpy(), dx_want.astype(np.float32))
+    return "backward: " + problem if problem else ""
+
+
+def _run_errors(group) -> str:
+    """Shapes that do not split raise ValueError on every rank before anything is sent."""
+    from mindspore import Tensor
+
+    from mm_parallel import comm, mappings
+
+    if group.size == 1:
+        return ""
+    bad = Tensor(np.zeros((group.size + 1, 3), np.float32))
+    calls = {
+        "reduce_scatter": lambda: comm.reduce_scatter(bad, group, 0),
+        "all_to_all": lambda: comm.all_to_all(bad, group, 0, 1),
+        "scatter_to_sequence": lambda: mappings.scatter_to_sequence(bad, group, 0),
+        "reduce_scatter_to_sequence": lambda: mappings.reduce_scatter_to_sequence(bad, group, 0),
+        "bad_dim": lambda: comm.all_gather(bad, group, 5),
+        "bad_op": lambda: comm.all_reduce(bad, group, "prod"),
+    }
+    missing = []
+    for what, call in calls.items():
+        try:
+            call()
+            missing.append(what)
+        except ValueError as e:
+            if what != "bad_op" and what != "bad_dim" and "equal parts" not in str(e):
+                missing.append(f"{what} (message: {e})")
+    return f"no ValueError from {missing}" if missing else ""
+
+
+def _run_p2p(what: str, topo) -> str:
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from mm_parallel import comm
+
+    me, world = topo.rank, topo.world_size
+    if what == "exchange_unequal_shapes":
+        # pairs (0,1), (2,3): each side sends a tensor of length rank+1, a pipeline's micro-batches
+        peer = me ^ 1
+        got = comm.exchange(Tensor(_data(me, what, (me + 1, 3))), peer, recv_shape=(peer + 1, 3)).asnumpy()
+        return _compare(got, _data(peer, what, (peer + 1, 3)))
+    if what == "send_recv":
+        # the first rank sends to the last, which receives; the others do not take part
+        first, last = 0, world - 1
+        if me == first:
+            comm.send(Tensor(_data(first, what)), last)
+        elif me == last:
+            return _compare(comm.recv(SHAPE, ms.float32, first).asnumpy(), _data(first, what))
+        return ""
+    if what == "send_recv_pipeline":
+        # a forward pass through a pipeline of all ranks: 0 -> 1 -> ... -> last, adding one each hop
+        value = Tensor(_data(0, what)) if me == 0 else comm.recv(SHAPE, ms.float32, me - 1) + 1
+        if me < world - 1:
+            comm.send(value, me + 1)
+            return ""
+        return _compare(value.asnumpy(), _data(0, what) + (world - 1))
+    raise KeyError(what)
+
+
+def run_cases(world_size: int) -> Dict[str, str]:
+    """Every case for this world size; returns {case: "" or what went wrong} for this rank."""
+    import mm_parallel
+
+    results: Dict[str, str] = {}
+    layouts: Dict[Tuple, object] = {}
+    names = case_names(world_size)
+    for kind, layout in GROUPS[world_size]:
+        key = tuple(sorted(layout.items()))
+        if key not in layouts:
+            layouts[key] = mm_parallel.initialize(mm_parallel.ParallelConfig(**layout))
+        topo = layouts[key]
+        for name in names:
+            if name.split("/")[0] == kind:
+                results[name] = _guarded(name, topo)
+    topo = mm_parallel.initialize(mm_parallel.ParallelConfig())
+    for name in names:
+        if name.startswith("p2p/"):
+            results[name] = _guarded(name, topo)
+    return results
+
+
+def _guarded(name, topo) -> str:
+    try:
+        return _run_case(name, topo)
+    except Exception:
+        return traceback.format_exc()
