@@ -1,0 +1,66 @@
+"""The msrun harness itself: results per rank, a raising rank and a hang both fail fast and say why."""
+
+import time
+
+import numpy as np
+import pytest
+
+from mm_parallel.testing import DistributedRunError, decode, encode
+
+pytestmark = pytest.mark.distributed
+
+
+def report_rank(scale):
+    import mm_parallel
+
+    topo = mm_parallel.initialize()
+    return {"rank": topo.rank, "world": topo.world_size, "array": np.arange(3) * scale * topo.rank}
+
+
+def rank_one_raises():
+    import mm_parallel
+    from mm_parallel import comm
+
+    topo = mm_parallel.initialize()
+    if topo.rank == 1:
+        raise ValueError("rank one refuses")
+    comm.barrier()  # rank 0 waits here for a partner that never comes
+
+
+def rank_one_hangs():
+    import mm_parallel
+
+    topo = mm_parallel.initialize()
+    if topo.rank == 1:
+        time.sleep(600)
+    return topo.rank
+
+
+def test_results_come_back_by_rank(run_distributed):
+    results = run_distributed(report_rank, nproc=2, timeout=120, scale=2)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["world"] == 2 for r in results)
+    np.testing.assert_array_equal(results[1]["array"], [0, 2, 4])
+
+
+def test_a_raising_rank_fails_fast_with_its_traceback(run_distributed):
+    start = time.monotonic()
+    with pytest.raises(DistributedRunError, match="rank one refuses") as info:
+        run_distributed(rank_one_raises, nproc=2, timeout=200)
+    assert "rank1 raised" in str(info.value)
+    assert time.monotonic() - start < 100, "a failed rank must not wait for the timeout"
+
+
+def test_a_hang_is_killed_at_the_timeout(run_distributed):
+    start = time.monotonic()
+    with pytest.raises(DistributedRunError, match="timed out after 25 s") as info:
+        run_distributed(rank_one_hangs, nproc=2, timeout=25)
+    assert time.monotonic() - start < 60
+    assert "worker 1 (log tail)" in str(info.value)
+
+
+def test_encoding_round_trip_without_pickle():
+    value = {"a": np.arange(6, dtype=np.int16).reshape(2, 3), "b": [np.float32(1.5), "x"], "c": None}
+    back = decode(encode(value))
+    assert back["a"].dtype == np.int16 and back["a"].shape == (2, 3)
+    assert back["b"] == [1.5, "x"] and back["c"] is None
