@@ -60,6 +60,8 @@ def case_names(world_size: int) -> List[str]:
         names += [f"{kind}/map/{m}" for m in MAPS]
         names += [f"{kind}/errors/not_divisible"]
     names += ["p2p/exchange_unequal_shapes", "p2p/send_recv", "p2p/send_recv_pipeline"]
+    # over 4 MB, all_gather and broadcast travel in pieces (comm/cpu.py): 5 MB and 9 MB per rank
+    names += [f"world/{op}/large{mb}" for op in ("all_gather", "broadcast", "all_to_all") for mb in (5, 9)]
     return names
 
 
@@ -133,6 +135,8 @@ def _run_case(name: str, topo) -> str:
         got = _to_np(comm.all_reduce(_to_ms(xs[me], dtype), group, op))
         want = _expected_reduce(np.stack(xs), op, dtype)
         return _compare(got, want, rtol=1e-6 if op == "avg" else 0.0)
+    if len(parts) > 2 and parts[2].startswith("large"):
+        return _run_large(what, int(parts[2][5:]), group, name)
     if what == "all_gather":
         dim, dtype = int(parts[2][3:]), parts[3]
         xs = [_data(r, name, dtype=dtype) for r in group.ranks]
@@ -170,6 +174,24 @@ def _run_case(name: str, topo) -> str:
     if what == "errors":
         return _run_errors(group)
     raise KeyError(name)
+
+
+def _run_large(what: str, megabytes: int, group, name) -> str:
+    """A tensor larger than one mccl message: (n*k, 2^18 + 3) float32 rows of ~1 MB."""
+    from mindspore import Tensor
+
+    from mm_parallel import comm
+
+    n, me = group.size, group.rank
+    shape = (megabytes if megabytes % n == 0 else megabytes * n, (1 << 18) + 3)
+    xs = [np.random.default_rng([r, megabytes]).standard_normal(shape).astype(np.float32) for r in group.ranks]
+    if what == "all_gather":
+        return _compare(comm.all_gather(Tensor(xs[me]), group, 1).asnumpy(), np.concatenate(xs, axis=1))
+    if what == "broadcast":
+        src = group.ranks[-1]
+        return _compare(comm.broadcast(Tensor(xs[me]), src, group).asnumpy(), xs[-1])
+    want = np.concatenate([_chunks(x, n, 0)[me] for x in xs], axis=1)
+    return _compare(comm.all_to_all(Tensor(xs[me]), group, 0, 1).asnumpy(), want)
 
 
 def _run_map(which: str, group, xs, name) -> str:

@@ -14,6 +14,9 @@ Dtypes mccl refuses (measured): all_reduce has no float64, uint8, bool; all_gath
 broadcast have no int16, bool, bfloat16. A refused dtype travels as a lossless carrier dtype, and
 a reduction mccl cannot do is an all_gather followed by a local reduction. Errors from mccl
 surface asynchronously (at the next sync), so dtypes are checked here before the call.
+all_gather and broadcast send tensors over 4 MB in pieces: larger single messages fail.
+``barrier`` is a waited-for one-element all_reduce: mccl's own barrier breaks a following large
+broadcast.
 """
 
 from __future__ import annotations
@@ -29,6 +32,25 @@ _REDUCE_DTYPES = {ms.float32, ms.float16, ms.bfloat16, ms.int8, ms.int16, ms.int
 _MOVE_DTYPES = {ms.float32, ms.float16, ms.float64, ms.int8, ms.uint8, ms.int32, ms.int64}
 # Lossless stand-ins for dtypes that all_gather / broadcast refuse.
 _MOVE_CARRIER = {ms.bool_: ms.int8, ms.int16: ms.int32, ms.bfloat16: ms.float32}
+
+
+# mccl's all_gather and broadcast of one message over ~8 MB fail (the source times out after
+# 30 s, "CollectiveWait failed") once ranks reach the call at different moments; measured: 16 MB
+# fails within 5-8 calls with one rank 0.5 s late, 8 MB passes 14. Larger tensors travel in pieces.
+_MAX_MESSAGE_BYTES = 4 << 20
+
+
+def _pieces(x) -> List:
+    """``x`` flattened and cut into messages of at most _MAX_MESSAGE_BYTES (one piece if small)."""
+    per_piece = max(1, _MAX_MESSAGE_BYTES // x.itemsize)
+    if x.size <= per_piece:
+        return [x.contiguous()]
+    flat = x.reshape(-1)
+    return [flat[i : i + per_piece].contiguous() for i in range(0, x.size, per_piece)]
+
+
+def _joined(pieces: List, shape) -> object:
+    return pieces[0].reshape(shape) if len(pieces) == 1 else ops.concat(pieces, 0).reshape(shape)
 
 
 def _carried(x):
@@ -65,11 +87,15 @@ class CpuBackend(Backend):
         return _LOCAL_REDUCE[op](stacked).astype(x.dtype)
 
     def _gather_list(self, x, group) -> List:
+        """[x of group rank 0, x of group rank 1, ...]"""
         import mindspore.mint.distributed as dist
 
         moved, dtype = _carried(x)
-        parts = [ops.zeros(moved.shape, moved.dtype) for _ in range(group.size)]
-        dist.all_gather(parts, moved.contiguous(), group=self.group_name(group))
+        pieces = _pieces(moved)
+        gathered = [[ops.zeros(p.shape, p.dtype) for _ in range(group.size)] for p in pieces]
+        for piece, out in zip(pieces, gathered):
+            dist.all_gather(out, piece, group=self.group_name(group))
+        parts = [_joined([g[r] for g in gathered], moved.shape) for r in range(group.size)]
         return parts if moved.dtype == dtype else [p.astype(dtype) for p in parts]
 
     def all_gather(self, x, group, dim):
@@ -87,14 +113,17 @@ class CpuBackend(Backend):
         import mindspore.mint.distributed as dist
 
         moved, dtype = _carried(x)
-        out = moved.copy()
-        dist.broadcast(out, src=src, group=self.group_name(group))
+        pieces = [p.copy() for p in _pieces(moved)]
+        for piece in pieces:
+            dist.broadcast(piece, src=src, group=self.group_name(group))
+        out = _joined(pieces, moved.shape)
         return out if out.dtype == dtype else out.astype(dtype)
 
     def barrier(self, group):
-        import mindspore.mint.distributed as dist
-
-        dist.barrier(group=self.group_name(group))
+        # mccl's own barrier followed by a large broadcast makes the broadcast's source fail
+        # ("CollectiveWait failed" after 30 s; measured with 16 MB): a one-element all-reduce,
+        # waited for, is the same rendezvous without that fault.
+        self.all_reduce(ops.ones((1,), ms.float32), group, "sum").asnumpy()
 
     # Point-to-point: every transfer is a collective of a group that the two ends share.
     def send(self, x, dst, me):
@@ -118,7 +147,9 @@ class CpuBackend(Backend):
         each travels flattened and padded to the largest size: this side knows its own size and,
         from ``recv_shape``, the source's; every pair in a two-rank group agrees on both.
         """
-        if group.size > 2 and tuple(recv_shape) != tuple(x.shape):
+        if tuple(recv_shape) == tuple(x.shape):
+            return self._gather_list(x, group)[group.group_rank_of(src)]
+        if group.size > 2:
             raise ValueError("a ring send_recv over more than two ranks needs equal shapes on every rank")
         numel, recv_numel = x.size, _numel(recv_shape)
         width = max(numel, recv_numel)
