@@ -56,7 +56,7 @@ def case_names(world_size: int) -> List[str]:
         for s, g in ALL_TO_ALL_DIMS:
             names.append(f"{kind}/all_to_all/{s}to{g}")
         names += [f"{kind}/all_to_all/int64", f"{kind}/broadcast/float32", f"{kind}/broadcast/bool"]
-        names += [f"{kind}/ring_shift/+1", f"{kind}/ring_shift/-1", f"{kind}/barrier"]
+        names += [f"{kind}/ring_shift/{d}" for d in ("+1", "-1", "+2", "+3")] + [f"{kind}/barrier"]
         names += [f"{kind}/map/{m}" for m in MAPS]
         names += [f"{kind}/errors/not_divisible"]
     names += ["p2p/exchange_unequal_shapes", "p2p/send_recv", "p2p/send_recv_pipeline"]

@@ -5,10 +5,11 @@ Measured on MindSpore 2.7.2 CPU (DESIGN §4): ``all_reduce``, ``all_gather`` (li
 ``send``/``recv`` and ``batch_isend_irecv`` do not. So:
 
     reduce_scatter(x)  = the group-rank-th chunk of all_reduce(x)
-    all_to_all(x)      = all_gather(x), then from every source keep the chunk addressed here
+    all_to_all(x)      = n-1 round-robin rounds; in each, swap the addressed chunk with one partner
     send / recv        = broadcast inside the two-rank group {sender, receiver}
     exchange(x, peer)  = all_gather inside the two-rank group {me, peer}
-    send_recv (ring)   = all_gather over the ring, keep the source's piece
+    ring_shift(x)      = one-way broadcasts in two-rank groups, 2-3 rounds of disjoint pairs
+    send_recv (any)    = all_gather over the group, keep the source's piece
 
 Dtypes mccl refuses (measured): all_reduce has no float64, uint8, bool; all_gather and
 broadcast have no int16, bool, bfloat16. A refused dtype travels as a lossless carrier dtype, and
@@ -27,6 +28,7 @@ import mindspore as ms
 from mindspore import ops
 
 from mm_parallel.comm.base import Backend, chunk
+from mm_parallel.comm.schedules import round_robin, shift_rounds
 
 _REDUCE_DTYPES = {ms.float32, ms.float16, ms.bfloat16, ms.int8, ms.int16, ms.int32, ms.int64}
 _MOVE_DTYPES = {ms.float32, ms.float16, ms.float64, ms.int8, ms.uint8, ms.int32, ms.int64}
@@ -105,9 +107,17 @@ class CpuBackend(Backend):
         return chunk(self.all_reduce(x, group, op), group.size, group.rank, dim)
 
     def all_to_all(self, x, group, scatter_dim, gather_dim):
-        parts = self._gather_list(x, group)
-        mine = [chunk(p, group.size, group.rank, scatter_dim) for p in parts]
-        return ops.concat(mine, gather_dim)
+        # Pairwise: in each round-robin round, swap with one partner just the chunk addressed to
+        # it. Each rank sends (n-1)/n of x in n-1 two-rank exchanges; an all_gather would move n x.
+        n, me = group.size, group.rank
+        pieces = [chunk(x, n, j, scatter_dim) for j in range(n)]
+        received = list(pieces)
+        for partners in round_robin(n):
+            j = partners[me]
+            if j is not None:
+                received[j] = self._swap(pieces[j].contiguous(), self.pair(group.global_rank, group.ranks[j]),
+                                         group.ranks[j], pieces[j].shape)
+        return ops.concat([received[j] for j in range(n)], gather_dim)
 
     def broadcast(self, x, src, group):
         import mindspore.mint.distributed as dist
@@ -139,6 +149,21 @@ class CpuBackend(Backend):
         if dst == src:
             return self.exchange(x, dst, group.global_rank, recv_shape)
         return self._swap(x, group, src, recv_shape)
+
+    def ring_shift(self, x, group, offset):
+        me = group.rank
+        if group.ranks[(me + offset) % group.size] == group.ranks[(me - offset) % group.size]:
+            return self.exchange(x, group.ranks[(me + offset) % group.size], group.global_rank, x.shape)
+        # One-way broadcasts inside two-rank groups, in rounds of disjoint pairs: each rank sends
+        # x once and receives once (an all_gather over the ring would move n times x).
+        out = x
+        for transfers in shift_rounds(group.size, offset):
+            to, frm = transfers[me]
+            if to is not None:
+                self.send(x, group.ranks[to], group.global_rank)
+            if frm is not None:
+                out = self.recv(x.shape, x.dtype, group.ranks[frm], group.global_rank)
+        return out
 
     def _swap(self, x, group, src, recv_shape: Tuple[int, ...]):
         """Everyone in ``group`` contributes ``x``; return the piece of global rank ``src``.

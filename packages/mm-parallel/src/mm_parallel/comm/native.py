@@ -86,6 +86,10 @@ class NativeBackend(Backend):
     def send_recv(self, x, dst, src, group, recv_shape):
         return self._isend_irecv(x, dst, src, recv_shape)
 
+    def ring_shift(self, x, group, offset):
+        n, me = group.size, group.rank
+        return self._isend_irecv(x, group.ranks[(me + offset) % n], group.ranks[(me - offset) % n], x.shape)
+
     def _isend_irecv(self, x, dst, src, recv_shape):
         import mindspore.mint.distributed as dist
 
