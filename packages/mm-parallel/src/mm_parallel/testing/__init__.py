@@ -110,23 +110,12 @@ def launch(
     # msrun starts workers with the `python` found on PATH: make it this interpreter.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     full_env = {**os.environ, "PATH": path, "GLOG_v": "3", **(env or {})}
-    proc = subprocess.Popen(
-        cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    start, failed_at, reason = time.monotonic(), None, None
-    while proc.poll() is None:
-        now = time.monotonic()
-        if now - start > timeout:
-            reason = f"timed out after {timeout:.0f} s"
-        elif failed_at is None and failed():
-            failed_at = now
-        elif failed_at is not None and now - failed_at > _FAILURE_GRACE_S:
-            reason = "a rank failed and the others did not exit"
-        if reason:
-            _kill(proc)
-            break
-        time.sleep(0.2)
-    output = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    msrun_log = log_dir / "msrun.out"  # a file, not a pipe: a full pipe would block msrun
+    with open(msrun_log, "wb") as sink:
+        proc = subprocess.Popen(cmd, env=full_env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        reason = _wait(proc, timeout, failed)
+    output = msrun_log.read_text(errors="replace")
     if reason is None and proc.returncode != 0:
         reason = f"msrun exited with {proc.returncode}"
     if reason:
@@ -137,6 +126,26 @@ def launch(
             f"{Path(script).name} on {nproc} processes: {reason}\n{tails}\n--- msrun ---\n{output[-2000:]}"
         )
     return log_dir
+
+
+def _wait(proc: subprocess.Popen, timeout: float, failed: Callable[[], bool]) -> Optional[str]:
+    """Wait for msrun; kill its whole process group on timeout or when a rank failed and the
+    others do not follow within the grace period. Returns why it was killed, or None."""
+    start, failed_at = time.monotonic(), None
+    while proc.poll() is None:
+        now = time.monotonic()
+        reason = None
+        if now - start > timeout:
+            reason = f"timed out after {timeout:.0f} s"
+        elif failed_at is None and failed():
+            failed_at = now
+        elif failed_at is not None and now - failed_at > _FAILURE_GRACE_S:
+            reason = "a rank failed and the others did not exit"
+        if reason:
+            _kill(proc)
+            return reason
+        time.sleep(0.2)
+    return None
 
 
 def _kill(proc: subprocess.Popen):
