@@ -100,8 +100,8 @@ def table(nproc, per_rank, sizes) -> str:
             if op in EMULATED_ON_CPU:
                 worst = max(worst, ratio)
             cells.append(f"{med[op]:.2f} ({ratio:.2f}x)")
-        bw = size / (base / 1e3) / 1e9
-        lines.append(f"| {_label(size)} (all_reduce {bw:.2f} GB/s) | " + " | ".join(cells) + " |")
+        bandwidth = size / (base / 1e3) / 1e6
+        lines.append(f"| {_label(size)} (all_reduce {bandwidth:.1f} MB/s) | " + " | ".join(cells) + " |")
     lines.append(f"\nworst emulated op / all_reduce: {worst:.2f}x (goal <= 1.5x)")
     return "\n".join(lines)
 
