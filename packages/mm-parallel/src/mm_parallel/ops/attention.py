@@ -1,0 +1,135 @@
+"""Scaled dot-product attention with the masks multimodal training needs, and its log-sum-exp.
+
+q: (batch, q_len, heads, head_dim); k, v: (batch, k_len, kv_heads, head_dim), heads a multiple of
+kv_heads (grouped-query attention: kv head j serves query heads j*g .. j*g+g-1, as transformers'
+repeat_kv). Returns (batch, q_len, heads, head_dim) and, with ``return_lse``, the float32
+log-sum-exp of the scaled scores per (batch, heads, q_len) — what ring attention merges blocks by.
+
+    out_i = sum_j softmax_j(s_ij) v_j,   s_ij = scale * q_i . k_j   over allowed (i, j)
+    lse_i = log sum_j exp(s_ij)          over allowed (i, j)
+
+Allowed pairs: every pair, minus
+  causal            j > i + (k_len - q_len)   (bottom-right aligned: the last query sees every key)
+  key_padding_mask  keys whose mask is 0 / False   (batch, k_len), transformers' attention_mask
+  segment_ids       pairs from different segments  (packed sequences; (batch, len) ids, or
+                    cu_seqlens (n+1,) boundaries of a batch-of-one packing, flash-attn's varlen form)
+A query with no allowed key returns zeros and lse = -1e30 (finite, so merging stays NaN-free).
+Scores and softmax are computed in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, ops
+
+from mm_parallel.ops.device import use_fused
+
+_MASKED = -1e30
+_TINY = 1e-30
+_matmul_nt = ops.BatchMatMul(transpose_b=True)
+_matmul_nn = ops.BatchMatMul()
+
+
+def segment_ids_from_cu_seqlens(cu_seqlens, total: int):
+    """(1, total) segment ids from flash-attn's cumulative boundaries [0, l0, l0+l1, ..., total]."""
+    bounds = np.asarray(cu_seqlens.asnumpy() if isinstance(cu_seqlens, Tensor) else cu_seqlens, dtype=np.int64)
+    if bounds.ndim != 1 or bounds[0] != 0 or bounds[-1] != total or np.any(np.diff(bounds) < 0):
+        raise ValueError(f"cu_seqlens must rise from 0 to the packed length {total}, got {bounds.tolist()}")
+    ids = np.repeat(np.arange(len(bounds) - 1, dtype=np.int32), np.diff(bounds))
+    return Tensor(ids[None, :])
+
+
+def _allowed(batch, q_len, k_len, causal, key_padding_mask, q_segments, k_segments):
+    """Boolean (batch or 1, 1, q_len, k_len) of allowed pairs, or None when every pair is allowed."""
+    mask = None
+    if causal:
+        i = np.arange(q_len)[:, None] + (k_len - q_len)
+        mask = Tensor((np.arange(k_len)[None, :] <= i)[None, None])
+    if key_padding_mask is not None:
+        if tuple(key_padding_mask.shape) != (batch, k_len):
+            raise ValueError(f"key_padding_mask must be (batch, k_len) = {(batch, k_len)}, got {tuple(key_padding_mask.shape)}")
+        keep = key_padding_mask.astype(ms.bool_)[:, None, None, :]
+        mask = keep if mask is None else ops.logical_and(mask, keep)
+    if q_segments is not None:
+        if q_segments.shape[-1] != q_len or k_segments.shape[-1] != k_len:
+            raise ValueError(
+                f"segment ids {tuple(q_segments.shape)} / {tuple(k_segments.shape)} do not match q_len {q_len} / k_len {k_len}"
+            )
+        same = ops.equal(q_segments[:, None, :, None], k_segments[:, None, None, :])
+        mask = same if mask is None else ops.logical_and(mask, same)
+    return mask
+
+
+def _repeat_kv(x, groups: int):
+    """(b, kv_heads, s, d) -> (b, kv_heads * groups, s, d), each kv head repeated ``groups`` times in place."""
+    return x if groups == 1 else ops.repeat_interleave(x, groups, 1)
+
+
+def attention(
+    q,
+    k,
+    v,
+    *,
+    causal: bool = False,
+    key_padding_mask=None,
+    segment_ids=None,
+    kv_segment_ids=None,
+    cu_seqlens=None,
+    scale: Optional[float] = None,
+    return_lse: bool = False,
+):
+    """Attention of q over (k, v) in (batch, seq, heads, head_dim); see the module docstring."""
+    batch, q_len, heads, head_dim = q.shape
+    k_len, kv_heads = k.shape[1], k.shape[2]
+    if heads % kv_heads or tuple(k.shape) != tuple(v.shape) or k.shape[0] != batch or k.shape[3] != head_dim:
+        raise ValueError(
+            f"attention shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: k and v must match, share "
+            "batch and head_dim with q, and have a number of heads dividing q's"
+        )
+    if cu_seqlens is not None:
+        if segment_ids is not None or batch != 1 or q_len != k_len:
+            raise ValueError("cu_seqlens describes one packed self-attention sequence: batch 1, no segment_ids")
+        segment_ids = segment_ids_from_cu_seqlens(cu_seqlens, q_len)
+    if segment_ids is not None and kv_segment_ids is None:
+        if q_len != k_len:
+            raise ValueError("segment_ids alone need q_len == k_len; pass kv_segment_ids for the keys")
+        kv_segment_ids = segment_ids
+    scale = head_dim ** -0.5 if scale is None else scale
+    mask = _allowed(batch, q_len, k_len, causal, key_padding_mask, segment_ids, kv_segment_ids)
+
+    if use_fused() and not return_lse:
+        return _fused(q, k, v, mask, scale)
+
+    dtype = q.dtype
+    qh = q.astype(ms.float32).transpose(0, 2, 1, 3)
+    kh = _repeat_kv(k.astype(ms.float32).transpose(0, 2, 1, 3), heads // kv_heads)
+    vh = _repeat_kv(v.astype(ms.float32).transpose(0, 2, 1, 3), heads // kv_heads)
+    scores = _matmul_nt(qh, kh) * scale  # (b, h, q, k)
+    if mask is None and not return_lse:
+        out = _matmul_nn(ops.softmax(scores, -1), vh)
+        return out.transpose(0, 2, 1, 3).astype(dtype)
+    if mask is not None:
+        scores = ops.masked_fill(scores, ops.logical_not(mask), _MASKED)
+    row_max = ops.amax(scores, -1, keepdims=True)
+    weights = ops.exp(scores - row_max)
+    if mask is not None:
+        weights = weights * mask.astype(ms.float32)  # a row with no allowed key sums to 0, not to 1
+    total = ops.maximum(weights.sum(-1, keepdims=True), _TINY)
+    out = _matmul_nn(weights / total, vh).transpose(0, 2, 1, 3).astype(dtype)
+    if not return_lse:
+        return out
+    return out, (row_max + ops.log(total)).squeeze(-1)
+
+
+def _fused(q, k, v, mask, scale):
+    """Ascend flash_attention_score (BSND layout); its attn_mask marks pairs to drop with 1."""
+    drop = None
+    if mask is not None:
+        full = ops.broadcast_to(mask, (q.shape[0], 1, q.shape[1], k.shape[1]))
+        drop = ops.logical_not(full).astype(ms.uint8)
+    return ops.flash_attention_score(
+        q, k, v, q.shape[2], attn_mask=drop, scalar_value=scale, input_layout="BSND"
+    )

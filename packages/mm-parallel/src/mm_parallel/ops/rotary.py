@@ -1,0 +1,43 @@
+"""Rotary position embedding applied from given cos / sin tables.
+
+x is (batch, seq, heads, head_dim); cos and sin are (seq, rot) or (batch, seq, rot) with
+rot <= head_dim (partial rotary: the first rot dims rotate, the rest pass through). The tables hold
+one value per dimension, as transformers and diffusers build them (each frequency twice).
+
+    half-split (transformers / NeoX):  rotate(x) = cat(-x[rot/2:], x[:rot/2])
+    interleaved (diffusers CogVideoX, Wan / GPT-J): rotate(x)[2i] = -x[2i+1], rotate(x)[2i+1] = x[2i]
+    out = x * cos + rotate(x) * sin
+"""
+
+from mindspore import ops
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return ops.concat([-x[..., half:], x[..., :half]], -1)
+
+
+def rotate_interleaved(x):
+    pairs = x.reshape(x.shape[:-1] + (x.shape[-1] // 2, 2))
+    return ops.stack([-pairs[..., 1], pairs[..., 0]], -1).reshape(x.shape)
+
+
+def apply_rotary(x, cos, sin, interleaved: bool = False):
+    """Rotate the first cos.shape[-1] dims of every head of x."""
+    rot = cos.shape[-1]
+    if rot % 2 or rot > x.shape[-1] or tuple(sin.shape) != tuple(cos.shape):
+        raise ValueError(
+            f"rotary tables {tuple(cos.shape)} / {tuple(sin.shape)} do not fit x {tuple(x.shape)}: the last dim "
+            "must be even, at most head_dim, and the same for cos and sin"
+        )
+    if cos.ndim == 2:  # (seq, rot) -> (1, seq, 1, rot)
+        cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    elif cos.ndim == 3:  # (batch, seq, rot) -> (batch, seq, 1, rot)
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    else:
+        raise ValueError(f"rotary tables must be (seq, rot) or (batch, seq, rot), got {tuple(cos.shape)}")
+    cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+    part, rest = (x, None) if rot == x.shape[-1] else (x[..., :rot], x[..., rot:])
+    rotated = (rotate_interleaved if interleaved else rotate_half)(part)
+    out = part * cos + rotated * sin
+    return out if rest is None else ops.concat([out, rest], -1)
