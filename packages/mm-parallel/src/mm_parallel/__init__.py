@@ -5,18 +5,36 @@
     y = mm_parallel.comm.all_reduce(x, topo.tp)
 """
 
-from mm_parallel import comm, mappings
+from mm_parallel import comm, mappings, ops
 from mm_parallel.__about__ import __version__
 from mm_parallel.config import ParallelConfig
+from mm_parallel.sequence_parallel import mark_sequence_parallel, sync_sequence_parallel_grads
+from mm_parallel.tensor_parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    shard,
+    unshard,
+    vocab_parallel_cross_entropy,
+)
 from mm_parallel.topology import Group, Topology, get_topology, initialize
 
 __all__ = [
+    "ColumnParallelLinear",
     "Group",
     "ParallelConfig",
+    "RowParallelLinear",
     "Topology",
+    "VocabParallelEmbedding",
     "__version__",
     "comm",
     "get_topology",
     "initialize",
     "mappings",
+    "mark_sequence_parallel",
+    "ops",
+    "shard",
+    "sync_sequence_parallel_grads",
+    "unshard",
+    "vocab_parallel_cross_entropy",
 ]

@@ -1,0 +1,200 @@
+"""Tensor-parallel layers (Megatron's column / row / vocabulary split) and weight sharding helpers.
+
+Weights keep the torch ``nn.Linear`` layout (out_features, in_features) and the names ``weight`` /
+``bias``, so a Hugging Face tensor maps onto a shard by one slice. Each layer records in
+``tp_split_dims`` which dim of each parameter is split over the tp group (absent: replicated).
+
+    ColumnParallelLinear   A split by output rows:  Y_r = X A_r^T + b_r        (Y gathered if asked)
+    RowParallelLinear      A split by input cols:   Y = sum_r X_r A_r^T + b     (X split if not yet)
+    VocabParallelEmbedding E split by vocabulary:   Y = sum_r [id in V_r] E_r[id - start_r]
+
+With ``sequence_parallel`` the activations outside the layers are split along the sequence
+(dim ``seq_dim``) over the tp group: a column layer all-gathers the sequence on the way in
+(its backward reduce-scatters), a row layer and the embedding reduce-scatter on the way out.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from mm_parallel import comm, mappings
+from mm_parallel.sequence_parallel import mark_sequence_parallel
+from mm_parallel.topology import Group, Topology, get_topology
+
+_matmul_nt = ops.MatMul(transpose_b=True)
+
+
+def shard(full, group: Group, dim: int):
+    """This rank's equal slice of ``full`` (numpy array or Tensor) along ``dim``."""
+    length = full.shape[dim]
+    if length % group.size:
+        raise ValueError(
+            f"cannot shard a dim of length {length} (shape {tuple(full.shape)}, dim {dim}) over {group.size} "
+            f"tensor-parallel ranks; it must be a multiple of {group.size}"
+        )
+    size = length // group.size
+    index = [slice(None)] * len(full.shape)
+    index[dim] = slice(group.rank * size, (group.rank + 1) * size)
+    return full[tuple(index)]
+
+
+def unshard(local, group: Group, dim: int):
+    """The full tensor from every rank's slice along ``dim`` (an all-gather)."""
+    return comm.all_gather(local, group, dim)
+
+
+def _linear(x, weight, bias):
+    flat = x.reshape(-1, x.shape[-1])
+    out = _matmul_nt(flat, weight)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(x.shape[:-1] + (weight.shape[0],))
+
+
+def _param(shape, name, init_std: Optional[float], zeros: bool = False):
+    if zeros:
+        value = np.zeros(shape, np.float32)
+    else:
+        value = np.random.default_rng().normal(0.0, init_std or 0.02, shape).astype(np.float32)
+    return Parameter(Tensor(value), name=name)
+
+
+class _TensorParallel(nn.Cell):
+    """Shared bookkeeping: the tp group, sequence-parallel flag and split dims."""
+
+    tp_split_dims: dict = {}
+
+    def __init__(self, topology: Optional[Topology], sequence_parallel: Optional[bool], seq_dim: int):
+        super().__init__()
+        topology = get_topology(topology)
+        self.group = topology.tp
+        self.sequence_parallel = topology.config.sequence_parallel if sequence_parallel is None else sequence_parallel
+        self.seq_dim = seq_dim
+
+    def load_full(self, **full):
+        """Set parameters from full (unsharded) arrays, e.g. load_full(weight=W, bias=b)."""
+        for name, value in full.items():
+            param = getattr(self, name)
+            dim = self.tp_split_dims.get(name)
+            value = np.asarray(value.asnumpy() if isinstance(value, Tensor) else value, dtype=np.float32)
+            local = value if dim is None else shard(value, self.group, dim)
+            if tuple(local.shape) != tuple(param.shape):
+                raise ValueError(f"{name}: full shape {value.shape} gives shard {local.shape}, expected {tuple(param.shape)}")
+            param.set_data(Tensor(np.ascontiguousarray(local)))
+
+
+class ColumnParallelLinear(_TensorParallel):
+    """Linear whose output features are split over tp; see the module docstring."""
+
+    tp_split_dims = {"weight": 0, "bias": 0}
+
+    def __init__(self, in_features, out_features, bias=True, gather_output=False, *, topology=None,
+                 sequence_parallel=None, seq_dim=1, init_std=None):
+        super().__init__(topology, sequence_parallel, seq_dim)
+        if out_features % self.group.size:
+            raise ValueError(f"out_features={out_features} must be divisible by tp={self.group.size}")
+        self.gather_output = gather_output
+        local = out_features // self.group.size
+        self.weight = _param((local, in_features), "weight", init_std)
+        self.bias = _param((local,), "bias", None, zeros=True) if bias else None
+
+    def construct(self, x):
+        if self.sequence_parallel:
+            x = mappings.gather_from_sequence(x, self.group, self.seq_dim)
+        else:
+            x = mappings.copy_to_region(x, self.group)
+        y = _linear(x, self.weight, self.bias)
+        return mappings.gather_from_region(y, self.group, -1) if self.gather_output else y
+
+
+class RowParallelLinear(_TensorParallel):
+    """Linear whose input features are split over tp; see the module docstring."""
+
+    tp_split_dims = {"weight": 1}
+
+    def __init__(self, in_features, out_features, bias=True, input_is_parallel=True, *, topology=None,
+                 sequence_parallel=None, seq_dim=1, init_std=None):
+        super().__init__(topology, sequence_parallel, seq_dim)
+        if in_features % self.group.size:
+            raise ValueError(f"in_features={in_features} must be divisible by tp={self.group.size}")
+        if self.sequence_parallel and not input_is_parallel:
+            raise ValueError("sequence_parallel needs input_is_parallel=True (the input is split on features)")
+        self.input_is_parallel = input_is_parallel
+        self.weight = _param((out_features, in_features // self.group.size), "weight", init_std)
+        self.bias = _param((out_features,), "bias", None, zeros=True) if bias else None
+        if self.bias is not None and self.sequence_parallel:
+            mark_sequence_parallel(self.bias)  # added on a sequence shard: its grad is partial
+
+    def construct(self, x):
+        if not self.input_is_parallel:
+            x = mappings.scatter_to_region(x, self.group, -1)
+        y = _linear(x, self.weight, None)
+        if self.sequence_parallel:
+            y = mappings.reduce_scatter_to_sequence(y, self.group, self.seq_dim)
+        else:
+            y = mappings.reduce_from_region(y, self.group)
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(_TensorParallel):
+    """Embedding whose vocabulary rows are split over tp; see the module docstring."""
+
+    tp_split_dims = {"weight": 0}
+
+    def __init__(self, num_embeddings, embedding_dim, *, topology=None, sequence_parallel=None, seq_dim=1,
+                 init_std=None):
+        super().__init__(topology, sequence_parallel, seq_dim)
+        if num_embeddings % self.group.size:
+            raise ValueError(
+                f"vocabulary size {num_embeddings} must be divisible by tp={self.group.size}; pad the vocabulary"
+            )
+        self.num_embeddings = num_embeddings
+        self.per_rank = num_embeddings // self.group.size
+        self.start = self.group.rank * self.per_rank
+        self.weight = _param((self.per_rank, embedding_dim), "weight", init_std)
+
+    def construct(self, input_ids):
+        if self.group.size == 1:
+            return ops.gather(self.weight, input_ids, 0)
+        local = input_ids - self.start
+        outside = ops.logical_or(local < 0, local >= self.per_rank)
+        rows = ops.gather(self.weight, ops.masked_fill(local, outside, 0), 0)
+        rows = ops.masked_fill(rows, outside[..., None], 0.0)
+        if self.sequence_parallel:
+            return mappings.reduce_scatter_to_sequence(rows, self.group, self.seq_dim)
+        return mappings.reduce_from_region(rows, self.group)
+
+
+def vocab_parallel_cross_entropy(logits, labels, group: Optional[Group] = None, ignore_index: int = -100,
+                                 reduction: str = "mean"):
+    """Cross entropy of logits split on the vocabulary (last dim) over ``group``.
+
+    Equals full-vocabulary cross entropy: with m = max over all ranks (no gradient; it cancels),
+    loss = log sum_r sum_v exp(l_v - m) - (l_label - m), the two sums reduced over tp.
+    Tokens labelled ``ignore_index`` count for nothing; "mean" divides by the counted tokens.
+    """
+    group = get_topology().tp if group is None else group
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction={reduction!r} is unknown; use 'mean', 'sum' or 'none'")
+    per_rank = logits.shape[-1]
+    start = group.rank * per_rank
+    logits = logits.astype(ms.float32)
+    row_max = ops.stop_gradient(comm.all_reduce(ops.amax(logits, -1, keepdims=True), group, "max"))
+    shifted = logits - row_max
+    local = labels - start
+    outside = ops.logical_or(local < 0, local >= per_rank)
+    picked = ops.gather_elements(shifted, -1, ops.masked_fill(local, outside, 0)[..., None]).squeeze(-1)
+    picked = mappings.reduce_from_region(ops.masked_fill(picked, outside, 0.0), group)
+    total = mappings.reduce_from_region(ops.exp(shifted).sum(-1), group)
+    loss = ops.log(total) - picked
+    valid = labels != ignore_index
+    loss = ops.masked_fill(loss, ops.logical_not(valid), 0.0)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / ops.maximum(valid.astype(ms.float32).sum(), 1.0)
