@@ -8,6 +8,7 @@
 from mm_parallel import comm, mappings, ops
 from mm_parallel.__about__ import __version__
 from mm_parallel.config import ParallelConfig
+from mm_parallel.context_parallel import attention, gather_sequence, split_sequence
 from mm_parallel.sequence_parallel import mark_sequence_parallel, sync_sequence_parallel_grads
 from mm_parallel.tensor_parallel import (
     ColumnParallelLinear,
@@ -27,13 +28,16 @@ __all__ = [
     "Topology",
     "VocabParallelEmbedding",
     "__version__",
+    "attention",
     "comm",
+    "gather_sequence",
     "get_topology",
     "initialize",
     "mappings",
     "mark_sequence_parallel",
     "ops",
     "shard",
+    "split_sequence",
     "sync_sequence_parallel_grads",
     "unshard",
     "vocab_parallel_cross_entropy",

@@ -15,6 +15,7 @@ t along d; ``cat(.., d)`` concatenates in group-rank order.
                                                                   is replicated (grad_reduce_scatter=False)
     reduce_scatter_to_sequence   y_i = chunk_i(sum_j x_j, d)      cat_j(dy_j, d)          (all-gather)
     all_to_all                   y_i = cat_j(chunk_i(x_j, s), g)  the inverse all-to-all  (g <-> s)
+    ring_shift                   y_i = x_{i-k}                    dy shifted back: dx_i = dy_{i+k}
 
 Tensor-parallel regions default to the last dim (hidden / heads); sequence regions to dim 1,
 the sequence dim of the batch-first (batch, seq, ...) layout used by every model here.
@@ -106,6 +107,14 @@ class _AllToAll(_Region):
         return comm.all_to_all(dy, self.group, self.dims["gather_dim"], self.dims["scatter_dim"])
 
 
+class _RingShift(_Region):
+    def forward(self, x):
+        return comm.ring_shift(x, self.group, self.dims["offset"])
+
+    def backward(self, dy):
+        return comm.ring_shift(dy, self.group, -self.dims["offset"])
+
+
 def _check_divisible(x, dim, group):
     if x.shape[dim] % group.size != 0:
         raise ValueError(
@@ -168,6 +177,13 @@ def all_to_all(x, group: Group, scatter_dim: int, gather_dim: int):
     return _apply(_AllToAll, x, group, scatter_dim=scatter_dim % x.ndim, gather_dim=gather_dim % x.ndim)
 
 
+def ring_shift(x, group: Group, offset: int = 1):
+    """Forward: rank i gets x of rank i - offset (ring order of the group); backward: the inverse shift.
+
+    Ring attention passes key/value blocks with it."""
+    return _apply(_RingShift, x, group, offset=offset)
+
+
 __all__ = [
     "all_to_all",
     "copy_to_region",
@@ -175,6 +191,7 @@ __all__ = [
     "gather_from_sequence",
     "reduce_from_region",
     "reduce_scatter_to_sequence",
+    "ring_shift",
     "scatter_to_region",
     "scatter_to_sequence",
 ]

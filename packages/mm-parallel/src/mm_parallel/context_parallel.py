@@ -1,0 +1,137 @@
+"""Context parallel attention: the sequence is split over the cp group, attention still sees all of it.
+
+One entry, `attention(q, k, v, causal=...)`, with q, k, v as (batch, local_seq, heads, head_dim),
+runs the configured algorithm over cp = ulysses x ring ranks:
+
+  Ulysses  all-to-all inside the Ulysses group trades the sequence split for a head split, plain
+           attention runs on the full (ring-local) sequence with heads / u heads, and the inverse
+           all-to-all restores the layout. Needs heads % u == 0.
+  Ring     key/value blocks travel round the ring group (r - 1 shifts); each rank attends its
+           queries to every block and merges the partial results by their log-sum-exp:
+               lse = logaddexp(lse_a, lse_b),  out = out_a e^(lse_a - lse) + out_b e^(lse_b - lse)
+           With causal masking the sequence is cut zigzag into 2r chunks, ring rank i holding chunks
+           i and 2r-1-i, so every rank does the same work; chunk pairs are full, causal (same
+           chunk) or skipped (a later key chunk).
+  Hybrid   Ulysses inside the ring: the all-to-all first, then the ring over the ring group.
+
+`split_sequence` / `gather_sequence` cut a full sequence (inputs, positions, labels) into this
+rank's part in that layout and restore it: zigzag over the ring ranks, then contiguous over the
+Ulysses ranks. The backward of the ring pass is automatic differentiation through the shifts
+(`mappings.ring_shift`), which keeps every received block until the backward.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import mindspore as ms
+from mindspore import ops
+
+from mm_parallel import comm, mappings
+from mm_parallel.ops import attention as local_attention
+from mm_parallel.topology import Topology, get_topology
+
+
+def _chunk_ids(ring_rank: int, ring_size: int) -> List[int]:
+    """Zigzag: ring rank i holds chunks i and 2r-1-i of the 2r equal chunks."""
+    return [ring_rank, 2 * ring_size - 1 - ring_rank]
+
+
+def split_sequence(x, dim: int = 1, topology: Optional[Topology] = None):
+    """This rank's part of the full sequence ``x`` along ``dim`` in the context-parallel layout."""
+    topo = get_topology(topology)
+    r, u = topo.cp_ring.size, topo.cp_ulysses.size
+    if topo.cp.size == 1:
+        return x
+    dim %= x.ndim
+    if x.shape[dim] % (2 * r * u):
+        raise ValueError(
+            f"sequence length {x.shape[dim]} must be a multiple of 2 x ring x ulysses = {2 * r * u} for "
+            "context parallel; pad the sequence"
+        )
+    chunk = x.shape[dim] // (2 * r)
+    ring_part = ops.concat([x.narrow(dim, c * chunk, chunk) for c in _chunk_ids(topo.cp_ring.rank, r)], dim)
+    piece = ring_part.shape[dim] // u
+    return ring_part.narrow(dim, topo.cp_ulysses.rank * piece, piece)
+
+
+def gather_sequence(x, dim: int = 1, topology: Optional[Topology] = None):
+    """The full sequence from every rank's part (inverse of `split_sequence`; not differentiable)."""
+    topo = get_topology(topology)
+    r = topo.cp_ring.size
+    if topo.cp.size == 1:
+        return x
+    dim %= x.ndim
+    ring_part = comm.all_gather(x, topo.cp_ulysses, dim)
+    parts = comm.all_gather(ring_part, topo.cp_ring, dim)  # ring rank order: [c_i, c_{2r-1-i}] each
+    chunk = ring_part.shape[dim] // 2
+    ordered = [None] * (2 * r)
+    for i in range(r):
+        for j, c in enumerate(_chunk_ids(i, r)):
+            ordered[c] = parts.narrow(dim, (2 * i + j) * chunk, chunk)
+    return ops.concat(ordered, dim)
+
+
+def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None, topology: Optional[Topology] = None):
+    """Attention over the whole sequence of q, k, v split along dim 1 in the `split_sequence` layout."""
+    topo = get_topology(topology)
+    if topo.cp.size == 1:
+        return local_attention(q, k, v, causal=causal, scale=scale)
+    u_group, ring_group = topo.cp_ulysses, topo.cp_ring
+    heads, kv_heads = q.shape[2], k.shape[2]
+    if u_group.size > 1:
+        if heads % u_group.size:
+            raise ValueError(
+                f"Ulysses context parallel splits heads over {u_group.size} ranks: {heads} heads is not a "
+                f"multiple; choose ulysses_degree dividing the head count or use cp_algo='ring'"
+            )
+        if kv_heads % u_group.size:  # too few kv heads to split: give every query head its own copy
+            k, v = (ops.repeat_interleave(t, heads // kv_heads, 2) for t in (k, v))
+        q, k, v = (mappings.all_to_all(t, u_group, 2, 1) for t in (q, k, v))
+    out = _ring_attention(q, k, v, causal, scale, ring_group) if ring_group.size > 1 else \
+        local_attention(q, k, v, causal=causal, scale=scale)
+    if u_group.size > 1:
+        out = mappings.all_to_all(out, u_group, 1, 2)
+    return out
+
+
+def _merge(out, lse, block_out, block_lse):
+    """Combine two partial attentions over disjoint key sets by their log-sum-exp (float32)."""
+    if out is None:
+        return block_out.astype(ms.float32), block_lse
+    top = ops.maximum(lse, block_lse)
+    new_lse = top + ops.log(ops.exp(lse - top) + ops.exp(block_lse - top))
+    scale_old = ops.exp(lse - new_lse).transpose(0, 2, 1)[..., None]  # (b, h, s) -> (b, s, h, 1)
+    scale_new = ops.exp(block_lse - new_lse).transpose(0, 2, 1)[..., None]
+    return out * scale_old + block_out.astype(ms.float32) * scale_new, new_lse
+
+
+def _ring_attention(q, k, v, causal, scale, group):
+    r, me = group.size, group.rank
+    kv = ops.concat([k, v], -1)  # one shift moves both
+    head_dim = k.shape[-1]
+    if not causal:
+        out = lse = None
+        for step in range(r):
+            if step:
+                kv = mappings.ring_shift(kv, group, 1)
+            o, l = local_attention(q, kv[..., :head_dim], kv[..., head_dim:], scale=scale, return_lse=True)
+            out, lse = _merge(out, lse, o, l)
+        return out.astype(q.dtype)
+
+    half = q.shape[1] // 2
+    q_chunks = [(c, q[:, i * half:(i + 1) * half]) for i, c in enumerate(_chunk_ids(me, r))]
+    results = [[None, None] for _ in q_chunks]
+    for step in range(r):
+        if step:
+            kv = mappings.ring_shift(kv, group, 1)
+        source = (me - step) % r
+        for j, kc in enumerate(_chunk_ids(source, r)):
+            block = kv[:, j * half:(j + 1) * half]
+            for i, (qc, q_part) in enumerate(q_chunks):
+                if kc > qc:
+                    continue  # every key of a later chunk is in the future
+                o, l = local_attention(q_part, block[..., :head_dim], block[..., head_dim:], causal=kc == qc,
+                                       scale=scale, return_lse=True)
+                results[i] = list(_merge(results[i][0], results[i][1], o, l))
+    return ops.concat([o for o, _ in results], 1).astype(q.dtype)

@@ -1,0 +1,28 @@
+"""Context parallel (Ulysses, Ring, hybrid; causal and full; MHA and GQA) equals one process:
+outputs and q/k/v gradients, on 2 and 4 processes."""
+
+import pytest
+
+from cp_cases import run_cp_cases
+
+pytestmark = pytest.mark.distributed
+
+LAYOUTS = {
+    2: {"ulysses2": {"cp": 2}, "ring2": {"cp": 2, "cp_algo": "ring"}},
+    4: {
+        "hybrid2x2": {"cp": 4, "cp_algo": "hybrid", "ulysses_degree": 2},
+        "ring4": {"cp": 4, "cp_algo": "ring"},
+        "ulysses4": {"cp": 4},
+    },
+}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_context_parallel_equals_single_process(run_distributed, world):
+    results = run_distributed(run_cp_cases, nproc=world, timeout=420, layouts=LAYOUTS[world])
+    expected = {f"{n}/kv{kv}/{m}" for n in LAYOUTS[world] for kv in (4, 2) for m in ("full", "causal")}
+    expected |= {f"{n}/round_trip" for n in LAYOUTS[world]}
+    for rank, result in enumerate(results):
+        assert set(result) == expected
+        failed = {case: p for case, p in result.items() if p}
+        assert not failed, (rank, failed)
