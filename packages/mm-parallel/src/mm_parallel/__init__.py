@@ -5,7 +5,7 @@
     y = mm_parallel.comm.all_reduce(x, topo.tp)
 """
 
-from mm_parallel import comm, mappings, ops
+from mm_parallel import comm, mappings, ops, recompute
 from mm_parallel.__about__ import __version__
 from mm_parallel.config import ParallelConfig
 from mm_parallel.context_parallel import attention, gather_sequence, split_sequence
@@ -36,6 +36,7 @@ __all__ = [
     "mappings",
     "mark_sequence_parallel",
     "ops",
+    "recompute",
     "shard",
     "split_sequence",
     "sync_sequence_parallel_grads",
