@@ -122,7 +122,7 @@ def test_mm_train_extras():
 
 @pytest.mark.slow
 def test_mm_parallel_wheel_installs_alone_in_a_fresh_venv(tmp_path):
-    """Build the wheel, install it into a new venv that sees mindspore and numpy but no sibling."""
+    """Build the wheel, install it into a new venv that sees its dependencies but no sibling."""
     dist = tmp_path / "dist"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist),
@@ -135,7 +135,7 @@ def test_mm_parallel_wheel_installs_alone_in_a_fresh_venv(tmp_path):
         metadata = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
     assert {t for t in tops if not t.endswith(".dist-info")} == {"mm_parallel"}
     requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
-    assert {canonicalize_name(Requirement(r).name) for r in requires} == {"mindspore", "numpy"}
+    assert {canonicalize_name(Requirement(r).name) for r in requires} == {"mindspore", "numpy", "safetensors"}
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)

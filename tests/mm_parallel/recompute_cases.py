@@ -25,6 +25,7 @@ def loss_and_grads(stack, topo, x, c):
         loss, grads = comm.all_reduce(loss, topo.cp), [comm.all_reduce(g, topo.cp) for g in grads]
     if topo.config.sequence_parallel:
         loss = comm.all_reduce(loss, topo.tp)
+    if topo.tp.size > 1:  # parameters whose gradient is partial over tp (SP norms, LoRA A of column layers)
         grads = sync_sequence_parallel_grads(params, grads, topo.tp)
     full = {}
     cells = dict(stack.cells_and_names())

@@ -1,0 +1,187 @@
+"""LoRA on plain and tensor-parallel linears, saved and loaded in PEFT's format.
+
+    y = base(x) + dropout(x) A^T B^T * alpha / r        A: (r, in), B: (out, r), B starts at zero
+
+Sharding follows the base weight so no extra layout appears:
+  column-parallel base (out split): A whole on every rank, B split on out. Each rank's gradient of
+      A only sees its B rows, so A is marked to have its gradient summed over tp
+      (`sync_sequence_parallel_grads` does it: the same rule as a sequence-parallel norm).
+  row-parallel base (in split): A split on in, h = sum over tp of x_r A_r^T (a reduce, or a
+      reduce-scatter under sequence parallel), B whole; under SP, B sees a sequence shard: marked.
+The LoRA branch passes its input through the same region as the base layer (copy / gather-sequence
+/ scatter), each branch with its own backward, which sums correctly.
+
+Files: ``adapter_config.json`` (peft_type LORA, r, lora_alpha, lora_dropout, target_modules) and
+``adapter_model.safetensors`` with PEFT's keys ``base_model.model.<module>.lora_A.weight`` /
+``lora_B.weight``, full (gathered) tensors, written by global rank 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Dict, Iterable, List, Optional
+
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from mm_parallel import comm, mappings
+from mm_parallel.sequence_parallel import mark_sequence_parallel
+from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, shard, unshard
+from mm_parallel.topology import get_topology
+
+_matmul_nt = ops.MatMul(transpose_b=True)
+
+
+def _mm(x, w):
+    return _matmul_nt(x.reshape(-1, x.shape[-1]), w).reshape(x.shape[:-1] + (w.shape[0],))
+
+
+class LoraLinear(nn.Cell):
+    """A frozen base linear plus the low-rank update; see the module docstring."""
+
+    def __init__(self, base: nn.Cell, r: int, alpha: float, dropout: float = 0.0):
+        super().__init__()
+        if r < 1:
+            raise ValueError(f"LoRA rank r must be >= 1, got {r}")
+        self.base = base
+        self.kind = "column" if isinstance(base, ColumnParallelLinear) else "row" if isinstance(base, RowParallelLinear) else "plain"
+        self.scaling = alpha / r
+        self.dropout = dropout
+        self.merged = False
+        out_local, in_local = base.weight.shape
+        group = getattr(base, "group", None)
+        in_full = in_local * (group.size if self.kind == "row" else 1)
+        bound = 1.0 / math.sqrt(in_full)  # PEFT's default: kaiming-uniform(a=sqrt 5) on A, zeros on B
+        a_full = np.random.default_rng().uniform(-bound, bound, (r, in_full)).astype(np.float32)
+        a_local = shard(a_full, group, 1) if self.kind == "row" else a_full
+        self.lora_A = Parameter(Tensor(np.ascontiguousarray(a_local)), name="lora_A")
+        self.lora_B = Parameter(Tensor(np.zeros((out_local, r), np.float32)), name="lora_B")
+        # which dim of each adapter tensor is split over tp (absent: whole on every rank)
+        self.tp_split_dims = {"lora_B": 0} if self.kind == "column" else {"lora_A": 1} if self.kind == "row" else {}
+        if self.kind == "column" and group.size > 1:
+            mark_sequence_parallel(self.lora_A)
+        if self.kind == "row" and base.sequence_parallel:
+            mark_sequence_parallel(self.lora_B)
+
+    def _drop(self, x):
+        return ops.dropout(x, p=self.dropout, training=self.training) if self.dropout and self.training else x
+
+    def construct(self, x):
+        y = self.base(x)
+        if self.merged:
+            return y
+        base = self.base
+        if self.kind == "column":
+            h = mappings.gather_from_sequence(x, base.group, base.seq_dim) if base.sequence_parallel else \
+                mappings.copy_to_region(x, base.group)
+            u = _mm(_mm(self._drop(h), self.lora_A), self.lora_B) * self.scaling
+            return y + (mappings.gather_from_region(u, base.group, -1) if base.gather_output else u)
+        if self.kind == "row":
+            h = x if base.input_is_parallel else mappings.scatter_to_region(x, base.group, -1)
+            h = _mm(self._drop(h), self.lora_A)
+            h = mappings.reduce_scatter_to_sequence(h, base.group, base.seq_dim) if base.sequence_parallel else \
+                mappings.reduce_from_region(h, base.group)
+            return y + _mm(h, self.lora_B) * self.scaling
+        return y + _mm(_mm(self._drop(x), self.lora_A), self.lora_B) * self.scaling
+
+    def delta(self):
+        """This rank's shard of scaling * B A, the update merged into the base weight."""
+        return ops.matmul(self.lora_B, self.lora_A) * self.scaling
+
+    def merge(self):
+        if not self.merged:
+            self.base.weight.set_data(self.base.weight + self.delta())
+            self.merged = True
+
+    def unmerge(self):
+        if self.merged:
+            self.base.weight.set_data(self.base.weight - self.delta())
+            self.merged = False
+
+
+def _matches(name: str, targets: Iterable[str]) -> bool:
+    return any(name == t or name.endswith("." + t) for t in targets)
+
+
+def lora_layers(model: nn.Cell) -> Dict[str, LoraLinear]:
+    return {name: cell for name, cell in model.cells_and_names() if isinstance(cell, LoraLinear)}
+
+
+def apply_lora(model: nn.Cell, target_modules: List[str], r: int = 8, alpha: float = 16.0, dropout: float = 0.0):
+    """Wrap every linear whose module path ends with one of ``target_modules`` (PEFT's rule) and
+    freeze everything else; returns {module path: LoraLinear}."""
+    for param in model.get_parameters():
+        param.requires_grad = False
+    found = [(name, cell) for name, cell in model.cells_and_names() if name and _matches(name, target_modules)]
+    if not found:
+        raise ValueError(f"no module matches target_modules={target_modules}; module paths end with e.g. "
+                         f"{sorted({n.split('.')[-1] for n, _ in model.cells_and_names() if n})[:10]}")
+    cells = dict(model.cells_and_names())
+    for name, cell in found:
+        if not hasattr(cell, "weight") or len(cell.weight.shape) != 2:
+            raise ValueError(f"LoRA target {name} is not a linear layer (no 2-D weight)")
+        parent_name, _, child = name.rpartition(".")
+        parent = cells[parent_name] if parent_name else model
+        wrapped = LoraLinear(cell, r, alpha, dropout)
+        if isinstance(parent, (nn.CellList, nn.SequentialCell)):
+            parent[int(child)] = wrapped
+        else:
+            setattr(parent, child, wrapped)
+        for relative, param in wrapped.parameters_and_names():  # full paths: "0.q.lora_A", "0.q.base.weight"
+            param.name = f"{name}.{relative}"
+    return lora_layers(model)
+
+
+def merge_lora(model: nn.Cell):
+    for layer in lora_layers(model).values():
+        layer.merge()
+
+
+def unmerge_lora(model: nn.Cell):
+    for layer in lora_layers(model).values():
+        layer.unmerge()
+
+
+def save_lora(model: nn.Cell, path: str, target_modules: List[str], r: int, alpha: float, dropout: float = 0.0):
+    """Write the adapters in PEFT's format (full tensors gathered over tp; global rank 0 writes)."""
+    from safetensors.numpy import save_file
+
+    tensors = {}
+    for name, layer in lora_layers(model).items():
+        for which in ("lora_A", "lora_B"):
+            value = getattr(layer, which)
+            dim = layer.tp_split_dims.get(which)
+            full = value if dim is None else unshard(value, layer.base.group, dim)
+            tensors[f"base_model.model.{name}.{which}.weight"] = np.ascontiguousarray(full.asnumpy())
+    if get_topology().rank == 0:
+        os.makedirs(path, exist_ok=True)
+        config = {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "lora_dropout": dropout,
+                  "target_modules": list(target_modules), "bias": "none", "fan_in_fan_out": False,
+                  "use_rslora": False, "init_lora_weights": True, "modules_to_save": None, "task_type": None,
+                  "base_model_name_or_path": None, "inference_mode": True}
+        with open(os.path.join(path, "adapter_config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
+    comm.barrier()
+
+
+def load_lora(model: nn.Cell, path: str):
+    """Read PEFT adapters into a model that `apply_lora` already wrapped; each rank keeps its shard."""
+    from safetensors.numpy import load_file
+
+    tensors = load_file(os.path.join(path, "adapter_model.safetensors"))
+    layers = lora_layers(model)
+    missing = [n for n in layers if f"base_model.model.{n}.lora_A.weight" not in tensors]
+    if missing:
+        raise ValueError(f"{path} has no adapter for {missing}; it was saved for other target_modules")
+    for name, layer in layers.items():
+        for which in ("lora_A", "lora_B"):
+            full = tensors[f"base_model.model.{name}.{which}.weight"]
+            dim = layer.tp_split_dims.get(which)
+            local = full if dim is None else shard(full, layer.base.group, dim)
+            param = getattr(layer, which)
+            if tuple(local.shape) != tuple(param.shape):
+                raise ValueError(f"{name}.{which}: file shape {full.shape} does not fit {tuple(param.shape)} (rank r differs?)")
+            param.set_data(Tensor(np.ascontiguousarray(local)))
