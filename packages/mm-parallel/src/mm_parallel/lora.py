@@ -39,13 +39,13 @@ def _mm(x, w):
 
 
 class LoraLinear(nn.Cell):
-    """A frozen base linear plus the low-rank update; see the module docstring."""
+    """A frozen base linear (``base_layer``, as PEFT names it) plus the low-rank update."""
 
     def __init__(self, base: nn.Cell, r: int, alpha: float, dropout: float = 0.0):
         super().__init__()
         if r < 1:
             raise ValueError(f"LoRA rank r must be >= 1, got {r}")
-        self.base = base
+        self.base_layer = base
         self.kind = "column" if isinstance(base, ColumnParallelLinear) else "row" if isinstance(base, RowParallelLinear) else "plain"
         self.scaling = alpha / r
         self.dropout = dropout
@@ -69,10 +69,10 @@ class LoraLinear(nn.Cell):
         return ops.dropout(x, p=self.dropout, training=self.training) if self.dropout and self.training else x
 
     def construct(self, x):
-        y = self.base(x)
+        y = self.base_layer(x)
         if self.merged:
             return y
-        base = self.base
+        base = self.base_layer
         if self.kind == "column":
             h = mappings.gather_from_sequence(x, base.group, base.seq_dim) if base.sequence_parallel else \
                 mappings.copy_to_region(x, base.group)
@@ -92,12 +92,12 @@ class LoraLinear(nn.Cell):
 
     def merge(self):
         if not self.merged:
-            self.base.weight.set_data(self.base.weight + self.delta())
+            self.base_layer.weight.set_data(self.base_layer.weight + self.delta())
             self.merged = True
 
     def unmerge(self):
         if self.merged:
-            self.base.weight.set_data(self.base.weight - self.delta())
+            self.base_layer.weight.set_data(self.base_layer.weight - self.delta())
             self.merged = False
 
 
@@ -129,7 +129,7 @@ def apply_lora(model: nn.Cell, target_modules: List[str], r: int = 8, alpha: flo
             parent[int(child)] = wrapped
         else:
             setattr(parent, child, wrapped)
-        for relative, param in wrapped.parameters_and_names():  # full paths: "0.q.lora_A", "0.q.base.weight"
+        for relative, param in wrapped.parameters_and_names():  # full paths, PEFT-like: "0.q.lora_A", "0.q.base_layer.weight"
             param.name = f"{name}.{relative}"
     return lora_layers(model)
 
@@ -153,7 +153,7 @@ def save_lora(model: nn.Cell, path: str, target_modules: List[str], r: int, alph
         for which in ("lora_A", "lora_B"):
             value = getattr(layer, which)
             dim = layer.tp_split_dims.get(which)
-            full = value if dim is None else unshard(value, layer.base.group, dim)
+            full = value if dim is None else unshard(value, layer.base_layer.group, dim)
             tensors[f"base_model.model.{name}.{which}.weight"] = np.ascontiguousarray(full.asnumpy())
     if get_topology().rank == 0:
         os.makedirs(path, exist_ok=True)
@@ -180,7 +180,7 @@ def load_lora(model: nn.Cell, path: str):
         for which in ("lora_A", "lora_B"):
             full = tensors[f"base_model.model.{name}.{which}.weight"]
             dim = layer.tp_split_dims.get(which)
-            local = full if dim is None else shard(full, layer.base.group, dim)
+            local = full if dim is None else shard(full, layer.base_layer.group, dim)
             param = getattr(layer, which)
             if tuple(local.shape) != tuple(param.shape):
                 raise ValueError(f"{name}.{which}: file shape {full.shape} does not fit {tuple(param.shape)} (rank r differs?)")
