@@ -28,14 +28,13 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from mm_parallel import comm, mappings
 from mm_parallel.sequence_parallel import mark_sequence_parallel
-from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, shard, unshard
+from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _linear, shard, unshard
 from mm_parallel.topology import get_topology
-
-_matmul_nt = ops.MatMul(transpose_b=True)
 
 
 def _mm(x, w):
-    return _matmul_nt(x.reshape(-1, x.shape[-1]), w).reshape(x.shape[:-1] + (w.shape[0],))
+    """x w^T over the last dim: the projection the parallel linears use, without bias."""
+    return _linear(x, w, None)
 
 
 class LoraLinear(nn.Cell):

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from mindspore import nn
-
 import mindspore as ms
+from mindspore import nn
 
 from mm_parallel.context_parallel import attention
 from mm_parallel.topology import Topology, get_topology

@@ -160,9 +160,9 @@ class CpuBackend(Backend):
         return self._swap(x, group, src, recv_shape)
 
     def ring_shift(self, x, group, offset):
-        me = group.rank
-        if group.ranks[(me + offset) % group.size] == group.ranks[(me - offset) % group.size]:
-            return self.exchange(x, group.ranks[(me + offset) % group.size], group.global_rank, x.shape)
+        me, n = group.rank, group.size
+        if (2 * offset) % n == 0:  # the next rank is also the previous one: a two-way swap
+            return self.exchange(x, group.ranks[(me + offset) % n], group.global_rank, x.shape)
         # One-way broadcasts inside two-rank groups, in rounds of disjoint pairs: each rank sends
         # x once and receives once (an all_gather over the ring would move n times x).
         out = x
