@@ -38,8 +38,7 @@ def run_lora_cases(adapter_dir, out_dir, layouts):
     from mm_parallel import ParallelConfig
     from mm_parallel.lora import apply_lora, load_lora, merge_lora, save_lora, unmerge_lora
     from mm_parallel.topology import Topology
-    from recompute_cases import local_slice, loss_and_grads
-    from reference_model import H, build_stack, run_stack
+    from reference_model import H, build_stack, local_slice, loss_and_grads, run_stack
 
     rng = np.random.default_rng(2)
     x = Tensor(rng.standard_normal((2, 8, H)).astype(np.float32))

@@ -1,5 +1,6 @@
-"""LoRA in PEFT's format: one process (adapters read from a PEFT folder, only adapters trainable,
-merge / unmerge, save round trip). The tp2 / tp2+SP equivalence is written and skipped: flaky."""
+"""LoRA in PEFT's format: adapters read from a PEFT folder, only adapters trainable, gathered
+gradients under tp2 and tp2+SP equal one process, merge / unmerge, save round trip. (Training
+steps with LoRA under tp: test_training.py.)"""
 
 import json
 
@@ -19,9 +20,6 @@ def test_lora_single_process(tmp_path):
 
 
 @pytest.mark.distributed
-@pytest.mark.skip(reason="flaky on MindSpore 2.7.2 CPU: passed 2 of 4 runs; the others failed with 'AllReduce "
-                  "failed' / 'AllGather failed' surfacing after the backward (collectives of the LoRA and base "
-                  "branches); same family as the multi-process recompute fault (mm_parallel.recompute)")
 def test_lora_tp2_equals_single_process(run_distributed, tmp_path):
     write_adapters(tmp_path / "in")
     results = run_distributed(run_lora_cases, nproc=2, timeout=300, adapter_dir=str(tmp_path / "in"),

@@ -1,21 +1,30 @@
-"""Recomputation changes no number (single process: full, block and selective equal no recompute),
-and multi-process CPU runs are refused rather than corrupted (see mm_parallel.recompute)."""
+"""Recomputation changes no number: three AdamW steps with full, block and selective recompute
+equal the steps without it (one process here; under tp / sp / cp in test_training.py)."""
 
 import pytest
 
 from mm_parallel import ParallelConfig
 from mm_parallel.recompute import apply_recompute
 from mm_parallel.topology import Topology
-from recompute_cases import run_recompute_cases
+from reference_model import build_stack
+from training_cases import run_training_cases
 
 MODES = ["none", "full", "block1", "selective"]
 
 
 def test_recompute_single_process_changes_no_number():
-    results = run_recompute_cases({"solo": {}}, MODES)
+    results = run_training_cases({"solo": {"layout": {}, "recompute": MODES, "causal": [True, False]}})
     assert set(results) == {f"solo/{m}/{c}" for m in MODES for c in ("causal", "full")}
     failed = {case: p for case, p in results.items() if p}
     assert not failed, failed
+
+
+def test_recompute_marks_the_right_cells():
+    solo = Topology.build(ParallelConfig(), 1, 0)
+    assert apply_recompute(build_stack(solo), "none") == 0
+    assert apply_recompute(build_stack(solo), "full") == 3
+    assert apply_recompute(build_stack(solo), "block", num_layers=2) == 2
+    assert apply_recompute(build_stack(solo), "selective") == 3  # one CoreAttention per layer
 
 
 def test_recompute_modes_are_checked():
@@ -27,10 +36,3 @@ def test_recompute_modes_are_checked():
         apply_recompute([], "block", num_layers=1)
     with pytest.raises(ValueError, match="found no CoreAttention"):
         apply_recompute([nn.Dense(2, 2)], "selective")
-
-
-def test_multi_process_cpu_recompute_is_refused():
-    two = Topology.build(ParallelConfig(tp=2), 2, 0)
-    with pytest.raises(RuntimeError, match="not supported on CPU"):
-        apply_recompute([], "full", topology=two)
-    assert apply_recompute([], "none", topology=two) == 0

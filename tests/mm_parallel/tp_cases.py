@@ -72,23 +72,14 @@ def build(topology, sequence_parallel, split_io):
 
 def loss_and_full_grads(block, topology):
     """Loss and every parameter's gradient, tp shards gathered to full, SP grads synchronised."""
-    import mindspore as ms
     from mindspore import Tensor
 
-    from mm_parallel.sequence_parallel import sync_sequence_parallel_grads
-    from mm_parallel.tensor_parallel import unshard
+    from reference_model import full_arrays, local_loss_and_grads
 
     ids, labels = batch()
     params = block.trainable_params()
-    loss, grads = ms.value_and_grad(block, None, params)(Tensor(ids), Tensor(labels))
-    grads = sync_sequence_parallel_grads(params, grads, topology.tp)
-    full = {}
-    for p, g in zip(params, grads):
-        owner, _, attr = p.name.rpartition(".")
-        cell = getattr(block, owner) if owner else block
-        dim = getattr(cell, "tp_split_dims", {}).get(attr)
-        full[p.name] = (g if dim is None else unshard(g, topology.tp, dim)).asnumpy()
-    return float(loss.asnumpy()), full
+    loss, grads = local_loss_and_grads(block, params, topology, Tensor(ids), Tensor(labels))
+    return float(loss.asnumpy()), full_arrays(block, topology, params, grads)
 
 
 def run_tp_cases(tp: int):

@@ -3,7 +3,14 @@
     import mm_parallel
     topo = mm_parallel.initialize(mm_parallel.ParallelConfig(tp=2, cp=2))
     y = mm_parallel.comm.all_reduce(x, topo.tp)
+
+Importing it on CPU switches MindSpore to blocking op launch, which custom-bprop Cells need for
+correct gradients (see mm_parallel.runtime): import mm_parallel before running any op.
 """
+
+from mm_parallel import runtime
+
+runtime.configure()
 
 from mm_parallel import comm, mappings, ops, recompute
 from mm_parallel.__about__ import __version__

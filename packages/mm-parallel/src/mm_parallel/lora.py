@@ -28,7 +28,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from mm_parallel import comm, mappings
 from mm_parallel.sequence_parallel import mark_sequence_parallel
-from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _linear, shard, unshard
+from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _linear, init_rng, shard, unshard
 from mm_parallel.topology import get_topology
 
 
@@ -53,7 +53,7 @@ class LoraLinear(nn.Cell):
         group = getattr(base, "group", None)
         in_full = in_local * (group.size if self.kind == "row" else 1)
         bound = 1.0 / math.sqrt(in_full)  # PEFT's default: kaiming-uniform(a=sqrt 5) on A, zeros on B
-        a_full = np.random.default_rng().uniform(-bound, bound, (r, in_full)).astype(np.float32)
+        a_full = init_rng().uniform(-bound, bound, (r, in_full)).astype(np.float32)
         a_local = shard(a_full, group, 1) if self.kind == "row" else a_full
         self.lora_A = Parameter(Tensor(np.ascontiguousarray(a_local)), name="lora_A")
         self.lora_B = Parameter(Tensor(np.zeros((out_local, r), np.float32)), name="lora_B")

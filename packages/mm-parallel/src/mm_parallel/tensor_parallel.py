@@ -15,6 +15,7 @@ With ``sequence_parallel`` the activations outside the layers are split along th
 
 from __future__ import annotations
 
+import itertools
 from typing import Optional
 
 import mindspore as ms
@@ -55,12 +56,31 @@ def _linear(x, weight, bias):
     return out.reshape(x.shape[:-1] + (weight.shape[0],))
 
 
-def _param(shape, name, init_std: Optional[float], zeros: bool = False):
+_init_count = itertools.count()
+
+
+def init_rng() -> np.random.Generator:
+    """The generator the next parameter is initialised from, the same on every rank.
+
+    Seeded by MindSpore's global seed (``mindspore.set_seed``; 0 if unset) and how many parameters
+    this process initialised before: ranks that build the same model draw the same numbers, so a
+    replicated parameter is equal everywhere and a sharded one is a slice of the tensor a single
+    process would draw (the model starts identical under any tp).
+    """
+    seed = ms.get_seed()
+    return np.random.default_rng([0 if seed is None else seed, next(_init_count)])
+
+
+def _param(full_shape, name, init_std: Optional[float], group: Group, split_dim: Optional[int] = None,
+           zeros: bool = False):
+    """A parameter drawn whole (normal(0, init_std or 0.02), or zeros) and cut to this rank's shard."""
     if zeros:
-        value = np.zeros(shape, np.float32)
+        value = np.zeros(full_shape, np.float32)
     else:
-        value = np.random.default_rng().normal(0.0, init_std or 0.02, shape).astype(np.float32)
-    return Parameter(Tensor(value), name=name)
+        value = init_rng().normal(0.0, init_std or 0.02, full_shape).astype(np.float32)
+    if split_dim is not None:
+        value = shard(value, group, split_dim)
+    return Parameter(Tensor(np.ascontiguousarray(value)), name=name)
 
 
 class _TensorParallel(nn.Cell):
@@ -98,9 +118,8 @@ class ColumnParallelLinear(_TensorParallel):
         if out_features % self.group.size:
             raise ValueError(f"out_features={out_features} must be divisible by tp={self.group.size}")
         self.gather_output = gather_output
-        local = out_features // self.group.size
-        self.weight = _param((local, in_features), "weight", init_std)
-        self.bias = _param((local,), "bias", None, zeros=True) if bias else None
+        self.weight = _param((out_features, in_features), "weight", init_std, self.group, 0)
+        self.bias = _param((out_features,), "bias", None, self.group, 0, zeros=True) if bias else None
 
     def construct(self, x):
         if self.sequence_parallel:
@@ -124,8 +143,8 @@ class RowParallelLinear(_TensorParallel):
         if self.sequence_parallel and not input_is_parallel:
             raise ValueError("sequence_parallel needs input_is_parallel=True (the input is split on features)")
         self.input_is_parallel = input_is_parallel
-        self.weight = _param((out_features, in_features // self.group.size), "weight", init_std)
-        self.bias = _param((out_features,), "bias", None, zeros=True) if bias else None
+        self.weight = _param((out_features, in_features), "weight", init_std, self.group, 1)
+        self.bias = _param((out_features,), "bias", None, self.group, zeros=True) if bias else None
         if self.bias is not None and self.sequence_parallel:
             mark_sequence_parallel(self.bias)  # added on a sequence shard: its grad is partial
 
@@ -155,7 +174,7 @@ class VocabParallelEmbedding(_TensorParallel):
         self.num_embeddings = num_embeddings
         self.per_rank = num_embeddings // self.group.size
         self.start = self.group.rank * self.per_rank
-        self.weight = _param((self.per_rank, embedding_dim), "weight", init_std)
+        self.weight = _param((num_embeddings, embedding_dim), "weight", init_std, self.group, 0)
 
     def construct(self, input_ids):
         if self.group.size == 1:
