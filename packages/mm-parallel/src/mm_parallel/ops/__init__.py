@@ -1,6 +1,7 @@
 """The kernel layer every model calls. The CPU path uses operators with CPU kernels and is the
-tested reference; on Ascend, fused kernels (flash_attention_score, rms_norm, swiglu) are chosen
-automatically (``MM_KERNELS=reference`` forces the reference path)."""
+tested reference; on Ascend, fused kernels (flash_attention_score, rms_norm,
+rotary_position_embedding, swiglu) are chosen automatically (``MM_KERNELS=reference`` forces the
+reference path)."""
 
 from mm_parallel.ops.activations import gelu, silu, swiglu
 from mm_parallel.ops.attention import attention, segment_ids_from_cu_seqlens

@@ -25,7 +25,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 
-from mm_parallel.ops.device import use_fused
+from mm_parallel.ops.device import tiled_to, use_fused
 
 _MASKED = -1e30
 _TINY = 1e-30
@@ -104,24 +104,33 @@ def attention(
         return _fused(q, k, v, mask, scale)
 
     dtype = q.dtype
-    qh = q.astype(ms.float32).transpose(0, 2, 1, 3)
+    # scale q (b*s*h*d values) rather than the scores (b*h*q*k)
+    qh = (q.astype(ms.float32) * scale).transpose(0, 2, 1, 3)
     kh = _repeat_kv(k.astype(ms.float32).transpose(0, 2, 1, 3), heads // kv_heads)
     vh = _repeat_kv(v.astype(ms.float32).transpose(0, 2, 1, 3), heads // kv_heads)
-    scores = _matmul_nt(qh, kh) * scale  # (b, h, q, k)
-    if mask is None and not return_lse:
+    scores = _matmul_nt(qh, kh)  # (b, h, q, k)
+    if mask is not None:
+        scores = scores + tiled_to((mask.astype(ms.float32) - 1.0) * -_MASKED, scores.shape)
+    if not return_lse:
         out = _matmul_nn(ops.softmax(scores, -1), vh)
-        return out.transpose(0, 2, 1, 3).astype(dtype)
-    if mask is not None:
-        scores = ops.masked_fill(scores, ops.logical_not(mask), _MASKED)
-    row_max = ops.amax(scores, -1, keepdims=True)
-    weights = ops.exp(scores - row_max)
-    if mask is not None:
-        weights = weights * mask.astype(ms.float32)  # a row with no allowed key sums to 0, not to 1
-    total = ops.maximum(weights.sum(-1, keepdims=True), _TINY)
-    out = _matmul_nn(weights / total, vh).transpose(0, 2, 1, 3).astype(dtype)
+    else:
+        # The max only keeps exp in range; lse = m + log sum exp(s - m) has the right gradient
+        # (softmax) with m held constant.
+        row_max = ops.stop_gradient(scores.max(axis=-1, keepdims=True))
+        weights = ops.exp(scores - tiled_to(row_max, scores.shape))
+        total = ops.maximum(ops.matmul(weights, ops.ones((k_len, 1), ms.float32)), _TINY)  # row sums
+        out = _matmul_nn(weights, vh) / total
+    if mask is not None and _rows_may_be_empty(causal, q_len, k_len, key_padding_mask, segment_ids):
+        out = out * mask.astype(ms.float32).max(axis=-1, keepdims=True)  # zeros where no key is allowed
+    out = out.transpose(0, 2, 1, 3).astype(dtype)
     if not return_lse:
         return out
     return out, (row_max + ops.log(total)).squeeze(-1)
+
+
+def _rows_may_be_empty(causal, q_len, k_len, key_padding_mask, segment_ids) -> bool:
+    """Whether some query may have no allowed key (then its softmax row must become zeros)."""
+    return key_padding_mask is not None or segment_ids is not None or (causal and q_len > k_len)
 
 
 def _fused(q, k, v, mask, scale):

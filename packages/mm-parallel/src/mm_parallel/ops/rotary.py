@@ -7,9 +7,14 @@ one value per dimension, as transformers and diffusers build them (each frequenc
     half-split (transformers / NeoX):  rotate(x) = cat(-x[rot/2:], x[:rot/2])
     interleaved (diffusers CogVideoX, Wan / GPT-J): rotate(x)[2i] = -x[2i+1], rotate(x)[2i+1] = x[2i]
     out = x * cos + rotate(x) * sin
+
+On Ascend the fused rotary_position_embedding kernel is used (interleaved only with tables shared
+by the batch, as the kernel requires).
 """
 
 from mindspore import ops
+
+from mm_parallel.ops.device import tiled_to, use_fused
 
 
 def rotate_half(x):
@@ -38,6 +43,9 @@ def apply_rotary(x, cos, sin, interleaved: bool = False):
         raise ValueError(f"rotary tables must be (seq, rot) or (batch, seq, rot), got {tuple(cos.shape)}")
     cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
     part, rest = (x, None) if rot == x.shape[-1] else (x[..., :rot], x[..., rot:])
-    rotated = (rotate_interleaved if interleaved else rotate_half)(part)
-    out = part * cos + rotated * sin
+    if use_fused() and (not interleaved or cos.shape[0] == 1):
+        out = ops.rotary_position_embedding(part, cos, sin, 1 if interleaved else 0)
+    else:
+        rotated = (rotate_interleaved if interleaved else rotate_half)(part)
+        out = part * tiled_to(cos, part.shape) + rotated * tiled_to(sin, part.shape)
     return out if rest is None else ops.concat([out, rest], -1)
