@@ -16,6 +16,8 @@ from mm_parallel import comm, mappings, ops, recompute
 from mm_parallel.__about__ import __version__
 from mm_parallel.config import ParallelConfig
 from mm_parallel.context_parallel import attention, gather_sequence, split_sequence
+from mm_parallel.lr_schedule import LRSchedule
+from mm_parallel.optimizer import DistributedOptimizer, OptimizerConfig
 from mm_parallel.sequence_parallel import mark_sequence_parallel, sync_sequence_parallel_grads
 from mm_parallel.tensor_parallel import (
     ColumnParallelLinear,
@@ -29,7 +31,10 @@ from mm_parallel.topology import Group, Topology, get_topology, initialize
 
 __all__ = [
     "ColumnParallelLinear",
+    "DistributedOptimizer",
     "Group",
+    "LRSchedule",
+    "OptimizerConfig",
     "ParallelConfig",
     "RowParallelLinear",
     "Topology",

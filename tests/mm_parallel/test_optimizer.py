@@ -1,0 +1,142 @@
+"""DistributedOptimizer and learning-rate schedules: one process equals a numpy AdamW written in
+the test; dp2 with zero 0/1/2, cp2, tp2+sp, dp2 x tp2(+sp), dp2 x cp2 and dp4 equal one process
+(losses, grad norms, parameters after three steps); state saved under one dp size / zero stage
+and reloaded under another continues exactly; loss scaling; clear errors."""
+
+import math
+
+import numpy as np
+import pytest
+
+from mm_parallel import ParallelConfig
+from mm_parallel.lr_schedule import LRSchedule
+from mm_parallel.optimizer import DistributedOptimizer, OptimizerConfig, no_weight_decay
+from mm_parallel.topology import Topology
+from optimizer_cases import B, CFG, batches, numpy_adamw, run_optimizer_cases, train
+from reference_model import build_stack, run_stack
+
+SOLO = Topology.build(ParallelConfig(), 1, 0)
+
+
+def test_lr_schedules():
+    warm = LRSchedule(1.0, warmup_steps=4, decay_steps=10, style="cosine", min_lr=0.1)
+    assert [warm(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert warm(4) == 1.0 and warm(9) == pytest.approx(0.55) and warm(14) == pytest.approx(0.1)
+    assert warm(100) == pytest.approx(0.1)
+    linear = LRSchedule(2.0, decay_steps=4, style="linear", min_lr=0.0)
+    assert [linear(s) for s in range(6)] == [2.0, 1.5, 1.0, 0.5, 0.0, 0.0]
+    assert LRSchedule(0.3)(1000) == 0.3
+    with pytest.raises(ValueError, match="unknown"):
+        LRSchedule(1.0, style="step")
+    with pytest.raises(ValueError, match="decay_steps > 0"):
+        LRSchedule(1.0, style="cosine")
+
+
+def test_one_process_equals_numpy_adamw():
+    import mindspore as ms
+    from mindspore import Tensor
+
+    losses, norms, params, _ = train(SOLO, 1, CFG, batches())
+    stack = build_stack(SOLO)
+    ps = stack.trainable_params()
+    init = {p.name: p.asnumpy().copy() for p in ps}
+    decayed = {p.name: not no_weight_decay(p.name, p) for p in ps}
+    assert not decayed["0.norm1"] and not decayed["0.q.bias"] and decayed["0.q.weight"]
+    current, grads_per_step = init, []
+    for x, c in batches():  # the gradient at the numpy trajectory's parameters, step by step
+        for p in ps:
+            p.set_data(Tensor(current[p.name].astype(np.float32)))
+        _, grads = ms.value_and_grad(lambda t: (run_stack(stack, t) * Tensor(c)).sum() / B, None, ps)(Tensor(x))
+        grads_per_step.append({p.name: g.asnumpy() for p, g in zip(ps, grads)})
+        current, want_norms = numpy_adamw(init, grads_per_step, decayed, CFG)
+    assert want_norms[0] > CFG["clip_grad"]  # clipping is exercised
+    np.testing.assert_allclose(norms, want_norms, rtol=1e-5)
+    for name, want in current.items():
+        np.testing.assert_allclose(params[name], want, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_loss_scaling():
+    from mindspore import Tensor
+
+    stack = build_stack(SOLO, layers=1)
+    grads = [Tensor(np.ones(p.shape, np.float32)) for p in stack.trainable_params()]
+    bad = [Tensor(np.full(p.shape, np.inf, np.float32)) for p in stack.trainable_params()]
+    config = OptimizerConfig(dynamic_loss_scale=True, initial_loss_scale=8.0, loss_scale_window=2, clip_grad=0)
+    opt = DistributedOptimizer(stack, config, SOLO)
+    before = {p.name: p.asnumpy().copy() for p in stack.trainable_params()}
+    info = opt.step(bad)
+    assert info["skipped"] and info["loss_scale"] == 4.0 and opt.step_count == 0
+    assert all(np.array_equal(p.asnumpy(), before[p.name]) for p in stack.trainable_params())
+    assert float(opt.scale_loss(Tensor(1.5)).asnumpy()) == 6.0
+    opt.step(grads), opt.step(grads)
+    assert opt.loss_scale == 8.0 and opt.step_count == 2  # doubled after a window of good steps
+
+    # a static scale divides the gradients back: same update as no scaling at all
+    plain, scaled = build_stack(SOLO, layers=1), build_stack(SOLO, layers=1)
+    DistributedOptimizer(plain, OptimizerConfig(clip_grad=0), SOLO).step(grads)
+    DistributedOptimizer(scaled, OptimizerConfig(clip_grad=0, loss_scale=128.0), SOLO).step([g * 128 for g in grads])
+    for a, b in zip(plain.trainable_params(), scaled.trainable_params()):
+        np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-6)
+
+
+def test_optimizer_errors(tmp_path):
+    stack = build_stack(SOLO, layers=1)
+    with pytest.raises(ValueError, match="zero_stage must be 0, 1 or 2"):
+        DistributedOptimizer(stack, topology=SOLO, zero_stage=3)
+    opt = DistributedOptimizer(stack, topology=SOLO)
+    with pytest.raises(ValueError, match="gradients for"):
+        opt.step([])
+    with pytest.raises(FileNotFoundError, match="no optimizer state"):
+        opt.load(str(tmp_path))
+    opt.save(str(tmp_path))
+    other = DistributedOptimizer(build_stack(SOLO, layers=2), topology=SOLO)
+    with pytest.raises(ValueError, match="saved for other parameters"):
+        other.load(str(tmp_path))
+
+
+LAYOUTS = {
+    2: {
+        "dp2_zero0": {"layout": {}, "zero": 0},
+        "dp2_zero1": {"layout": {"zero_stage": 1}, "zero": 1},
+        "dp2_zero2": {"layout": {"zero_stage": 2}, "zero": 2},
+        "cp2_zero1": {"layout": {"cp": 2, "zero_stage": 1}, "zero": 1},
+        "tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}, "zero": 1},
+    },
+    4: {
+        "dp2_tp2_zero1": {"layout": {"tp": 2, "zero_stage": 1}, "zero": 1},
+        "dp2_tp2_sp_zero2": {"layout": {"tp": 2, "sequence_parallel": True, "zero_stage": 2}, "zero": 2},
+        "dp2_cp2_zero1": {"layout": {"cp": 2, "zero_stage": 1}, "zero": 1},
+        "dp4_zero1": {"layout": {"zero_stage": 1}, "zero": 1},
+        "dp2_tp2_resumed": {"layout": {"tp": 2, "zero_stage": 1}, "zero": 1, "resume": "dp2_tp2_zero1"},
+        "dp4_zero1_from_dp2": {"layout": {"zero_stage": 1}, "zero": 1, "resume": "dp2_zero1"},  # saved by world 2
+        "dp4_zero2_from_zero1": {"layout": {"zero_stage": 2}, "zero": 2, "resume": "dp4_zero1"},
+        "dp4_zero0_from_dp2_cp2": {"layout": {}, "zero": 0, "resume": "dp2_cp2_zero1"},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def save_root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("optimizer_state"))
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world", [2, 4])  # in this order: world 4 reloads what world 2 saved
+def test_distributed_optimizer_equals_single_process(run_distributed, save_root, world):
+    results = run_distributed(run_optimizer_cases, nproc=world, timeout=600, layouts=LAYOUTS[world],
+                              save_root=save_root)
+    for rank, result in enumerate(results):
+        assert set(result) == set(LAYOUTS[world])
+        failed = {case: p for case, p in result.items() if p}
+        assert not failed, (rank, failed)
+
+
+def test_schedule_follows_steps_in_the_optimizer():
+    stack = build_stack(SOLO, layers=1)
+    config = OptimizerConfig(lr=1.0, warmup_steps=2, decay_steps=2, lr_schedule="cosine", min_lr=0.0)
+    opt = DistributedOptimizer(stack, config, SOLO)
+    from mindspore import Tensor
+
+    grads = [Tensor(np.ones(p.shape, np.float32)) for p in stack.trainable_params()]
+    lrs = [opt.step(grads)["lr"] for _ in range(5)]
+    assert lrs == pytest.approx([0.5, 1.0, 1.0, 0.5 * (1 + math.cos(math.pi / 2)), 0.0])
