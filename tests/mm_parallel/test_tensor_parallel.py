@@ -49,3 +49,20 @@ def test_shard_helper_and_layout_errors():
     layer = ColumnParallelLinear(3, 4, topology=solo)
     with pytest.raises(ValueError, match="expected"):
         layer.load_full(weight=np.zeros((5, 3)))
+
+
+def test_initialisation_is_the_same_model_under_any_tp(monkeypatch):
+    import itertools
+
+    from mm_parallel import tensor_parallel
+
+    def build(tp, rank):
+        monkeypatch.setattr(tensor_parallel, "_init_count", itertools.count())  # a fresh process
+        topo = Topology.build(ParallelConfig(tp=tp), tp, rank)
+        return ColumnParallelLinear(4, 6, topology=topo), tensor_parallel.RowParallelLinear(6, 4, topology=topo)
+
+    column, row = build(1, 0)
+    for rank in (0, 1):
+        column_shard, row_shard = build(2, rank)
+        np.testing.assert_array_equal(column_shard.weight.asnumpy(), column.weight.asnumpy()[rank * 3:(rank + 1) * 3])
+        np.testing.assert_array_equal(row_shard.weight.asnumpy(), row.weight.asnumpy()[:, rank * 3:(rank + 1) * 3])
