@@ -12,7 +12,7 @@ from mm_parallel import runtime
 
 runtime.configure()
 
-from mm_parallel import comm, mappings, ops, recompute
+from mm_parallel import comm, mappings, ops, pipeline, recompute
 from mm_parallel.__about__ import __version__
 from mm_parallel.config import ParallelConfig
 from mm_parallel.context_parallel import attention, gather_sequence, split_sequence
@@ -48,6 +48,7 @@ __all__ = [
     "mappings",
     "mark_sequence_parallel",
     "ops",
+    "pipeline",
     "recompute",
     "shard",
     "split_sequence",

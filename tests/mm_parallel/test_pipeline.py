@@ -1,0 +1,77 @@
+"""Pipeline parallel: stage cutting (even, uneven, VPP lists, clear errors); gradient accumulation
+over micro-batches equals one batch that many times larger; 1F1B under pp2 (even, uneven, varying
+sequence lengths), pp4 and pp2 x tp2 equals one process (per-micro-batch losses, gradients)."""
+
+import numpy as np
+import pytest
+
+from mm_parallel.pipeline import stage_layer_ranges
+from pipeline_cases import run_pipeline_cases
+
+
+def test_stage_layer_ranges():
+    assert stage_layer_ranges(8, 2) == [[range(0, 4), range(4, 8)]]
+    assert stage_layer_ranges(7, 2, pipeline_num_layers=[5, 2]) == [[range(0, 5), range(5, 7)]]
+    # VPP: chunk c of stage s is virtual stage c * pp + s
+    assert stage_layer_ranges(8, 2, vpp=2) == [[range(0, 2), range(2, 4)], [range(4, 6), range(6, 8)]]
+    assert stage_layer_ranges(6, 2, 2, [[2, 1], [1, 2]]) == [[range(0, 2), range(2, 3)], [range(3, 4), range(4, 6)]]
+
+
+@pytest.mark.parametrize("args, message", [
+    ((7, 2), "cannot be cut evenly"),
+    ((8, 2, 2, None), None),
+    ((7, 2, 1, [5, 1]), "sums to 6"),
+    ((7, 2, 1, [7, 0]), "at least one layer"),
+    ((7, 3, 1, [5, 2]), "list of 3 counts"),
+    ((8, 2, 2, [4, 4]), "2 lists of 2 counts"),
+])
+def test_stage_layer_errors(args, message):
+    if message is None:
+        stage_layer_ranges(*args)
+        return
+    with pytest.raises(ValueError, match=message):
+        stage_layer_ranges(*args)
+
+
+def test_accumulation_equals_one_larger_batch():
+    import mindspore as ms
+    from mindspore import ops
+
+    from mm_parallel import ParallelConfig
+    from mm_parallel.pipeline import train_step_1f1b
+    from mm_parallel.topology import Topology
+    from pipeline_cases import loss_fn, micro_batches
+    from reference_model import build_stack, run_stack
+
+    solo = Topology.build(ParallelConfig(), 1, 0)
+    stack = build_stack(solo)
+    params = stack.trainable_params()
+    data = micro_batches(vary=False)
+    losses, grads = train_step_1f1b(lambda t: run_stack(stack, t), params, data, loss_fn, solo)
+    x, c = (ops.concat([d[i] for d in data], 0) for i in (0, 1))
+    big_loss, big_grads = ms.value_and_grad(lambda t: loss_fn(run_stack(stack, t), c) / len(data), None, params)(x)
+    np.testing.assert_allclose(np.mean(losses), float(big_loss.asnumpy()), rtol=1e-5)
+    for p, g, want in zip(params, grads, big_grads):
+        np.testing.assert_allclose(g.asnumpy(), want.asnumpy(), rtol=1e-4, atol=1e-6, err_msg=p.name)
+
+
+LAYOUTS = {
+    2: {
+        "pp2": {"layout": {"pp": 2}},
+        "pp2_uneven_varying_lengths": {"layout": {"pp": 2}, "pipeline_num_layers": [3, 1], "vary": True},
+    },
+    4: {
+        "pp4_varying_lengths": {"layout": {"pp": 4}, "vary": True},
+        "pp2_tp2_uneven": {"layout": {"pp": 2, "tp": 2}, "pipeline_num_layers": [1, 3]},
+    },
+}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world", [2, 4])
+def test_1f1b_equals_single_process(run_distributed, world):
+    results = run_distributed(run_pipeline_cases, nproc=world, timeout=600, layouts=LAYOUTS[world])
+    for rank, result in enumerate(results):
+        assert set(result) == set(LAYOUTS[world])
+        failed = {case: p for case, p in result.items() if p}
+        assert not failed, (rank, failed)
