@@ -62,6 +62,15 @@ def run_pipeline_cases(layouts, layers=4):
                     problems.append(f"grad {key} max err {np.abs(g - ref_full[key]).max()}")
             if len(got) != len(params) or not got:
                 problems.append("no gradients compared")
+            # the optimizer's global norm spans the stages (and counts tp-replicated values once)
+            from mindspore import nn
+
+            from mm_parallel.optimizer import DistributedOptimizer, OptimizerConfig
+
+            norm = DistributedOptimizer(nn.CellList(blocks), OptimizerConfig(clip_grad=0), topo).step(grads)["grad_norm"]
+            ref_norm = float(np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in ref_full.values())))
+            if not np.isclose(norm, ref_norm, rtol=1e-5):
+                problems.append(f"grad norm {norm} != {ref_norm}")
             results[name] = problems
         except Exception:
             results[name] = [traceback.format_exc()]

@@ -66,6 +66,18 @@ class OptimizerConfig:
         return LRSchedule(self.lr, self.warmup_steps, self.decay_steps, self.lr_schedule, self.min_lr)
 
 
+def tp_split_param_ids(model: nn.Cell) -> set:
+    """ids of the parameters some cell of ``model`` declares split over tp (its ``tp_split_dims``);
+    found through the cells, not the names, so a stage holding some of a model's layers works."""
+    ids = set()
+    for _, cell in model.cells_and_names():
+        for attr in getattr(cell, "tp_split_dims", {}):
+            param = getattr(cell, attr, None)
+            if param is not None:
+                ids.add(id(param))
+    return ids
+
+
 def no_weight_decay(name: str, param) -> bool:
     """Biases and 1-D parameters (norm weights) are not decayed (Megatron's rule)."""
     return name.endswith("bias") or len(param.shape) <= 1
@@ -85,7 +97,7 @@ class DistributedOptimizer:
         self.params = list(model.trainable_params())
         if not self.params:
             raise ValueError("the model has no trainable parameters")
-        cells = dict(model.cells_and_names())
+        split = tp_split_param_ids(model)
         self.names = [p.name for p in self.params]
         self.sizes = [int(np.prod(p.shape)) for p in self.params]
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
@@ -99,10 +111,8 @@ class DistributedOptimizer:
 
         decay, counted = np.zeros(self.padded, np.float32), np.zeros(self.padded, np.float32)
         for p, lo, hi in zip(self.params, self.offsets[:-1], self.offsets[1:]):
-            owner, _, attr = p.name.rpartition(".")
-            split = attr in getattr(cells.get(owner), "tp_split_dims", {})
             decay[lo:hi] = 0.0 if no_weight_decay(p.name, p) else 1.0
-            counted[lo:hi] = 1.0 if split or topo.tp.rank == 0 else 0.0  # replicated over tp: count once
+            counted[lo:hi] = 1.0 if id(p) in split or topo.tp.rank == 0 else 0.0  # replicated over tp: count once
         self._decay = Tensor(decay[self.start:self.end])
         self._counted = Tensor(counted[self.start:self.end])
         self.master = self._flat([p.astype(ms.float32) for p in self.params])[self.start:self.end].copy()
