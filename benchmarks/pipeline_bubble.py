@@ -22,15 +22,15 @@ import time
 import numpy as np
 
 
-def measure(pp, micro, work, rounds):
-    """Runs on every rank: {m: median step seconds} for this rank."""
+def measure(pp, vpp, micro, work, rounds):
+    """Runs on every rank: {m: median step seconds} for this rank (vpp chunks of work / vpp each)."""
     from mindspore import Parameter, Tensor, nn
 
     import mm_parallel
     from mm_parallel import ParallelConfig
-    from mm_parallel.pipeline import train_step_1f1b
+    from mm_parallel.pipeline import train_step_1f1b, train_step_interleaved
 
-    topo = mm_parallel.initialize(ParallelConfig(pp=pp))
+    topo = mm_parallel.initialize(ParallelConfig(pp=pp, vpp=vpp))
 
     class Layer(nn.Cell):
         def __init__(self):
@@ -38,10 +38,10 @@ def measure(pp, micro, work, rounds):
             self.w = Parameter(Tensor(np.ones((1, 8), np.float32)), name="w")
 
         def construct(self, x):
-            time.sleep(work)
+            time.sleep(work / vpp)
             return x * self.w
 
-    layer = Layer()
+    layers = [Layer() for _ in range(vpp)]
     x = Tensor(np.ones((1, 8), np.float32))
     out = {}
     for m in micro:
@@ -50,7 +50,11 @@ def measure(pp, micro, work, rounds):
         for _ in range(rounds):
             mm_parallel.comm.barrier(topo.world)
             start = time.perf_counter()
-            train_step_1f1b(layer, layer.trainable_params(), batches, lambda y, t: (y * t).sum(), topo)
+            loss = lambda y, t: (y * t).sum()
+            if vpp == 1:
+                train_step_1f1b(layers[0], layers[0].trainable_params(), batches, loss, topo)
+            else:
+                train_step_interleaved(layers, [c.trainable_params() for c in layers], batches, loss, topo)
             times.append(time.perf_counter() - start)
         out[str(m)] = statistics.median(times)
     return out
@@ -85,6 +89,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pp", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--micro", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--vpp", type=int, default=2, help="also run the interleaved schedule with this many chunks")
     parser.add_argument("--work", type=float, default=0.15)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
@@ -93,7 +98,8 @@ def main():
     print(f"synthetic stage forward {args.work * 1000:.0f} ms; bubble = 1 - m * 2 * work / step time (rank 0)")
     print(f"{'pp':>3} {'m':>3} {'step s':>8} {'measured':>9} {'simulated':>10} {'textbook':>9}")
     for pp in args.pp:
-        per_rank = run_distributed(measure, nproc=pp, timeout=900, pp=pp, micro=args.micro, work=args.work, rounds=args.rounds)
+        per_rank = run_distributed(measure, nproc=pp, timeout=900, pp=pp, vpp=1, micro=args.micro, work=args.work,
+                                   rounds=args.rounds)
         for m in args.micro:
             step = per_rank[0][str(m)]
             ideal = m * 2 * args.work
@@ -102,6 +108,18 @@ def main():
             simulated = 1 - ideal / simulate_1f1b(pp, m, forward, backward)
             textbook = (pp - 1) / (m + pp - 1)
             print(f"{pp:>3} {m:>3} {step:>8.2f} {1 - ideal / step:>9.3f} {simulated:>10.3f} {textbook:>9.3f}")
+    if args.vpp > 1:
+        print(f"interleaved, vpp={args.vpp} chunks of {args.work / args.vpp * 1000:.0f} ms (m a multiple of pp); "
+              "textbook bubble divided by vpp")
+        print(f"{'pp':>3} {'m':>3} {'step s':>8} {'measured':>9} {'textbook/v':>11}")
+        for pp in args.pp:
+            micro = [m for m in args.micro if m % pp == 0]
+            per_rank = run_distributed(measure, nproc=pp, timeout=900, pp=pp, vpp=args.vpp, micro=micro,
+                                       work=args.work, rounds=args.rounds)
+            for m in micro:
+                step = per_rank[0][str(m)]
+                textbook = (pp - 1) / (m + pp - 1) / args.vpp
+                print(f"{pp:>3} {m:>3} {step:>8.2f} {1 - m * 2 * args.work / step:>9.3f} {textbook:>11.3f}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""1F1B pipeline on the reference stack: loss per micro-batch and gathered gradients under a
+"""1F1B and interleaved (VPP) pipelines on the reference stack: loss per micro-batch and gathered gradients under a
 layout against one process accumulating the same micro-batches."""
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ def loss_fn(y, c):
 
 
 def run_pipeline_cases(layouts, layers=4):
-    """layouts: {name: {"layout": ParallelConfig kwargs, "pipeline_num_layers": counts or None,
-    "vary": bool}} -> {name: [problems]}."""
+    """layouts: {name: {"layout": ParallelConfig kwargs, "vpp": chunks (interleaved when > 1),
+    "layers": count, "pipeline_num_layers": counts or None, "vary": bool}} -> {name: [problems]}."""
     import mindspore as ms
 
     import mm_parallel
     from mm_parallel import ParallelConfig
-    from mm_parallel.pipeline import stage_layer_ranges, train_step_1f1b
+    from mm_parallel.pipeline import stage_layer_ranges, train_step_1f1b, train_step_interleaved
     from mm_parallel.topology import Topology
     from reference_model import build_stack, full_arrays, run_stack
 
@@ -39,20 +39,29 @@ def run_pipeline_cases(layouts, layers=4):
     results = {}
     for name, case in layouts.items():
         try:
+            n_layers = case.get("layers", layers)
             data = micro_batches(case.get("vary", False))
             # reference: one process, the mean loss over all micro-batches differentiated at once
-            ref = build_stack(solo, layers=layers)
+            ref = build_stack(solo, layers=n_layers)
             ref_losses = [float(loss_fn(run_stack(ref, x), c).asnumpy()) for x, c in data]
             mean_loss = lambda: sum(loss_fn(run_stack(ref, x), c) for x, c in data) / len(data)
             ref_grads = ms.grad(mean_loss, None, ref.trainable_params())()
             ref_full = full_arrays(ref, solo, ref.trainable_params(), ref_grads)
 
             topo = mm_parallel.initialize(ParallelConfig(**case["layout"]))
-            stack = build_stack(topo, layers=layers)
-            mine = stage_layer_ranges(layers, topo.pp.size, 1, case.get("pipeline_num_layers"))[0][topo.pp.rank]
-            blocks = [stack[i] for i in mine]
+            stack = build_stack(topo, layers=n_layers)
+            vpp = case.get("vpp", 1)
+            ranges = stage_layer_ranges(n_layers, topo.pp.size, vpp, case.get("pipeline_num_layers"))
+            chunks = [[stack[i] for i in ranges[c][topo.pp.rank]] for c in range(vpp)]
+            blocks = [b for chunk in chunks for b in chunk]
             params = [p for b in blocks for p in b.trainable_params()]
-            losses, grads = train_step_1f1b(lambda t: run_stack(blocks, t), params, data, loss_fn, topo)
+            if vpp == 1:
+                losses, grads = train_step_1f1b(lambda t: run_stack(blocks, t), params, data, loss_fn, topo)
+            else:
+                fns = [lambda t, chunk=chunk: run_stack(chunk, t) for chunk in chunks]
+                chunk_params = [[p for b in chunk for p in b.trainable_params()] for chunk in chunks]
+                losses, chunk_grads = train_step_interleaved(fns, chunk_params, data, loss_fn, topo)
+                grads = [g for c in chunk_grads for g in c]
             problems = []
             if topo.pp.rank == topo.pp.size - 1 and not np.allclose(losses, ref_losses, rtol=1e-5):
                 problems.append(f"losses {losses} != {ref_losses}")

@@ -12,6 +12,14 @@ then the remaining backwards. Activations cross stages by point-to-point transfe
 send_forward_recv_backward / send_backward_recv_forward, so blocking transfers cannot deadlock.
 Every transfer is preceded by its shape, so micro-batches may differ in sequence length.
 
+The interleaved schedule (VPP) keeps Megatron's per-stage order but runs in ticks: a static
+schedule every rank derives alike (`interleaved_ticks`) says which op each stage runs at each
+tick, and the tick's transfers follow one global order, so blocking transfers cannot deadlock.
+Measured on CPU (benchmarks/pipeline_bubble.py) this lockstep costs more than the bubble it
+saves: every tick waits for its slowest stage and transfers (two collectives each) queue behind
+each other; on Ascend with HCCL point-to-point the transfers are far cheaper, but the lockstep
+remains a limit of this implementation.
+
 Backward by recomputation: in PyNative, MindSpore's vjp runs the forward again when the backward
 is asked for, so a stage keeps only each micro-batch's input; its forward runs once without tape
 (to send the output on) and again inside the backward, with the received output gradient as the
@@ -171,3 +179,116 @@ def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[T
     for i in range(remaining, m):
         link.send_backward(backward(i, link.recv_backward()))
     return losses, grads
+
+
+def interleaved_order(p: int, v: int, m: int, stage: int) -> List[Tuple[str, int, int]]:
+    """Megatron's interleaved 1F1B order on ``stage``: [("F" | "B", chunk, micro-batch), ...].
+
+    Virtual step k covers micro-batches in groups of p: chunk (k // p) % v (backward: counted from
+    the last chunk), micro-batch (k // (p v)) p + k % p. Warm-up: 2 (p - stage - 1) + (v - 1) p
+    forwards (all of them when that reaches m v)."""
+    total = m * v
+
+    def unit(k, backward):
+        chunk = (k // p) % v
+        return (v - 1 - chunk if backward else chunk), (k // (p * v)) * p + k % p
+
+    warmup = min(2 * (p - stage - 1) + (v - 1) * p, total)
+    order = [("F",) + unit(k, False) for k in range(warmup)]
+    for k in range(total - warmup):
+        order += [("F",) + unit(warmup + k, False), ("B",) + unit(k, True)]
+    return order + [("B",) + unit(k, True) for k in range(total - warmup, total)]
+
+
+def interleaved_ticks(p: int, v: int, m: int) -> List[List[Optional[Tuple[str, int, int]]]]:
+    """ticks[t][stage]: the op each stage runs at tick t (None: idle), each stage keeping its
+    interleaved order and starting an op once its inputs arrived (a tick after they were made)."""
+    orders = [interleaved_order(p, v, m, s) for s in range(p)]
+    done = {}  # (kind, virtual stage, micro-batch) -> tick it ran
+    cursor, ticks, last = [0] * p, [], p * v - 1
+    while any(cursor[s] < len(orders[s]) for s in range(p)):
+        t, row = len(ticks), []
+        for s in range(p):
+            op = orders[s][cursor[s]] if cursor[s] < len(orders[s]) else None
+            if op is not None:
+                kind, chunk, i = op
+                vs = chunk * p + s
+                need = [("F", vs - 1, i)] if kind == "F" and vs > 0 else []
+                need += [("B", vs + 1, i)] if kind == "B" and vs < last else []
+                need += [("F", vs, i)] if kind == "B" else []
+                if all(n in done and done[n] < t for n in need):
+                    cursor[s] += 1
+                else:
+                    op = None
+            row.append(op)
+        for s, op in enumerate(row):
+            if op is not None:
+                done[(op[0], op[1] * p + s, op[2])] = t
+        if all(op is None for op in row):
+            raise RuntimeError(f"interleaved schedule stalled at tick {t} (pp={p}, vpp={v}, m={m})")
+        ticks.append(row)
+    return ticks
+
+
+def train_step_interleaved(chunks: Sequence[Callable], chunk_params: Sequence[Sequence], micro_batches: Sequence[Tuple],
+                           loss_fn: Callable, topology: Optional[Topology] = None):
+    """Interleaved 1F1B (VPP): this stage holds ``vpp`` chunks (chunks[c] is virtual stage c * pp +
+    stage). Same contract as `train_step_1f1b`; returns (losses, grads[chunk][param]).
+
+    The order is Megatron's; the transfers of each tick follow one global order every rank
+    derives from the same static schedule (`interleaved_ticks`), so blocking transfers cannot
+    deadlock. Needs micro-batches in multiples of pp (Megatron's rule)."""
+    topo = get_topology(topology)
+    p, s, v, m = topo.pp.size, topo.pp.rank, len(chunks), len(micro_batches)
+    if p < 2 or v < 2:
+        raise ValueError(f"the interleaved schedule needs pp >= 2 and vpp >= 2 chunks, got pp={p}, vpp={v}")
+    if m % p:
+        raise ValueError(f"the interleaved schedule needs a number of micro-batches divisible by pp={p}, got {m}")
+    link, last = _Link(topo), p * v - 1
+    params = [list(c) for c in chunk_params]
+    grads = [[ms.ops.zeros_like(q) for q in c] for c in params]
+    inputs, douts, outgoing, losses = {}, {}, {}, {}
+
+    def run(kind, chunk, i):
+        vs = chunk * p + s
+        x = micro_batches[i][0] if vs == 0 else inputs[chunk, i]
+        if kind == "F":
+            inputs[chunk, i] = x
+            if vs < last:
+                outgoing["F", chunk, i] = chunks[chunk](x)
+            return
+        position = None if vs == 0 else 0
+        if vs == last:
+            fn = lambda t: loss_fn(chunks[chunk](t), micro_batches[i][1]) / m
+            loss, out = ms.value_and_grad(fn, position, params[chunk])(x)
+            losses[i] = float(loss.asnumpy()) * m
+        else:
+            dy = douts.pop((chunk, i))
+            out = ms.grad(lambda t: (chunks[chunk](t) * dy).sum(), position, params[chunk])(x)
+        dx, new = (None, out) if position is None else out
+        grads[chunk] = [a + b for a, b in zip(grads[chunk], new)]
+        del inputs[chunk, i]
+        if vs > 0:
+            outgoing["B", chunk, i] = dx
+
+    for row in interleaved_ticks(p, v, m):
+        if row[s] is not None:
+            run(*row[s])
+        # this tick's transfers, in the same global order on every rank
+        for sender, op in enumerate(row):
+            if op is None:
+                continue
+            kind, chunk, i = op
+            vs = chunk * p + sender
+            if (kind == "F" and vs == last) or (kind == "B" and vs == 0):
+                continue
+            receiver = (sender + 1) % p if kind == "F" else (sender - 1) % p
+            if sender == s:
+                link.send(outgoing.pop((kind, chunk, i)), topo.pp.ranks[receiver])
+            elif receiver == s:
+                got = link.recv(topo.pp.ranks[sender])
+                if kind == "F":  # the next virtual stage's input
+                    inputs[chunk + (sender == p - 1), i] = got
+                else:  # the gradient of the previous virtual stage's output
+                    douts[chunk - (sender == 0), i] = got
+    return [losses[i] for i in sorted(losses)], grads
