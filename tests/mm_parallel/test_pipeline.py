@@ -1,8 +1,9 @@
 """Pipeline parallel: stage cutting (even, uneven, VPP lists, clear errors); gradient accumulation
 over micro-batches equals one batch that many times larger; the interleaved schedule is complete
-and never stalls; 1F1B under pp2 (even, uneven, varying sequence lengths), pp4 and pp2 x tp2, and
-the interleaved schedule under pp2 x vpp2 (even, uneven), pp4 x vpp2 and pp2 x vpp2 x tp2 equal one
-process (per-micro-batch losses, gradients, the optimizer's global norm)."""
+and never stalls; 1F1B under pp2 (even, uneven, varying sequence lengths), pp4 (even, uneven) and
+pp2 x tp2, and the interleaved schedule under pp2 x vpp2 (even, uneven), pp4 x vpp2 and pp2 x vpp2 x tp2: three
+DistributedOptimizer steps equal one process (per-micro-batch losses and global norm each step,
+first-step gradients, final parameters)."""
 
 import numpy as np
 import pytest
@@ -89,6 +90,7 @@ LAYOUTS = {
     },
     4: {
         "pp4_varying_lengths": {"layout": {"pp": 4}, "vary": True},
+        "pp4_uneven": {"layout": {"pp": 4}, "layers": 5, "pipeline_num_layers": [1, 2, 1, 1]},
         "pp2_tp2_uneven": {"layout": {"pp": 2, "tp": 2}, "pipeline_num_layers": [1, 3]},
         "pp4_vpp2_varying_lengths": {"layout": {"pp": 4, "vpp": 2}, "vpp": 2, "layers": 8, "vary": True},
         "pp2_vpp2_tp2": {"layout": {"pp": 2, "vpp": 2, "tp": 2}, "vpp": 2},

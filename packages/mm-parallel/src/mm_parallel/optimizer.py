@@ -66,15 +66,16 @@ class OptimizerConfig:
         return LRSchedule(self.lr, self.warmup_steps, self.decay_steps, self.lr_schedule, self.min_lr)
 
 
-def tp_split_param_ids(model: nn.Cell) -> set:
-    """ids of the parameters some cell of ``model`` declares split over tp (its ``tp_split_dims``);
-    found through the cells, not the names, so a stage holding some of a model's layers works."""
+def tp_split_param_ids(cells: Sequence[nn.Cell]) -> set:
+    """ids of the parameters some cell declares split over tp (its ``tp_split_dims``); found
+    through the cells, not the names, so a pipeline stage's layers work as they are."""
     ids = set()
-    for _, cell in model.cells_and_names():
-        for attr in getattr(cell, "tp_split_dims", {}):
-            param = getattr(cell, attr, None)
-            if param is not None:
-                ids.add(id(param))
+    for root in cells:
+        for _, cell in root.cells_and_names():
+            for attr in getattr(cell, "tp_split_dims", {}):
+                param = getattr(cell, attr, None)
+                if param is not None:
+                    ids.add(id(param))
     return ids
 
 
@@ -84,9 +85,10 @@ def no_weight_decay(name: str, param) -> bool:
 
 
 class DistributedOptimizer:
-    """See the module docstring. ``model`` gives the trainable parameters and their tp split."""
+    """See the module docstring. ``model`` (a Cell, or the list of layers a pipeline stage holds)
+    gives the trainable parameters and their tp split."""
 
-    def __init__(self, model: nn.Cell, config: OptimizerConfig = OptimizerConfig(),
+    def __init__(self, model, config: OptimizerConfig = OptimizerConfig(),
                  topology: Optional[Topology] = None, zero_stage: Optional[int] = None):
         self.topology = topo = get_topology(topology)
         self.config = config
@@ -94,10 +96,11 @@ class DistributedOptimizer:
         if self.zero_stage not in (0, 1, 2):
             raise ValueError(f"zero_stage must be 0, 1 or 2, got {self.zero_stage}")
         self.lr_at = config.schedule()
-        self.params = list(model.trainable_params())
+        cells = [model] if isinstance(model, nn.Cell) else list(model)
+        self.params = [p for cell in cells for p in cell.trainable_params()]
         if not self.params:
             raise ValueError("the model has no trainable parameters")
-        split = tp_split_param_ids(model)
+        split = tp_split_param_ids(cells)
         self.names = [p.name for p in self.params]
         self.sizes = [int(np.prod(p.shape)) for p in self.params]
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)

