@@ -1,4 +1,4 @@
-"""Pipeline parallel: which layers a stage holds, and the 1F1B schedule.
+"""Pipeline parallel: which layers a stage holds, and the 1F1B and interleaved (VPP) schedules.
 
 Layers are cut into ``pp`` stages (``vpp`` chunks each for the interleaved schedule) either evenly
 or from explicit counts, as ``pipeline_num_layers`` in the reference suite: a list of pp counts,
@@ -85,7 +85,7 @@ class _Link:
 
     @staticmethod
     def _meta(x) -> Tensor:
-        shape = list(x.shape) if x is not None else []
+        shape = list(x.shape)
         return Tensor(np.array([len(shape)] + shape + [0] * (_MAX_DIMS - len(shape)), np.int64))
 
     @staticmethod
@@ -126,6 +126,15 @@ class _Link:
         return None if self.first else self.swap(dx, self.prev)
 
 
+def _micro_backward(fn: Callable, x, params: List, needs_dx: bool, objective: Callable):
+    """Backward of one micro-batch on a stage by recomputing its forward: the value of
+    ``objective(fn(x))`` (the loss / m on the last stage, sum(fn(x) * dy) elsewhere), the gradient
+    of ``x`` (None unless ``needs_dx``) and the gradients of ``params``."""
+    value, out = ms.value_and_grad(lambda t: objective(fn(t)), 0 if needs_dx else None, params)(x)
+    dx, grads = out if needs_dx else (None, out)
+    return value, dx, grads
+
+
 def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[Tuple], loss_fn: Callable,
                     topology: Optional[Topology] = None):
     """One training step of ``stage`` (this rank's layers: input -> output) over micro-batches.
@@ -153,16 +162,12 @@ def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[T
 
     def backward(i, dy):
         """Gradients of micro-batch i (loss / m): params accumulated, input gradient returned."""
-        x = inputs.pop(0)
-        position = None if link.first else 0  # the first stage's input needs no gradient
+        objective = (lambda y: loss_fn(y, micro_batches[i][1]) / m) if link.last else (lambda y: (y * dy).sum())
+        # the first stage's input needs no gradient
+        value, dx, new = _micro_backward(stage, inputs.pop(0), params, not link.first, objective)
         if link.last:
-            loss, out = ms.value_and_grad(lambda t: loss_fn(stage(t), micro_batches[i][1]) / m, position, params)(x)
-            losses.append(float(loss.asnumpy()) * m)
-        else:
-            out = ms.grad(lambda t: (stage(t) * dy).sum(), position, params)(x)
-        dx, new = (None, out) if position is None else out
-        for k, g in enumerate(new):
-            grads[k] = grads[k] + g
+            losses.append(float(value.asnumpy()) * m)
+        grads[:] = [a + b for a, b in zip(grads, new)]
         return dx
 
     warmup = min(p - s - 1, m)
@@ -258,15 +263,14 @@ def train_step_interleaved(chunks: Sequence[Callable], chunk_params: Sequence[Se
             if vs < last:
                 outgoing["F", chunk, i] = chunks[chunk](x)
             return
-        position = None if vs == 0 else 0
         if vs == last:
-            fn = lambda t: loss_fn(chunks[chunk](t), micro_batches[i][1]) / m
-            loss, out = ms.value_and_grad(fn, position, params[chunk])(x)
-            losses[i] = float(loss.asnumpy()) * m
+            objective = lambda y: loss_fn(y, micro_batches[i][1]) / m
         else:
             dy = douts.pop((chunk, i))
-            out = ms.grad(lambda t: (chunks[chunk](t) * dy).sum(), position, params[chunk])(x)
-        dx, new = (None, out) if position is None else out
+            objective = lambda y: (y * dy).sum()
+        value, dx, new = _micro_backward(chunks[chunk], x, params[chunk], vs > 0, objective)
+        if vs == last:
+            losses[i] = float(value.asnumpy()) * m
         grads[chunk] = [a + b for a, b in zip(grads[chunk], new)]
         del inputs[chunk, i]
         if vs > 0:
