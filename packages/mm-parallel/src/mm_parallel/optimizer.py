@@ -183,7 +183,7 @@ class DistributedOptimizer:
     def _global_norm(self, g) -> float:
         topo = self.topology
         sq = (g * g * self._counted).sum().reshape(1)
-        if self.zero_stage > 0 and self.group.size > 1:
+        if self.shards > 1:  # each dp_cp rank holds a different slice
             sq = comm.all_reduce(sq, self.group)
         for group in (topo.tp, topo.pp):
             if group.size > 1:
