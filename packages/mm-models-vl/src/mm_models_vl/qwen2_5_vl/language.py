@@ -1,0 +1,125 @@
+"""Qwen2.5-VL language model: a Qwen2 decoder (GQA with q/k/v bias, SwiGLU, RMSNorm) rotated by M-RoPE.
+
+Tensor parallel by construction when the topology has tp > 1 (Megatron layout: q/k/v and gate/up
+split by columns, o and down by rows, embedding by vocabulary); with tp = 1 the layers are plain.
+A pipeline stage builds only its own decoder layers; ``layer_offset`` keeps their checkpoint names.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+from mindspore import nn, ops
+
+from mm_parallel import ops as kernels
+from mm_parallel.blocks import GatedMLP, RMSNorm
+from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from mm_parallel.topology import Topology
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, per layer, as (batch, seq, kv_heads, head_dim)."""
+
+    def __init__(self):
+        self.keys: List = []
+        self.values: List = []
+
+    def length(self) -> int:
+        return self.keys[0].shape[1] if self.keys else 0
+
+    def update(self, layer: int, k, v):
+        if layer == len(self.keys):
+            self.keys.append(k)
+            self.values.append(v)
+        else:
+            self.keys[layer] = ops.concat([self.keys[layer], k], 1)
+            self.values[layer] = ops.concat([self.values[layer], v], 1)
+        return self.keys[layer], self.values[layer]
+
+
+class Qwen2_5_VLAttention(nn.Cell):
+    def __init__(self, config, layer_idx: int, topology: Topology):
+        super().__init__()
+        tp = topology.tp.size
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        if heads % tp or kv_heads % tp:
+            raise ValueError(
+                f"tp={tp} must divide the attention heads ({heads}) and the key/value heads ({kv_heads}); "
+                f"choose tp among the divisors of {kv_heads}"
+            )
+        self.layer_idx = layer_idx
+        self.head_dim = config.hidden_size // heads
+        self.local_heads, self.local_kv_heads = heads // tp, kv_heads // tp
+        hidden = config.hidden_size
+        column = dict(topology=topology)
+        self.q_proj = ColumnParallelLinear(hidden, heads * self.head_dim, bias=True, **column)
+        self.k_proj = ColumnParallelLinear(hidden, kv_heads * self.head_dim, bias=True, **column)
+        self.v_proj = ColumnParallelLinear(hidden, kv_heads * self.head_dim, bias=True, **column)
+        self.o_proj = RowParallelLinear(heads * self.head_dim, hidden, bias=False, **column)
+        self.attend = kernels.attention  # replaced by the parallel plan (context parallel, recompute)
+
+    def construct(self, x, cos, sin, key_padding_mask=None, cache: Optional[KVCache] = None):
+        b, s = x.shape[0], x.shape[1]
+        q = self.q_proj(x).reshape(b, -1, self.local_heads, self.head_dim)
+        k = self.k_proj(x).reshape(b, -1, self.local_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(b, -1, self.local_kv_heads, self.head_dim)
+        q, k = kernels.apply_rotary(q, cos, sin), kernels.apply_rotary(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)
+        if key_padding_mask is None:
+            out = self.attend(q, k, v, causal=True)
+        else:
+            out = kernels.attention(q, k, v, causal=True, key_padding_mask=key_padding_mask)
+        return self.o_proj(out.reshape(b, q.shape[1], -1))
+
+
+class Qwen2_5_VLDecoderLayer(nn.Cell):
+    def __init__(self, config, layer_idx: int, topology: Topology):
+        super().__init__()
+        self.self_attn = Qwen2_5_VLAttention(config, layer_idx, topology)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act, topology=topology)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def construct(self, x, cos, sin, key_padding_mask=None, cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, key_padding_mask, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen2_5_VLTextModel(nn.Cell):
+    """Embedding (first stage), decoder layers [first, last) of the stack, final norm (last stage)."""
+
+    def __init__(self, config, topology: Topology, first: int = 0, last: Optional[int] = None,
+                 embed: bool = True, norm: bool = True):
+        super().__init__()
+        if config.use_sliding_window:
+            raise ValueError("use_sliding_window=True is not supported (no released Qwen2.5-VL checkpoint uses it)")
+        rope = config.rope_parameters or {}
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(f"rope_type {rope.get('rope_type')!r} is not supported; Qwen2.5-VL uses 'default' (M-RoPE)")
+        last = config.num_hidden_layers if last is None else last
+        self.layer_offset = first
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, topology=topology,
+                                                   sequence_parallel=False) if embed else None
+        self.layers = nn.CellList([Qwen2_5_VLDecoderLayer(config, i, topology) for i in range(first, last)])
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if norm else None
+        self.padding_idx = config.pad_token_id
+
+    def embed(self, input_ids):
+        """Token embeddings; as torch's nn.Embedding(padding_idx), the padding row gets no gradient."""
+        out = self.embed_tokens(input_ids)
+        if self.padding_idx is not None:
+            pad = (input_ids == self.padding_idx)[..., None].astype(out.dtype)
+            out = out - pad * (out - ops.stop_gradient(out))
+        return out
+
+    def construct(self, x, cos, sin, key_padding_mask=None, cache=None):
+        for layer in self.layers:
+            x = layer(x, cos, sin, key_padding_mask, cache)
+        return x if self.norm is None else self.norm(x)
+
+
+def lm_head(config, topology: Topology) -> ColumnParallelLinear:
+    """Vocabulary projection, split by vocabulary rows under tp (logits stay split for the loss)."""
+    return ColumnParallelLinear(config.hidden_size, config.vocab_size, bias=False, topology=topology,
+                                sequence_parallel=False)

@@ -1,0 +1,209 @@
+"""Qwen2_5_VLForConditionalGeneration: the MindSpore twin of transformers' class of the same name.
+
+Same config (transformers' ``Qwen2_5_VLConfig``), same parameter names, same forward keywords
+(``input_ids``, ``attention_mask``, ``pixel_values``, ``image_grid_thw``, ``pixel_values_videos``,
+``video_grid_thw``, ``second_per_grid_ts``, ``mm_token_type_ids``, ``labels`` ...), same outputs
+(``loss``, ``logits``). Inputs may be numpy arrays or MindSpore tensors; ids, masks and grids are
+read on the host, where the M-RoPE positions and the vision layout are computed.
+
+One difference by design: without ``mm_token_type_ids`` transformers silently falls back to 1-D
+positions for images and videos; here the types are derived from the placeholder tokens (what the
+processor would have written), so M-RoPE is never lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+from mm_parallel import mappings
+from mm_parallel.tensor_parallel import vocab_parallel_cross_entropy
+from mm_parallel.topology import Topology, get_topology
+
+from mm_models_vl.qwen2_5_vl import positions as pos
+from mm_models_vl.qwen2_5_vl.language import KVCache, Qwen2_5_VLTextModel, lm_head
+from mm_models_vl.qwen2_5_vl.vision import Qwen2_5_VisionTransformerPretrainedModel
+
+
+@dataclass
+class CausalLMOutput:
+    loss: Optional[Tensor] = None
+    logits: Optional[Tensor] = None
+    past_key_values: Optional[KVCache] = None
+    rope_deltas: Optional[np.ndarray] = None
+
+
+def host(x, dtype=None) -> Optional[np.ndarray]:
+    """A numpy copy of a host-side input (ids, masks, grids), or None."""
+    if x is None:
+        return None
+    value = x.asnumpy() if isinstance(x, Tensor) else np.asarray(x)
+    return value if dtype is None else value.astype(dtype)
+
+
+def load_config(config):
+    """transformers' Qwen2_5_VLConfig from a config object, a dict or a folder holding config.json."""
+    from transformers import Qwen2_5_VLConfig
+
+    if isinstance(config, Qwen2_5_VLConfig):
+        return config
+    if isinstance(config, dict):
+        return Qwen2_5_VLConfig(**config)
+    return Qwen2_5_VLConfig.from_pretrained(str(config))
+
+
+class Qwen2_5_VLModel(nn.Cell):
+    """Vision tower + language model (no head); holds the parts this pipeline stage owns."""
+
+    def __init__(self, config, topology: Topology, first: int = 0, last: Optional[int] = None,
+                 pre: bool = True, post: bool = True):
+        super().__init__()
+        self.config = config
+        self.visual = Qwen2_5_VisionTransformerPretrainedModel(config.vision_config) if pre else None
+        self.language_model = Qwen2_5_VLTextModel(config.text_config, topology, first, last, embed=pre, norm=post)
+
+    def inputs_embeds(self, input_ids: np.ndarray, pixel_values=None, image_grid_thw=None,
+                      pixel_values_videos=None, video_grid_thw=None):
+        """Token embeddings with each image / video placeholder replaced by its vision feature, in order."""
+        embeds = self.language_model.embed(Tensor(input_ids.astype(np.int32)))
+        b, s, hidden = embeds.shape
+        rows, index = [embeds.reshape(b * s, hidden)], np.arange(b * s)
+        flat_ids, offset = input_ids.reshape(-1), b * s
+        for token, pixels, grid, name in ((self.config.image_token_id, pixel_values, image_grid_thw, "image"),
+                                          (self.config.video_token_id, pixel_values_videos, video_grid_thw, "video")):
+            slots = np.nonzero(flat_ids == token)[0]
+            if pixels is None:
+                if len(slots):
+                    raise ValueError(f"input_ids hold {len(slots)} {name} placeholder tokens but no {name} pixels "
+                                     f"were given")
+                continue
+            if grid is None:
+                raise ValueError(f"{name} pixels need {name}_grid_thw")
+            features = self.visual(ms.Tensor(host(pixels, np.float32)), host(grid, np.int64))
+            if features.shape[0] != len(slots):
+                raise ValueError(f"{name} features and {name} tokens do not match: {features.shape[0]} features, "
+                                 f"{len(slots)} placeholder tokens in input_ids")
+            rows.append(features.astype(embeds.dtype))
+            index[slots] = offset + np.arange(len(slots))
+            offset += len(slots)
+        if len(rows) == 1:
+            return embeds
+        return ops.gather(ops.concat(rows, 0), Tensor(index.astype(np.int32)), 0).reshape(b, s, hidden)
+
+    def position_ids(self, input_ids: np.ndarray, attention_mask=None, image_grid_thw=None, video_grid_thw=None,
+                     second_per_grid_ts=None, mm_token_type_ids=None, past_length: int = 0, rope_deltas=None):
+        """(3, batch, seq) M-RoPE positions and deltas, as transformers' compute_3d_position_ids."""
+        b, s = input_ids.shape
+        if past_length == 0 and (image_grid_thw is not None or video_grid_thw is not None):
+            types = host(mm_token_type_ids)
+            if types is None:
+                types = pos.token_types(input_ids, self.config.image_token_id, self.config.video_token_id)
+            return pos.rope_index(input_ids, types, host(image_grid_thw), host(video_grid_thw),
+                                  host(second_per_grid_ts), host(attention_mask),
+                                  spatial_merge_size=self.config.vision_config.spatial_merge_size,
+                                  tokens_per_second=self.config.vision_config.tokens_per_second)
+        text = np.broadcast_to(np.arange(past_length, past_length + s), (3, b, s))
+        if rope_deltas is not None and past_length > 0:
+            return text + np.asarray(rope_deltas)[None], rope_deltas
+        return np.ascontiguousarray(text), None
+
+
+class Qwen2_5_VLForConditionalGeneration(nn.Cell):
+    """Qwen2.5-VL with its language-model head; see the module docstring."""
+
+    def __init__(self, config, topology: Optional[Topology] = None):
+        super().__init__()
+        self.config = config = load_config(config)
+        self.topology = topology = get_topology(topology)
+        self.model = Qwen2_5_VLModel(config, topology)
+        self.lm_head = lm_head(config.text_config, topology)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.language_model.embed_tokens.weight
+
+    @classmethod
+    def from_config(cls, config, topology: Optional[Topology] = None):
+        return cls(config, topology)
+
+    @classmethod
+    def from_pretrained(cls, path, topology: Optional[Topology] = None, **overrides):
+        from mm_models_vl.qwen2_5_vl.checkpoint import from_pretrained
+
+        return from_pretrained(cls, path, topology, **overrides)
+
+    def save_pretrained(self, path):
+        from mm_models_vl.qwen2_5_vl.checkpoint import save_pretrained
+
+        save_pretrained(self, path)
+
+    def construct(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                  labels=None, use_cache: bool = False, pixel_values=None, pixel_values_videos=None,
+                  image_grid_thw=None, video_grid_thw=None, mm_token_type_ids=None, second_per_grid_ts=None,
+                  rope_deltas=None, **unused: Any):
+        if unused:
+            raise TypeError(f"unexpected forward arguments: {sorted(unused)}")
+        ids = host(input_ids, np.int64)
+        if ids is None or ids.ndim != 2:
+            raise ValueError("input_ids must be given as (batch, seq)")
+        cache = past_key_values if past_key_values is not None else (KVCache() if use_cache else None)
+        past = cache.length() if cache is not None else 0
+        embeds = self.model.inputs_embeds(ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
+        if position_ids is None:
+            position_ids, rope_deltas = self.model.position_ids(
+                ids, attention_mask, image_grid_thw, video_grid_thw, second_per_grid_ts, mm_token_type_ids,
+                past, rope_deltas)
+        position_ids = host(position_ids, np.int64)
+        if position_ids.ndim == 2:
+            position_ids = np.broadcast_to(position_ids, (3,) + position_ids.shape)
+        text = self.config.text_config
+        head_dim = text.hidden_size // text.num_attention_heads
+        cos, sin = pos.mrope_cos_sin(position_ids, head_dim, text.rope_parameters["rope_theta"],
+                                     text.rope_parameters.get("mrope_section", [16, 24, 24]))
+        mask = host(attention_mask)
+        key_padding_mask = None if mask is None or mask.all() else Tensor(mask.astype(np.bool_))
+        hidden = self.model.language_model(embeds, Tensor(cos), Tensor(sin), key_padding_mask, cache)
+        logits = self.lm_head(hidden)
+        loss = None if labels is None else self.loss(logits, labels)
+        if self.topology.tp.size > 1:
+            logits = mappings.gather_from_region(logits, self.topology.tp, -1)
+        return CausalLMOutput(loss=loss, logits=logits, past_key_values=cache, rope_deltas=rope_deltas)
+
+    def loss(self, logits, labels):
+        """Mean next-token cross entropy over labels != -100 (transformers' ForCausalLMLoss)."""
+        labels = host(labels, np.int64)
+        shifted = np.full_like(labels, -100)
+        shifted[:, :-1] = labels[:, 1:]
+        return vocab_parallel_cross_entropy(logits, Tensor(shifted.astype(np.int32)), self.topology.tp)
+
+    def generate(self, input_ids, max_new_tokens: int = 20, eos_token_id=None, **inputs) -> np.ndarray:
+        """Greedy decoding with a key/value cache; returns prompt + new tokens, as transformers' generate.
+
+        As transformers 5.24, each new token's position is the previous token's position + 1 on all
+        three M-RoPE axes (not max(position) + 1, which differs after a video whose temporal span is
+        longer than its spatial one).
+        """
+        ids = host(input_ids, np.int64)
+        mask = host(inputs.get("attention_mask"))
+        if mask is not None and not mask.all():
+            raise ValueError("generate does not take padded batches; generate each sample on its own")
+        eos = self.config.text_config.eos_token_id if eos_token_id is None else eos_token_id
+        eos = set(np.atleast_1d(eos).tolist()) if eos is not None else set()
+        positions, _ = self.model.position_ids(
+            ids, mask, inputs.get("image_grid_thw"), inputs.get("video_grid_thw"), inputs.get("second_per_grid_ts"),
+            inputs.get("mm_token_type_ids"))
+        out = self(ids, position_ids=positions, use_cache=True, **inputs)
+        cache, last, tokens = out.past_key_values, positions[:, :, -1:], ids
+        done = np.zeros(ids.shape[0], bool)
+        for _ in range(max_new_tokens):
+            step = out.logits[:, -1].asnumpy().argmax(-1)
+            step = np.where(done, self.config.text_config.pad_token_id or 0, step)
+            tokens = np.concatenate([tokens, step[:, None]], 1)
+            done |= np.isin(step, list(eos))
+            if done.all():
+                break
+            last = last + 1
+            out = self(step[:, None], position_ids=last, past_key_values=cache)
+        return tokens

@@ -1,0 +1,176 @@
+"""Hugging Face safetensors folders: read this rank's shard of every tensor, write the full model back.
+
+Reading parses the safetensors header (8-byte little-endian length, JSON of dtype / shape /
+offsets) and memory-maps the data, so a tensor-parallel rank touches only the rows or columns it
+keeps and bfloat16 checkpoints load without a framework (bf16 widens exactly to float32). A folder
+holds ``model.safetensors`` or ``model.safetensors.index.json`` with its shards (transformers), or
+``diffusion_pytorch_model.safetensors[.index.json]`` (diffusers).
+
+Which slice a parameter takes comes from the layer that owns it: tensor-parallel layers list the
+split dim of each parameter in ``tp_split_dims`` (absent: replicated). Writing gathers split
+parameters over tp and writes on the first rank of each tp group; pipeline stages each write the
+tensors they own into their own file and the first rank writes the index.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Dict, Iterator, Optional, Tuple
+
+import numpy as np
+from mindspore import Parameter, Tensor, nn
+
+from mm_parallel.tensor_parallel import shard, unshard
+from mm_parallel.topology import Group
+
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
+           "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+WEIGHT_NAMES = ("model.safetensors", "diffusion_pytorch_model.safetensors")
+
+
+def _header(file: str) -> Tuple[dict, int]:
+    with open(file, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        if length <= 0 or length > 100 * 2 ** 20:
+            raise ValueError(f"{file} is not a safetensors file (header length {length})")
+        return json.loads(f.read(length)), 8 + length
+
+
+class SafetensorsFolder:
+    """Random access to the tensors of a checkpoint folder (one file or an index of shards)."""
+
+    def __init__(self, path: str):
+        self.path = str(path)
+        self.files: Dict[str, str] = {}
+        for base in WEIGHT_NAMES:
+            index, single = os.path.join(self.path, base + ".index.json"), os.path.join(self.path, base)
+            if os.path.exists(index):
+                with open(index) as f:
+                    weight_map = json.load(f)["weight_map"]
+                self.files = {name: os.path.join(self.path, file) for name, file in weight_map.items()}
+                break
+            if os.path.exists(single):
+                self.files = {name: single for name in _header(single)[0] if name != "__metadata__"}
+                break
+        else:
+            raise FileNotFoundError(f"no {' or '.join(WEIGHT_NAMES)} (or .index.json) in {self.path}")
+        self._maps: Dict[str, Tuple[dict, np.memmap]] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.files
+
+    def names(self):
+        return list(self.files)
+
+    def _entry(self, name: str):
+        file = self.files[name]
+        if file not in self._maps:
+            header, start = _header(file)
+            self._maps[file] = (header, np.memmap(file, np.uint8, "r", offset=start))
+        header, data = self._maps[file]
+        return header[name], data
+
+    def shape(self, name: str) -> Tuple[int, ...]:
+        return tuple(self._entry(name)[0]["shape"])
+
+    def read(self, name: str, index=()) -> np.ndarray:
+        """tensor[index] as float32 (or its integer dtype); only the indexed bytes are read."""
+        if name not in self.files:
+            raise KeyError(f"tensor {name!r} is not in the checkpoint at {self.path}")
+        info, data = self._entry(name)
+        if info["dtype"] not in _DTYPES:
+            raise ValueError(f"{name}: dtype {info['dtype']} is not supported")
+        begin, end = info["data_offsets"]
+        array = data[begin:end].view(_DTYPES[info["dtype"]]).reshape(info["shape"])[index]
+        if info["dtype"] == "BF16":  # bfloat16 is the top half of a float32
+            return (array.astype(np.uint32) << 16).view(np.float32)
+        return np.array(array, dtype=np.float32 if array.dtype.kind == "f" else array.dtype)
+
+
+def owned_parameters(model: nn.Cell) -> Iterator[Tuple[str, Parameter, nn.Cell, str]]:
+    """(path name, parameter, owning cell, attribute) for every parameter, each once (tied ones too)."""
+    seen = set()
+    for prefix, cell in model.cells_and_names():
+        for attr, param in cell._params.items():
+            if param is None or id(param) in seen:
+                continue
+            seen.add(id(param))
+            yield (f"{prefix}.{attr}" if prefix else attr), param, cell, attr
+
+
+def _split(cell: nn.Cell, attr: str) -> Tuple[Optional[int], Optional[Group]]:
+    dim = getattr(cell, "tp_split_dims", {}).get(attr)
+    return (dim, cell.group) if dim is not None and getattr(cell, "group", None) is not None and cell.group.size > 1 \
+        else (None, None)
+
+
+def load_weights(model: nn.Cell, path: str, name_map: Callable[[str], Optional[str]] = lambda n: n) -> int:
+    """Set every parameter of ``model`` from the folder at ``path``, keeping this rank's tp shard.
+
+    ``name_map`` turns a parameter's path into its checkpoint name, or a tuple of names to try in
+    order (older checkpoint layouts), or None (not in checkpoints, e.g. LoRA adapters). A missing
+    tensor or a shape mismatch is an error naming the tensor.
+    Returns the number of tensors loaded.
+    """
+    folder = SafetensorsFolder(path)
+    loaded = 0
+    for name, param, cell, attr in owned_parameters(model):
+        keys = name_map(name)
+        if keys is None:
+            continue
+        keys = (keys,) if isinstance(keys, str) else tuple(keys)
+        key = next((k for k in keys if k in folder), None)
+        if key is None:
+            raise KeyError(f"{' / '.join(keys)} (parameter {name}) is missing from the checkpoint at {path}")
+        dim, group = _split(cell, attr)
+        full_shape = folder.shape(key)
+        if dim is None:
+            value = folder.read(key)
+        else:
+            size = full_shape[dim] // group.size
+            if full_shape[dim] % group.size:
+                shard(np.empty(full_shape, np.bool_), group, dim)  # raises the divisibility error
+            index = [slice(None)] * len(full_shape)
+            index[dim] = slice(group.rank * size, (group.rank + 1) * size)
+            value = folder.read(key, tuple(index))
+        if tuple(value.shape) != tuple(param.shape):
+            raise ValueError(f"{key}: checkpoint shape {full_shape} gives {value.shape} on this rank, the model "
+                             f"expects {tuple(param.shape)}; does config.json match the weights?")
+        param.set_data(Tensor(np.ascontiguousarray(value.astype(np.float32)), param.dtype))
+        loaded += 1
+    return loaded
+
+
+def full_state(model: nn.Cell, name_map: Callable[[str], Optional[str]] = lambda n: n) -> Dict[str, np.ndarray]:
+    """Checkpoint name -> full numpy tensor, tp shards gathered (a collective: every tp rank calls it)."""
+    state = {}
+    for name, param, cell, attr in owned_parameters(model):
+        key = name_map(name)
+        if key is None:
+            continue
+        dim, group = _split(cell, attr)
+        value = param if dim is None else unshard(param, group, dim)
+        state[key] = value.asnumpy().astype(np.float32)
+    return state
+
+
+def write_weights(state: Dict[str, np.ndarray], path: str, file: str = "model.safetensors") -> None:
+    """Write one safetensors file (transformers' metadata format "pt") atomically."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(path, exist_ok=True)
+    tmp = os.path.join(path, f".{file}.tmp")
+    save_file({k: np.ascontiguousarray(v) for k, v in state.items()}, tmp, metadata={"format": "pt"})
+    os.replace(tmp, os.path.join(path, file))
+
+
+def write_index(path: str, files: Dict[str, str], base: str = "model.safetensors") -> None:
+    """``<base>.index.json`` mapping every tensor name to its file."""
+    total = 0
+    for file in set(files.values()):
+        header, _ = _header(os.path.join(path, file))
+        total += sum(int(np.prod(v["shape"])) * np.dtype(_DTYPES[v["dtype"]]).itemsize
+                     for k, v in header.items() if k != "__metadata__")
+    with open(os.path.join(path, base + ".index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(files.items()))}, f, indent=2)

@@ -1,0 +1,152 @@
+"""Tiny Qwen2.5-VL configs, weights and inputs shared by the parity and parallel tests.
+
+The reference is transformers' Qwen2_5_VLForConditionalGeneration on torch CPU (eager attention,
+float32). Weights are drawn here with larger spread than transformers' init (std 0.02 makes every
+attention nearly uniform and hides mistakes), saved with the reference's own save_pretrained, and
+loaded into ours with from_pretrained: the path users take with real checkpoints.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+IMAGE, VIDEO, START, END = 250, 251, 252, 253
+PATCH_DIM = 3 * 2 * 14 * 14
+
+
+def tiny_config(tie: bool = False, **text):
+    from transformers import Qwen2_5_VLConfig
+
+    text_config = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=128, vocab_size=256, bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-6,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]})
+    text_config.update(text)
+    config = Qwen2_5_VLConfig(
+        text_config=text_config,
+        vision_config=dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
+                           window_size=56, fullatt_block_indexes=[1], tokens_per_second=4),
+        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END,
+        tie_word_embeddings=tie)
+    config._attn_implementation = "eager"
+    config.text_config._attn_implementation = "eager"
+    config.vision_config._attn_implementation = "eager"
+    return config
+
+
+def write_reference(path, seed: int = 0, tie: bool = False, **text):
+    """A random reference model saved to ``path``; returns it (torch, eval mode, float32)."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration as Reference
+
+    torch.manual_seed(seed)
+    model = Reference(tiny_config(tie, **text)).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_q" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * (0.5 / max(p.shape[-1], 1) ** 0.5 if p.ndim > 1 else 0.1))
+    model.save_pretrained(str(path))
+    return model
+
+
+def placeholder(token: int, count: int):
+    return [START] + [token] * count + [END]
+
+
+def merged(grid, merge: int = 2) -> int:
+    t, h, w = grid
+    return t * (h // merge) * (w // merge)
+
+
+def sample(kind: str, rng: np.random.Generator):
+    """(inputs dict of numpy arrays) for one named case."""
+    text = lambda n: rng.integers(3, 240, n).tolist()  # noqa: E731
+    images, videos, ids = [], [], []
+    if kind == "text":
+        ids = text(12)
+    if kind in ("image", "image_video"):
+        images.append((1, 8, 12))
+        ids = text(3) + placeholder(IMAGE, merged(images[0])) + text(4)
+    if kind in ("video", "image_video"):
+        videos.append((3, 4, 6))
+        ids = (ids or text(3)) + placeholder(VIDEO, merged(videos[0])) + text(5)
+    inputs = {"input_ids": np.array([ids], np.int64)}
+    if images:
+        inputs["pixel_values"] = rng.standard_normal((sum(np.prod(g) for g in images), PATCH_DIM)).astype(np.float32)
+        inputs["image_grid_thw"] = np.array(images, np.int64)
+    if videos:
+        inputs["pixel_values_videos"] = rng.standard_normal((sum(np.prod(g) for g in videos), PATCH_DIM)).astype(np.float32)
+        inputs["video_grid_thw"] = np.array(videos, np.int64)
+        inputs["second_per_grid_ts"] = np.array([1.5], np.float32)  # interval 6 > spatial span: 5.x rule matters
+    return with_types_and_labels(inputs)
+
+
+def padded_pair(rng: np.random.Generator):
+    """Two samples with different images, right-padded to one length, attention_mask marking pads."""
+    grids = [(1, 4, 4), (1, 8, 4)]
+    rows = [rng.integers(3, 240, 2).tolist() + placeholder(IMAGE, merged(g)) + rng.integers(3, 240, n).tolist()
+            for g, n in zip(grids, (6, 3))]
+    length = max(map(len, rows))
+    ids = np.zeros((2, length), np.int64)
+    mask = np.zeros((2, length), np.int64)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)], mask[i, :len(row)] = row, 1
+    inputs = {"input_ids": ids, "attention_mask": mask,
+              "pixel_values": rng.standard_normal((sum(np.prod(g) for g in grids), PATCH_DIM)).astype(np.float32),
+              "image_grid_thw": np.array(grids, np.int64)}
+    return with_types_and_labels(inputs)
+
+
+def with_types_and_labels(inputs):
+    ids = inputs["input_ids"]
+    types = np.zeros_like(ids)
+    types[ids == IMAGE], types[ids == VIDEO] = 1, 2
+    labels = ids.copy()
+    labels[types != 0] = -100
+    if "attention_mask" in inputs:
+        labels[inputs["attention_mask"] == 0] = -100
+    inputs["mm_token_type_ids"] = types
+    inputs["labels"] = labels
+    return inputs
+
+
+def reference_forward(model, inputs, backward: bool = True):
+    """(loss, logits, {name: grad}) of the torch reference on numpy inputs."""
+    import torch
+
+    model.zero_grad()
+    kwargs = {k: torch.from_numpy(np.asarray(v)) for k, v in inputs.items()}
+    out = model(**kwargs)
+    grads = {}
+    if backward:
+        out.loss.backward()
+        grads = {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
+    return out.loss.item(), out.logits.detach().numpy(), grads
+
+
+def our_forward(model, inputs, backward: bool = True):
+    """(loss, logits, {name: grad}) of ours, parameter names as transformers'."""
+    import mindspore as ms
+
+    logits = {}
+
+    def loss_fn():
+        out = model(**inputs)
+        logits["value"] = out.logits
+        return out.loss
+
+    names = {id(p): n for n, p in model.parameters_and_names()}
+    params = model.trainable_params()
+    if backward:
+        loss, grads = ms.value_and_grad(loss_fn, None, params)()
+        grads = {names[id(p)]: g.asnumpy() for p, g in zip(params, grads)}
+    else:
+        loss, grads = loss_fn(), {}
+    return float(loss.asnumpy()), logits["value"].asnumpy(), grads
+
+
+def rel_err(ours, ref) -> float:
+    """max |ours - ref| / max |ref| (the error relative to the tensor's scale)."""
+    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    return float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-30))
