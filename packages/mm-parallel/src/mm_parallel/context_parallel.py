@@ -72,11 +72,19 @@ def gather_sequence(x, dim: int = 1, topology: Optional[Topology] = None):
     return ops.concat(ordered, dim)
 
 
-def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None, topology: Optional[Topology] = None):
-    """Attention over the whole sequence of q, k, v split along dim 1 in the `split_sequence` layout."""
+def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None, key_padding_mask=None,
+              topology: Optional[Topology] = None):
+    """Attention over the whole sequence of q, k, v split along dim 1 in the `split_sequence` layout.
+
+    ``key_padding_mask`` (batch, k_len), 0 for padding, is taken without context parallelism only:
+    with cp > 1 pack the samples instead of padding them.
+    """
     topo = get_topology(topology)
     if topo.cp.size == 1:
-        return local_attention(q, k, v, causal=causal, scale=scale)
+        return local_attention(q, k, v, causal=causal, scale=scale, key_padding_mask=key_padding_mask)
+    if key_padding_mask is not None:
+        raise ValueError("context parallel attention takes no padding mask: pack the samples into full sequences "
+                         "(or drop the padding) when cp > 1")
     u_group, ring_group = topo.cp_ulysses, topo.cp_ring
     heads, kv_heads = q.shape[2], k.shape[2]
     if u_group.size > 1:

@@ -36,8 +36,9 @@ class CoreAttention(nn.Cell):
         super().__init__()
         self.causal, self.scale, self.topology = causal, scale, topology
 
-    def construct(self, q, k, v):
-        return attention(q, k, v, causal=self.causal, scale=self.scale, topology=self.topology)
+    def construct(self, q, k, v, key_padding_mask=None):
+        return attention(q, k, v, causal=self.causal, scale=self.scale, key_padding_mask=key_padding_mask,
+                         topology=self.topology)
 
 
 def recompute(cell: nn.Cell) -> nn.Cell:

@@ -22,7 +22,11 @@ _LAYER = re.compile(r"^model\.language_model\.layers\.(\d+)\.")
 
 
 def checkpoint_name(model, name: str) -> Optional[str]:
-    """transformers 5 name of a parameter path (decoder layers renumbered from this stage's offset)."""
+    """transformers 5 name of a parameter path (decoder layers renumbered from this stage's offset;
+    LoRA's wrapped base weights under their own name, the adapters not in model checkpoints)."""
+    if ".lora_A" in name or ".lora_B" in name:
+        return None
+    name = name.replace(".base_layer.", ".")
     offset = model.model.language_model.layer_offset
     if offset:
         name = _LAYER.sub(lambda m: f"model.language_model.layers.{int(m.group(1)) + offset}.", name)
@@ -39,6 +43,8 @@ def disk_name(name: str) -> str:
 def candidate_names(model, name: str) -> Tuple[str, ...]:
     """The on-disk name, then the module name (both layouts are found in the wild)."""
     new = checkpoint_name(model, name)
+    if new is None:
+        return None
     return (disk_name(new), new) if disk_name(new) != new else (new,)
 
 
@@ -55,7 +61,8 @@ def from_pretrained(cls, path, topology: Optional[Topology] = None, **overrides)
 def save_pretrained(model, path) -> None:
     """Gather the tp shards and write config.json + model.safetensors (rank 0 writes; all ranks call)."""
     topo = get_topology(model.topology)
-    state = full_state(model, lambda name: disk_name(checkpoint_name(model, name)))
+    state = full_state(model, lambda name: None if checkpoint_name(model, name) is None else
+                       disk_name(checkpoint_name(model, name)))
     if topo.rank == 0:
         os.makedirs(path, exist_ok=True)
         model.config.save_pretrained(str(path))

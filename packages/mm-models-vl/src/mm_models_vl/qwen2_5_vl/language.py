@@ -1,8 +1,10 @@
 """Qwen2.5-VL language model: a Qwen2 decoder (GQA with q/k/v bias, SwiGLU, RMSNorm) rotated by M-RoPE.
 
-Tensor parallel by construction when the topology has tp > 1 (Megatron layout: q/k/v and gate/up
-split by columns, o and down by rows, embedding by vocabulary); with tp = 1 the layers are plain.
-A pipeline stage builds only its own decoder layers; ``layer_offset`` keeps their checkpoint names.
+The layout is fixed at construction, because it decides the parameter shapes: tensor parallel when
+the topology has tp > 1 (Megatron layout: q/k/v and gate/up split by columns, o and down by rows,
+embedding by vocabulary; with sequence parallelism the residual stream is split on the sequence
+over tp), attention through `mm_parallel.attention` (context parallel when cp > 1), and a pipeline
+stage builds only its own decoder layers (``layer_offset`` keeps their checkpoint names).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from mindspore import nn, ops
 
 from mm_parallel import ops as kernels
 from mm_parallel.blocks import GatedMLP, RMSNorm
+from mm_parallel.recompute import CoreAttention
+from mm_parallel.sequence_parallel import mark_sequence_parallel
 from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from mm_parallel.topology import Topology
 
@@ -56,7 +60,7 @@ class Qwen2_5_VLAttention(nn.Cell):
         self.k_proj = ColumnParallelLinear(hidden, kv_heads * self.head_dim, bias=True, **column)
         self.v_proj = ColumnParallelLinear(hidden, kv_heads * self.head_dim, bias=True, **column)
         self.o_proj = RowParallelLinear(heads * self.head_dim, hidden, bias=False, **column)
-        self.attend = kernels.attention  # replaced by the parallel plan (context parallel, recompute)
+        self.core_attention = CoreAttention(causal=True, topology=topology)
 
     def construct(self, x, cos, sin, key_padding_mask=None, cache: Optional[KVCache] = None):
         b, s = x.shape[0], x.shape[1]
@@ -66,10 +70,7 @@ class Qwen2_5_VLAttention(nn.Cell):
         q, k = kernels.apply_rotary(q, cos, sin), kernels.apply_rotary(k, cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
-        if key_padding_mask is None:
-            out = self.attend(q, k, v, causal=True)
-        else:
-            out = kernels.attention(q, k, v, causal=True, key_padding_mask=key_padding_mask)
+        out = self.core_attention(q, k, v, key_padding_mask)
         return self.o_proj(out.reshape(b, q.shape[1], -1))
 
 
@@ -80,6 +81,8 @@ class Qwen2_5_VLDecoderLayer(nn.Cell):
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act, topology=topology)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        if topology.config.sequence_parallel and topology.tp.size > 1:  # each tp rank sees part of the sequence
+            mark_sequence_parallel(self.input_layernorm.weight, self.post_attention_layernorm.weight)
 
     def construct(self, x, cos, sin, key_padding_mask=None, cache=None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, key_padding_mask, cache)
@@ -103,6 +106,8 @@ class Qwen2_5_VLTextModel(nn.Cell):
                                                    sequence_parallel=False) if embed else None
         self.layers = nn.CellList([Qwen2_5_VLDecoderLayer(config, i, topology) for i in range(first, last)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if norm else None
+        if norm and topology.config.sequence_parallel and topology.tp.size > 1:
+            mark_sequence_parallel(self.norm.weight)
         self.padding_idx = config.pad_token_id
 
     def embed(self, input_ids):
@@ -120,6 +125,6 @@ class Qwen2_5_VLTextModel(nn.Cell):
 
 
 def lm_head(config, topology: Topology) -> ColumnParallelLinear:
-    """Vocabulary projection, split by vocabulary rows under tp (logits stay split for the loss)."""
-    return ColumnParallelLinear(config.hidden_size, config.vocab_size, bias=False, topology=topology,
-                                sequence_parallel=False)
+    """Vocabulary projection, split by vocabulary rows under tp (logits stay split for the loss);
+    with sequence parallelism it gathers the sequence first."""
+    return ColumnParallelLinear(config.hidden_size, config.vocab_size, bias=False, topology=topology)

@@ -21,6 +21,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mm_parallel import mappings
+from mm_parallel.context_parallel import split_sequence
 from mm_parallel.tensor_parallel import vocab_parallel_cross_entropy
 from mm_parallel.topology import Topology, get_topology
 
@@ -163,20 +164,42 @@ class Qwen2_5_VLForConditionalGeneration(nn.Cell):
         cos, sin = pos.mrope_cos_sin(position_ids, head_dim, text.rope_parameters["rope_theta"],
                                      text.rope_parameters.get("mrope_section", [16, 24, 24]))
         mask = host(attention_mask)
-        key_padding_mask = None if mask is None or mask.all() else Tensor(mask.astype(np.bool_))
-        hidden = self.model.language_model(embeds, Tensor(cos), Tensor(sin), key_padding_mask, cache)
+        # float, not bool: a recomputed layer differentiates its inputs, and MindSpore 2.7.2 fails on bool ones
+        key_padding_mask = None if mask is None or mask.all() else Tensor(mask.astype(np.float32))
+        targets, count = None, 0
+        if labels is not None:  # next-token targets, shifted on the full sequence before any split
+            labels = host(labels, np.int64)
+            shifted = np.full_like(labels, -100)
+            shifted[:, :-1] = labels[:, 1:]
+            targets, count = Tensor(shifted.astype(np.int32)), int((shifted != -100).sum())
+        embeds, cos, sin, targets = self._local_sequence(embeds, Tensor(cos), Tensor(sin), key_padding_mask,
+                                                          targets, cache)
+        hidden = self.model.language_model(embeds, cos, sin, key_padding_mask, cache)
         logits = self.lm_head(hidden)
-        loss = None if labels is None else self.loss(logits, labels)
+        loss = None if targets is None else self.loss(logits, targets, count)
         if self.topology.tp.size > 1:
             logits = mappings.gather_from_region(logits, self.topology.tp, -1)
         return CausalLMOutput(loss=loss, logits=logits, past_key_values=cache, rope_deltas=rope_deltas)
 
-    def loss(self, logits, labels):
-        """Mean next-token cross entropy over labels != -100 (transformers' ForCausalLMLoss)."""
-        labels = host(labels, np.int64)
-        shifted = np.full_like(labels, -100)
-        shifted[:, :-1] = labels[:, 1:]
-        return vocab_parallel_cross_entropy(logits, Tensor(shifted.astype(np.int32)), self.topology.tp)
+    def _local_sequence(self, embeds, cos, sin, key_padding_mask, targets, cache):
+        """This rank's part of the sequence: the context-parallel split over cp (embeddings, rotary
+        tables, targets), then the residual stream's sequence-parallel chunk over tp."""
+        topo = self.topology
+        if topo.cp.size > 1:
+            if key_padding_mask is not None or cache is not None:
+                raise ValueError("with cp > 1 give full (packed, unpadded) sequences and no key/value cache")
+            embeds, cos, sin = (split_sequence(t, 1, topo) for t in (embeds, cos, sin))
+            targets = None if targets is None else split_sequence(targets, 1, topo)
+        if topo.config.sequence_parallel and topo.tp.size > 1:
+            embeds = mappings.scatter_to_sequence(embeds, topo.tp, 1)
+        return embeds, cos, sin, targets
+
+    def loss(self, logits, targets, count: int):
+        """Mean next-token cross entropy over the ``count`` targets != -100 (transformers'
+        ForCausalLMLoss). Under cp each rank adds its part of the sum; the all-reduce's backward is
+        the identity, so each rank differentiates its own part (the optimizer sums them over cp)."""
+        loss = vocab_parallel_cross_entropy(logits, targets, self.topology.tp, reduction="sum") / max(count, 1)
+        return mappings.reduce_from_region(loss, self.topology.cp) if self.topology.cp.size > 1 else loss
 
     def generate(self, input_ids, max_new_tokens: int = 20, eos_token_id=None, **inputs) -> np.ndarray:
         """Greedy decoding with a key/value cache; returns prompt + new tokens, as transformers' generate.

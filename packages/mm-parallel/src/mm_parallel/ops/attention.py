@@ -43,23 +43,27 @@ def segment_ids_from_cu_seqlens(cu_seqlens, total: int):
 
 
 def _allowed(batch, q_len, k_len, causal, key_padding_mask, q_segments, k_segments):
-    """Boolean (batch or 1, 1, q_len, k_len) of allowed pairs, or None when every pair is allowed."""
+    """float32 (batch or 1, 1, q_len, k_len) of allowed pairs (1) and masked ones (0), or None when
+    every pair is allowed. Built with float arithmetic, no boolean tensors: inside a recomputed
+    Cell MindSpore 2.7.2 differentiates every intermediate and fails on boolean ones."""
     mask = None
     if causal:
         i = np.arange(q_len)[:, None] + (k_len - q_len)
-        mask = Tensor((np.arange(k_len)[None, :] <= i)[None, None])
+        mask = Tensor((np.arange(k_len)[None, :] <= i)[None, None].astype(np.float32))
     if key_padding_mask is not None:
         if tuple(key_padding_mask.shape) != (batch, k_len):
             raise ValueError(f"key_padding_mask must be (batch, k_len) = {(batch, k_len)}, got {tuple(key_padding_mask.shape)}")
-        keep = key_padding_mask.astype(ms.bool_)[:, None, None, :]
-        mask = keep if mask is None else ops.logical_and(mask, keep)
+        keep = key_padding_mask.astype(ms.float32)[:, None, None, :]
+        mask = keep if mask is None else mask * keep
     if q_segments is not None:
         if q_segments.shape[-1] != q_len or k_segments.shape[-1] != k_len:
             raise ValueError(
                 f"segment ids {tuple(q_segments.shape)} / {tuple(k_segments.shape)} do not match q_len {q_len} / k_len {k_len}"
             )
-        same = ops.equal(q_segments[:, None, :, None], k_segments[:, None, None, :])
-        mask = same if mask is None else ops.logical_and(mask, same)
+        qs = q_segments.astype(ms.float32)[:, None, :, None]
+        ks = k_segments.astype(ms.float32)[:, None, None, :]
+        same = ops.relu(1.0 - ops.abs(qs - ks))  # integer ids: 1 where equal, 0 elsewhere
+        mask = same if mask is None else mask * same
     return mask
 
 
@@ -110,7 +114,7 @@ def attention(
     vh = _repeat_kv(v.astype(ms.float32).transpose(0, 2, 1, 3), heads // kv_heads)
     scores = _matmul_nt(qh, kh)  # (b, h, q, k)
     if mask is not None:
-        scores = scores + tiled_to((mask.astype(ms.float32) - 1.0) * -_MASKED, scores.shape)
+        scores = scores + tiled_to((mask - 1.0) * -_MASKED, scores.shape)
     if not return_lse:
         out = _matmul_nn(ops.softmax(scores, -1), vh)
     else:
@@ -121,7 +125,7 @@ def attention(
         total = ops.maximum(ops.matmul(weights, ops.ones((k_len, 1), ms.float32)), _TINY)  # row sums
         out = _matmul_nn(weights, vh) / total
     if mask is not None and _rows_may_be_empty(causal, q_len, k_len, key_padding_mask, segment_ids):
-        out = out * mask.astype(ms.float32).max(axis=-1, keepdims=True)  # zeros where no key is allowed
+        out = out * mask.max(axis=-1, keepdims=True)  # zeros where no key is allowed
     out = out.transpose(0, 2, 1, 3).astype(dtype)
     if not return_lse:
         return out
@@ -138,7 +142,7 @@ def _fused(q, k, v, mask, scale):
     drop = None
     if mask is not None:
         full = ops.broadcast_to(mask, (q.shape[0], 1, q.shape[1], k.shape[1]))
-        drop = ops.logical_not(full).astype(ms.uint8)
+        drop = (1.0 - full).astype(ms.uint8)
     return ops.flash_attention_score(
         q, k, v, q.shape[2], attn_mask=drop, scalar_value=scale, input_layout="BSND"
     )

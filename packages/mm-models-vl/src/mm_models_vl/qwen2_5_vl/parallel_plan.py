@@ -1,0 +1,65 @@
+"""The Qwen2.5-VL parallel plan: what a training recipe chooses on top of the layout.
+
+The layout itself (tp, sp, cp, pp — they decide parameter shapes and where the sequence is cut)
+is fixed when the model is built with a topology; `parallelize` then applies the choices that do
+not change shapes:
+
+  recompute  "none" | "full" | "block" (first ``recompute_num_layers`` decoder layers) |
+             "selective" (the attention core of every decoder layer); vision blocks are
+             recomputed too with "full"
+  lora       PEFT-style adapters on q/k/v/o/gate/up/down (tensor-parallel aware), everything
+             else frozen
+  freeze     any of "vision" (the tower without its merger), "merger", "language_model"
+             (decoder, embeddings and head): what SFT recipes keep fixed
+
+ZeRO (`mm_parallel.DistributedOptimizer`) and data parallelism need nothing from the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+from mm_parallel.lora import apply_lora
+from mm_parallel.recompute import apply_recompute, recompute as mark_recompute
+
+FREEZABLE = ("vision", "merger", "language_model")
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class LoraConfig:
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: List[str] = field(default_factory=lambda: list(LORA_TARGETS))
+
+
+def _freeze(model, parts: Sequence[str]) -> None:
+    unknown = set(parts) - set(FREEZABLE)
+    if unknown:
+        raise ValueError(f"cannot freeze {sorted(unknown)}; choose among {list(FREEZABLE)}")
+    visual = model.model.visual
+    groups = {
+        "vision": [] if visual is None else [p for n, p in visual.parameters_and_names() if not n.startswith("merger.")],
+        "merger": [] if visual is None else list(visual.merger.get_parameters()),
+        "language_model": list(model.model.language_model.get_parameters()) + list(model.lm_head.get_parameters()),
+    }
+    for part in parts:
+        for param in groups[part]:
+            param.requires_grad = False
+
+
+def parallelize(model, *, recompute: str = "none", recompute_num_layers: Optional[int] = None,
+                lora: Optional[LoraConfig] = None, freeze: Sequence[str] = ()):
+    """Apply recomputation, LoRA and freezing to a Qwen2_5_VLForConditionalGeneration; returns it."""
+    layers = list(model.model.language_model.layers)
+    if layers:
+        apply_recompute(layers, recompute, recompute_num_layers)
+    if recompute == "full" and model.model.visual is not None:
+        for block in model.model.visual.blocks:
+            mark_recompute(block)
+    if lora is not None:
+        apply_lora(model, lora.target_modules, lora.r, lora.alpha, lora.dropout)
+    _freeze(model, freeze)
+    return model

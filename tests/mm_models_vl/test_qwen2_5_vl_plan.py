@@ -1,0 +1,70 @@
+"""The Qwen2.5-VL plan on one process: every recompute mode gives the gradients of none (padded
+batch, vision blocks included), freezing picks the right parameters, LoRA-wrapped models still save
+plain transformers checkpoints, and layouts the model cannot take are refused with the rule."""
+
+import numpy as np
+import pytest
+
+from qwen_vl_reference import our_forward, padded_pair, write_reference
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen_plan")
+    write_reference(path)
+    return path
+
+
+def _load(path, **plan):
+    from mm_models_vl import Qwen2_5_VLForConditionalGeneration
+    from mm_models_vl.qwen2_5_vl.parallel_plan import parallelize
+
+    return parallelize(Qwen2_5_VLForConditionalGeneration.from_pretrained(path), **plan)
+
+
+def test_recompute_modes_equal_no_recompute(checkpoint):
+    inputs = padded_pair(np.random.default_rng(0))
+    loss, _, grads = our_forward(_load(checkpoint), inputs)
+    for mode in ("full", "block", "selective"):
+        again, _, regrads = our_forward(_load(checkpoint, recompute=mode, recompute_num_layers=1), inputs)
+        assert again == loss, mode
+        assert all(np.array_equal(regrads[k], grads[k]) for k in grads), mode
+
+
+def test_freeze_parts(checkpoint):
+    model = _load(checkpoint, freeze=("vision", "language_model"))
+    trainable = {name for name, p in model.parameters_and_names() if p.requires_grad}
+    assert trainable and all(name.startswith("model.visual.merger.") for name in trainable)
+    model = _load(checkpoint, freeze=("merger",))
+    frozen = {name for name, p in model.parameters_and_names() if not p.requires_grad}
+    assert frozen == {name for name, _ in model.parameters_and_names() if name.startswith("model.visual.merger.")}
+    with pytest.raises(ValueError, match="cannot freeze"):
+        _load(checkpoint, freeze=("vison",))
+
+
+def test_lora_model_saves_base_checkpoint(checkpoint, tmp_path):
+    from safetensors import safe_open
+
+    from mm_models_vl.qwen2_5_vl.parallel_plan import LoraConfig
+
+    model = _load(checkpoint, lora=LoraConfig(r=2, alpha=4.0))
+    trainable = [name for name, p in model.parameters_and_names() if p.requires_grad]
+    assert trainable and all(".lora_A" in n or ".lora_B" in n for n in trainable)
+    model.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), "np") as ours, \
+            safe_open(str(checkpoint / "model.safetensors"), "np") as theirs:
+        assert sorted(ours.keys()) == sorted(theirs.keys())
+        for key in theirs.keys():
+            assert np.array_equal(ours.get_tensor(key), theirs.get_tensor(key)), key
+
+
+def test_layouts_the_model_cannot_take_are_refused():
+    from mm_models_vl import Qwen2_5_VLForConditionalGeneration
+    from mm_parallel import ParallelConfig
+    from mm_parallel.topology import Topology
+    from qwen_vl_reference import tiny_config
+
+    with pytest.raises(ValueError, match=r"tp=4 must divide .* key/value heads \(2\)"):
+        Qwen2_5_VLForConditionalGeneration(tiny_config(), Topology.build(ParallelConfig(tp=4), 4, 0))
