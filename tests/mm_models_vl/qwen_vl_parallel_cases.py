@@ -37,12 +37,10 @@ def batch(seed: int = 0):
     return with_types_and_labels(inputs)
 
 
-def dp_part(inputs, topo):
-    """This data-parallel rank's samples (and their images)."""
-    if topo.dp.size == 1:
-        return inputs
-    per = inputs["input_ids"].shape[0] // topo.dp.size
-    lo, hi = topo.dp.rank * per, (topo.dp.rank + 1) * per
+def sample_part(inputs, index: int, parts: int):
+    """Part ``index`` of ``parts`` equal slices of the samples (and their images)."""
+    per = inputs["input_ids"].shape[0] // parts
+    lo, hi = index * per, (index + 1) * per
     patches = int(np.prod(inputs["image_grid_thw"][0]))  # one image per sample, all the same grid
     out = {k: v[lo:hi] for k, v in inputs.items() if k not in ("pixel_values", "image_grid_thw")}
     out["pixel_values"] = inputs["pixel_values"][lo * patches:hi * patches]
@@ -50,26 +48,35 @@ def dp_part(inputs, topo):
     return out
 
 
-def full_arrays(model, topo, tensors):
-    """{parameter path: full numpy array} of one tensor per trainable parameter, tp shards gathered."""
+def dp_part(inputs, topo):
+    """This data-parallel rank's samples."""
+    return inputs if topo.dp.size == 1 else sample_part(inputs, topo.dp.rank, topo.dp.size)
+
+
+def full_arrays(chunks, topo, tensors):
+    """{global parameter path: full numpy array} of one tensor per trainable parameter of the
+    chunks (in order), tp shards gathered."""
+    from mm_models_vl.qwen2_5_vl.checkpoint import global_name
     from mm_parallel.hf_checkpoint import owned_parameters
     from mm_parallel.tensor_parallel import unshard
 
-    owners = {id(p): (name, cell, attr) for name, p, cell, attr in owned_parameters(model)}
-    out = {}
-    for param, tensor in zip(model.trainable_params(), tensors):
-        name, cell, attr = owners[id(param)]
-        dim = getattr(cell, "tp_split_dims", {}).get(attr)
-        out[name] = (tensor if dim is None or topo.tp.size == 1 else unshard(tensor, topo.tp, dim)).asnumpy()
+    out, tensors = {}, iter(tensors)
+    for model in chunks:
+        owners = {id(p): (name, cell, attr) for name, p, cell, attr in owned_parameters(model)}
+        for param in model.trainable_params():
+            tensor = next(tensors)
+            name, cell, attr = owners[id(param)]
+            dim = getattr(cell, "tp_split_dims", {}).get(attr)
+            full = tensor if dim is None or topo.tp.size == 1 else unshard(tensor, topo.tp, dim)
+            out[global_name(model, name)] = full.asnumpy()
     return out
 
 
-def finalised(model, topo, grads):
+def finalised(params, topo, grads):
     """Gradients as the optimizer reduces them (cp sum, sequence-parallel over tp, dp mean)."""
     from mm_parallel import comm
     from mm_parallel.sequence_parallel import sync_sequence_parallel_grads
 
-    params = model.trainable_params()
     if topo.tp.size > 1:
         grads = sync_sequence_parallel_grads(params, grads, topo.tp)
     if topo.dp_cp.size > 1:
@@ -77,53 +84,91 @@ def finalised(model, topo, grads):
     return [g / topo.dp.size for g in grads] if topo.dp.size > 1 else list(grads)
 
 
-def train(path, topo, case, inputs):
-    import mindspore as ms
-
+def build(path, topo, case):
+    """This rank's model chunks (one without virtual pipeline stages), loaded and planned."""
     from mm_models_vl import Qwen2_5_VLForConditionalGeneration
     from mm_models_vl.qwen2_5_vl.parallel_plan import LoraConfig, parallelize
-    from mm_parallel import comm
-    from mm_parallel.lora import load_lora
-    from mm_parallel.optimizer import DistributedOptimizer, OptimizerConfig
+    chunks = []
+    for chunk in range(topo.config.vpp):
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(path, topology=topo, chunk=chunk)
+        parallelize(model, recompute=case.get("recompute", "none"), recompute_num_layers=1,
+                    lora=LoraConfig(r=4, alpha=8.0) if case.get("lora") else None, freeze=case.get("freeze", ()))
+        if case.get("lora"):
+            model.load_adapter(os.path.join(path, "adapters"))
+        chunks.append(model)
+    return chunks
 
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(path, topology=topo)
-    parallelize(model, recompute=case.get("recompute", "none"), recompute_num_layers=1,
-                lora=LoraConfig(r=4, alpha=8.0) if case.get("lora") else None, freeze=case.get("freeze", ()))
-    if case.get("lora"):
-        load_lora(model, os.path.join(path, "adapters"))
-    opt = DistributedOptimizer(model, OptimizerConfig(**OPTIM), topo)
-    local = dp_part(inputs, topo)
-    params = model.trainable_params()
-    losses, first = [], None
-    for _ in range(STEPS):
+
+def loss_and_grads(chunks, topo, local):
+    """(loss or None where this rank does not see it, gradients in the chunks' parameter order)."""
+    import mindspore as ms
+
+    from mm_parallel import comm, pipeline
+
+    params = [p for model in chunks for p in model.trainable_params()]
+    if topo.pp.size == 1:
+        model = chunks[0]
         loss, grads = ms.value_and_grad(lambda: model(**local).loss, None, params)()
         if topo.dp.size > 1:
             loss = comm.all_reduce(loss, topo.dp) / topo.dp.size
-        losses.append(float(loss.asnumpy()))
+        return float(loss.asnumpy()), list(grads)
+    samples = local["input_ids"].shape[0]
+    micro = [(part, part) for part in (sample_part(local, i, samples) for i in range(samples))]
+    last = chunks[-1]
+    if len(chunks) == 1:
+        losses, grads = pipeline.train_step_1f1b(last.pipeline_stage, params, micro, last.pipeline_loss, topo,
+                                                 with_batch=True)
+    else:
+        losses, per_chunk = pipeline.train_step_interleaved(
+            [m.pipeline_stage for m in chunks], [m.trainable_params() for m in chunks], micro, last.pipeline_loss,
+            topo, with_batch=True)
+        grads = [g for chunk in per_chunk for g in chunk]
+    if not losses:  # not the last stage
+        return None, grads
+    loss = ms.Tensor(np.float32(np.mean(losses)))
+    if topo.dp.size > 1:  # a dp group shares its pipeline stage
+        loss = comm.all_reduce(loss, topo.dp) / topo.dp.size
+    return float(loss.asnumpy()), grads
+
+
+def train(path, topo, case, inputs):
+    from mm_parallel.optimizer import DistributedOptimizer, OptimizerConfig
+
+    chunks = build(path, topo, case)
+    opt = DistributedOptimizer(chunks[0] if len(chunks) == 1 else chunks, OptimizerConfig(**OPTIM), topo)
+    params = [p for model in chunks for p in model.trainable_params()]
+    local = dp_part(inputs, topo)
+    losses, first = [], None
+    for _ in range(STEPS):
+        loss, grads = loss_and_grads(chunks, topo, local)
+        losses.append(loss)
         if first is None:
-            first = full_arrays(model, topo, finalised(model, topo, grads))
+            first = full_arrays(chunks, topo, finalised(params, topo, grads))
         opt.step(grads)
-    return losses, first, full_arrays(model, topo, model.trainable_params())
+    return losses, first, full_arrays(chunks, topo, [p for model in chunks for p in model.trainable_params()])
 
 
 def compare(got, want):
+    """Problems found; a pipeline stage compares the parameters it holds (and the loss if last)."""
     (losses, grads, params), (ref_losses, ref_grads, ref_params) = got, want
     problems = []
-    if not np.allclose(losses, ref_losses, rtol=1e-5, atol=0):
+    if None not in losses and not np.allclose(losses, ref_losses, rtol=1e-5, atol=0):
         problems.append(f"losses {losses} != {ref_losses}")
     for label, arrays, refs in (("grad", grads, ref_grads), ("param", params, ref_params)):
-        if sorted(arrays) != sorted(refs):
-            problems.append(f"{label} names differ: {sorted(set(arrays) ^ set(refs))[:5]}")
+        if not arrays or not set(arrays) <= set(refs):
+            problems.append(f"{label} names not in the single-process model: {sorted(set(arrays) - set(refs))[:5]}")
             continue
-        for key, ref in refs.items():
+        for key, array in arrays.items():
+            ref = refs[key]
             scale = max(np.abs(ref).max(), 1e-30)
-            if np.abs(arrays[key] - ref).max() / scale > 1e-4:
-                problems.append(f"{label} {key} rel err {np.abs(arrays[key] - ref).max() / scale:.2e}")
+            if np.abs(array - ref).max() / scale > 1e-4:
+                problems.append(f"{label} {key} rel err {np.abs(array - ref).max() / scale:.2e}")
     return problems
 
 
 def run_parallel_cases(path, cases):
-    """cases: {name: {"layout": ParallelConfig kwargs, "recompute", "lora", "freeze"}} -> {name: [problems]}."""
+    """cases: {name: {"layout": ParallelConfig kwargs, "recompute", "lora", "freeze", "checkpoint":
+    sub-folder of path}} -> {name: [problems], name + ":names": [parameter names this rank checked], name + ":reference_names"}."""
     import mm_parallel
     from mm_parallel import ParallelConfig
     from mm_parallel.topology import Topology
@@ -132,13 +177,46 @@ def run_parallel_cases(path, cases):
     inputs = batch()
     references, results = {}, {}
     for name, case in cases.items():
-        key = (bool(case.get("lora")), tuple(case.get("freeze", ())))
+        folder = os.path.join(path, case.get("checkpoint", ""))
+        key = (folder, bool(case.get("lora")), tuple(case.get("freeze", ())))
         try:
             if key not in references:
-                references[key] = train(path, solo, {"lora": case.get("lora"), "freeze": case.get("freeze", ())},
-                                        inputs)
+                plan = {"lora": case.get("lora"), "freeze": case.get("freeze", ())}
+                references[key] = train(folder, solo, plan, inputs)
             topo = mm_parallel.initialize(ParallelConfig(**case["layout"]))
-            results[name] = compare(train(path, topo, case, inputs), references[key])
+            got = train(folder, topo, case, inputs)
+            results[name] = compare(got, references[key])
+            results[f"{name}:names"] = sorted(got[1])
+            results[f"{name}:reference_names"] = sorted(references[key][1])
+        except Exception:
+            results[name] = [traceback.format_exc()]
+    return results
+
+
+def save_under_layouts(path, out, layouts):
+    """layouts: {name: (ParallelConfig kwargs, checkpoint sub-folder)}. For each: load the
+    checkpoint (and its adapters) under the layout, save model and adapters to ``out/<name>`` with
+    save_pretrained / save_adapter. Returns {name: [problems]}."""
+    import mm_parallel
+    from mm_models_vl import Qwen2_5_VLForConditionalGeneration
+    from mm_models_vl.qwen2_5_vl.checkpoint import save_pretrained
+    from mm_models_vl.qwen2_5_vl.parallel_plan import LoraConfig, parallelize
+    from mm_parallel import ParallelConfig
+
+    results = {}
+    for name, (layout, folder) in layouts.items():
+        try:
+            folder = os.path.join(path, folder)
+            topo = mm_parallel.initialize(ParallelConfig(**layout))
+            lora = LoraConfig(r=4, alpha=8.0)
+            chunks = []
+            for chunk in range(topo.config.vpp):
+                model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, topology=topo, chunk=chunk)
+                chunks.append(parallelize(model, lora=lora))
+                model.load_adapter(os.path.join(folder, "adapters"))
+            save_pretrained(chunks, os.path.join(out, name))
+            chunks[0].save_adapter(os.path.join(out, name, "adapters"), lora, chunks)
+            results[name] = []
         except Exception:
             results[name] = [traceback.format_exc()]
     return results

@@ -1,6 +1,7 @@
 """Qwen2.5-VL loaded with from_pretrained under a layout trains like one process: two
 DistributedOptimizer steps, losses, first-step gathered gradients and final parameters
-(rel-err <= 1e-4; losses rtol 1e-5). See qwen_vl_parallel_cases.py."""
+(rel-err <= 1e-4; losses rtol 1e-5). Pipeline stages compare the parameters they hold; together
+they must cover the whole model. See qwen_vl_parallel_cases.py."""
 
 import pytest
 
@@ -10,12 +11,16 @@ from qwen_vl_reference import write_adapters, write_reference
 pytest.importorskip("torch")
 pytestmark = pytest.mark.distributed
 
+DEEP = "deep"  # a 4-layer checkpoint, for pipelines with more virtual stages than 2
+
 TWO = {
     "tp2": {"layout": {"tp": 2}},
     "tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}},
     "ulysses2": {"layout": {"cp": 2}},
     "ring2": {"layout": {"cp": 2, "cp_algo": "ring"}},
     "dp2_zero1": {"layout": {"zero_stage": 1}},
+    "pp2": {"layout": {"pp": 2}},
+    "pp2_vpp2": {"layout": {"pp": 2, "vpp": 2}, "checkpoint": DEEP},
     "lora_tp2": {"layout": {"tp": 2}, "lora": True},
     "tp2_sp_recompute_full": {"layout": {"tp": 2, "sequence_parallel": True}, "recompute": "full"},
     "ring2_recompute_selective": {"layout": {"cp": 2, "cp_algo": "ring"}, "recompute": "selective"},
@@ -23,11 +28,71 @@ TWO = {
     "tp2_frozen_vision": {"layout": {"tp": 2}, "freeze": ("vision",)},
 }
 
+FOUR = {
+    "hybrid2x2": {"layout": {"cp": 4, "cp_algo": "hybrid", "ulysses_degree": 2}},
+    "tp2_ulysses2": {"layout": {"tp": 2, "cp": 2}},
+    "tp2_sp_pp2": {"layout": {"tp": 2, "sequence_parallel": True, "pp": 2}},
+    "pp2_dp2_zero1": {"layout": {"pp": 2, "zero_stage": 1}},
+    "pp4": {"layout": {"pp": 4}, "checkpoint": DEEP},
+    "lora_pp2_tp2": {"layout": {"pp": 2, "tp": 2}, "lora": True},
+}
 
-def test_two_process_layouts_equal_single_process(run_distributed, tmp_path):
-    write_adapters(tmp_path / "adapters", write_reference(tmp_path))
-    results = run_distributed(run_parallel_cases, nproc=2, timeout=600, path=str(tmp_path), cases=TWO)
+
+def check(results, cases):
+    names = {}
     for rank, result in enumerate(results):
-        assert set(result) == set(TWO)
-        failed = {case: problems for case, problems in result.items() if problems}
+        failed = {case: result.get(case, ["missing"]) for case in cases if result.get(case, ["missing"])}
         assert not failed, (rank, failed)
+        for key, value in result.items():
+            if key.endswith("names"):
+                names.setdefault(key, set()).update(value)
+    for case in cases:  # the stages together checked every trainable parameter
+        assert names[f"{case}:names"] == names[f"{case}:reference_names"], case
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen_parallel")
+    write_adapters(root / "adapters", write_reference(root))
+    write_adapters(root / DEEP / "adapters", write_reference(root / DEEP, num_hidden_layers=4))
+    return root
+
+
+def test_two_process_layouts_equal_single_process(run_distributed, checkpoints):
+    check(run_distributed(run_parallel_cases, nproc=2, timeout=600, path=str(checkpoints), cases=TWO), TWO)
+
+
+def test_four_process_layouts_equal_single_process(run_distributed, checkpoints):
+    check(run_distributed(run_parallel_cases, nproc=4, timeout=900, path=str(checkpoints), cases=FOUR), FOUR)
+
+
+def test_save_under_layouts_gives_the_original_checkpoint(run_distributed, checkpoints, tmp_path):
+    """save_pretrained under tp2 / pp2 / pp2 x vpp2 writes what was loaded (one file, or one per
+    virtual stage plus an index); transformers loads it; the adapters round-trip in PEFT names."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import load_file
+    from transformers import Qwen2_5_VLForConditionalGeneration as Reference
+
+    from mm_parallel.hf_checkpoint import SafetensorsFolder
+    from qwen_vl_parallel_cases import save_under_layouts
+
+    layouts = {"tp2": ({"tp": 2}, ""), "pp2": ({"pp": 2}, ""), "pp2_vpp2": ({"pp": 2, "vpp": 2}, DEEP)}
+    results = run_distributed(save_under_layouts, nproc=2, timeout=300, path=str(checkpoints), out=str(tmp_path),
+                              layouts=layouts)
+    assert all(not problems for result in results for problems in result.values()), results
+    for name, (_, folder) in layouts.items():
+        original = SafetensorsFolder(str(checkpoints / folder))
+        adapters = load_file(str(checkpoints / folder / "adapters" / "adapter_model.safetensors"))
+        saved = SafetensorsFolder(str(tmp_path / name))
+        assert sorted(saved.names()) == sorted(original.names()), name
+        assert all(np.array_equal(saved.read(k), original.read(k)) for k in original.names()), name
+        if name.startswith("pp2"):
+            index = json.loads((tmp_path / name / "model.safetensors.index.json").read_text())
+            stages = 4 if "vpp" in name else 2
+            assert sorted(set(index["weight_map"].values())) == [f"model-{k:05d}-of-{stages:05d}.safetensors"
+                                                                  for k in range(1, stages + 1)]
+        Reference.from_pretrained(str(tmp_path / name))  # loads without missing or unexpected keys
+        written = load_file(str(tmp_path / name / "adapters" / "adapter_model.safetensors"))
+        assert sorted(written) == sorted(adapters) and all(np.array_equal(written[k], adapters[k]) for k in adapters)

@@ -51,7 +51,7 @@ class SafetensorsFolder:
                 self.files = {name: os.path.join(self.path, file) for name, file in weight_map.items()}
                 break
             if os.path.exists(single):
-                self.files = {name: single for name in _header(single)[0] if name != "__metadata__"}
+                self.files = {name: single for name in safetensor_names(single)}
                 break
         else:
             raise FileNotFoundError(f"no {' or '.join(WEIGHT_NAMES)} (or .index.json) in {self.path}")
@@ -86,6 +86,11 @@ class SafetensorsFolder:
         if info["dtype"] == "BF16":  # bfloat16 is the top half of a float32
             return (array.astype(np.uint32) << 16).view(np.float32)
         return np.array(array, dtype=np.float32 if array.dtype.kind == "f" else array.dtype)
+
+
+def safetensor_names(file: str):
+    """The tensor names a safetensors file holds."""
+    return [name for name in _header(file)[0] if name != "__metadata__"]
 
 
 def owned_parameters(model: nn.Cell) -> Iterator[Tuple[str, Parameter, nn.Cell, str]]:

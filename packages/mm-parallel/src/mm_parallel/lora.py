@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
@@ -143,35 +143,54 @@ def unmerge_lora(model: nn.Cell):
         layer.unmerge()
 
 
-def save_lora(model: nn.Cell, path: str, target_modules: List[str], r: int, alpha: float, dropout: float = 0.0):
-    """Write the adapters in PEFT's format (full tensors gathered over tp; global rank 0 writes)."""
-    from safetensors.numpy import save_file
+def save_lora(model, path: str, target_modules: List[str], r: int, alpha: float, dropout: float = 0.0,
+              name_map: Callable[[nn.Cell, str], str] = lambda model, name: name):
+    """Write the adapters in PEFT's format; every rank calls it.
 
+    ``model``: a Cell, or the list of chunks a pipeline rank holds. ``name_map(model, path)`` gives
+    the module name the file uses (e.g. a pipeline stage's local layer number made the model's).
+    Tensors are gathered over tp; with pipeline stages each stage's first rank writes its part and
+    global rank 0 merges the parts into one adapter_model.safetensors.
+    """
+    from safetensors.numpy import load_file, save_file
+
+    topo = get_topology()
     tensors = {}
-    for name, layer in lora_layers(model).items():
-        for which in ("lora_A", "lora_B"):
-            value = getattr(layer, which)
-            dim = layer.tp_split_dims.get(which)
-            full = value if dim is None else unshard(value, layer.base_layer.group, dim)
-            tensors[f"base_model.model.{name}.{which}.weight"] = np.ascontiguousarray(full.asnumpy())
-    if get_topology().rank == 0:
+    for chunk in (model if isinstance(model, (list, tuple)) else [model]):
+        for name, layer in lora_layers(chunk).items():
+            for which in ("lora_A", "lora_B"):
+                value = getattr(layer, which)
+                dim = layer.tp_split_dims.get(which)
+                full = value if dim is None else unshard(value, layer.base_layer.group, dim)
+                tensors[f"base_model.model.{name_map(chunk, name)}.{which}.weight"] = np.ascontiguousarray(full.asnumpy())
+    part = os.path.join(path, f".adapter_part_{topo.pp.rank}.safetensors")
+    if topo.tp.rank == 0 and topo.cp.rank == 0 and topo.dp.rank == 0:
         os.makedirs(path, exist_ok=True)
+        save_file(tensors, part)
+    comm.barrier()
+    if topo.rank == 0:
         config = {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "lora_dropout": dropout,
                   "target_modules": list(target_modules), "bias": "none", "fan_in_fan_out": False,
                   "use_rslora": False, "init_lora_weights": True, "modules_to_save": None, "task_type": None,
                   "base_model_name_or_path": None, "inference_mode": True}
         with open(os.path.join(path, "adapter_config.json"), "w") as f:
             json.dump(config, f, indent=2)
-        save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
+        merged = {}
+        for stage in range(topo.pp.size):
+            stage_part = os.path.join(path, f".adapter_part_{stage}.safetensors")
+            merged.update(load_file(stage_part))
+            os.remove(stage_part)
+        save_file(merged, os.path.join(path, "adapter_model.safetensors"))
     comm.barrier()
 
 
-def load_lora(model: nn.Cell, path: str):
-    """Read PEFT adapters into a model that `apply_lora` already wrapped; each rank keeps its shard."""
+def load_lora(model: nn.Cell, path: str, name_map: Callable[[nn.Cell, str], str] = lambda model, name: name):
+    """Read PEFT adapters into a model that `apply_lora` already wrapped; each rank keeps its shard.
+    ``name_map`` as in `save_lora`."""
     from safetensors.numpy import load_file
 
     tensors = load_file(os.path.join(path, "adapter_model.safetensors"))
-    layers = lora_layers(model)
+    layers = {name_map(model, name): layer for name, layer in lora_layers(model).items()}
     missing = [n for n in layers if f"base_model.model.{n}.lora_A.weight" not in tensors]
     if missing:
         raise ValueError(f"{path} has no adapter for {missing}; it was saved for other target_modules")

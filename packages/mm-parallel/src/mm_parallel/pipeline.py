@@ -130,20 +130,31 @@ def _micro_backward(fn: Callable, x, params: List, needs_dx: bool, objective: Ca
     """Backward of one micro-batch on a stage by recomputing its forward: the value of
     ``objective(fn(x))`` (the loss / m on the last stage, sum(fn(x) * dy) elsewhere), the gradient
     of ``x`` (None unless ``needs_dx``) and the gradients of ``params``."""
-    value, out = ms.value_and_grad(lambda t: objective(fn(t)), 0 if needs_dx else None, params)(x)
-    dx, grads = out if needs_dx else (None, out)
+    if not needs_dx:  # x (the first stage's input: anything, e.g. a dict of host data) stays out of autodiff
+        value, grads = ms.value_and_grad(lambda: objective(fn(x)), None, params)()
+        return value, None, grads
+    value, (dx, grads) = ms.value_and_grad(lambda t: objective(fn(t)), 0, params)(x)
     return value, dx, grads
 
 
+def _caller(stage: Callable, micro_batches: Sequence[Tuple], with_batch: bool) -> Callable:
+    """call(i, x): the stage on activation x of micro-batch i; with ``with_batch`` the stage also
+    gets the micro-batch's input (host-side data every stage may need: positions, masks)."""
+    if with_batch:
+        return lambda i, x: stage(x, micro_batches[i][0])
+    return lambda i, x: stage(x)
+
+
 def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[Tuple], loss_fn: Callable,
-                    topology: Optional[Topology] = None):
+                    topology: Optional[Topology] = None, with_batch: bool = False):
     """One training step of ``stage`` (this rank's layers: input -> output) over micro-batches.
 
     micro_batches[i] = (input, target): the first stage feeds ``input`` to its layers, the last
     computes ``loss_fn(output, target)``; other stages ignore both (every rank may pass the same
-    list). The step's loss is the mean over micro-batches. Returns (losses, grads): the
-    per-micro-batch losses on the last stage (empty elsewhere) and the gradients of ``params``
-    (this stage's trainable parameters) of the mean loss.
+    list) unless ``with_batch``, which calls every stage as ``stage(x, input)``. Activations between
+    stages are float32 tensors. The step's loss is the mean over micro-batches. Returns (losses,
+    grads): the per-micro-batch losses on the last stage (empty elsewhere) and the gradients of
+    ``params`` (this stage's trainable parameters) of the mean loss.
     """
     topo = get_topology(topology)
     link = _Link(topo)
@@ -154,17 +165,18 @@ def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[T
     grads = [ms.ops.zeros_like(q) for q in params]
     losses: List[float] = []
     inputs: List = []
+    call = _caller(stage, micro_batches, with_batch)
 
     def forward(i, x):
         x = micro_batches[i][0] if link.first else x
         inputs.append(x)
-        return None if link.last else stage(x)  # the last stage runs its forward inside backward
+        return None if link.last else call(i, x)  # the last stage runs its forward inside backward
 
     def backward(i, dy):
         """Gradients of micro-batch i (loss / m): params accumulated, input gradient returned."""
         objective = (lambda y: loss_fn(y, micro_batches[i][1]) / m) if link.last else (lambda y: (y * dy).sum())
         # the first stage's input needs no gradient
-        value, dx, new = _micro_backward(stage, inputs.pop(0), params, not link.first, objective)
+        value, dx, new = _micro_backward(lambda t: call(i, t), inputs.pop(0), params, not link.first, objective)
         if link.last:
             losses.append(float(value.asnumpy()) * m)
         grads[:] = [a + b for a, b in zip(grads, new)]
@@ -237,7 +249,7 @@ def interleaved_ticks(p: int, v: int, m: int) -> List[List[Optional[Tuple[str, i
 
 
 def train_step_interleaved(chunks: Sequence[Callable], chunk_params: Sequence[Sequence], micro_batches: Sequence[Tuple],
-                           loss_fn: Callable, topology: Optional[Topology] = None):
+                           loss_fn: Callable, topology: Optional[Topology] = None, with_batch: bool = False):
     """Interleaved 1F1B (VPP): this stage holds ``vpp`` chunks (chunks[c] is virtual stage c * pp +
     stage). Same contract as `train_step_1f1b`; returns (losses, grads[chunk][param]).
 
@@ -254,6 +266,7 @@ def train_step_interleaved(chunks: Sequence[Callable], chunk_params: Sequence[Se
     params = [list(c) for c in chunk_params]
     grads = [[ms.ops.zeros_like(q) for q in c] for c in params]
     inputs, douts, outgoing, losses = {}, {}, {}, {}
+    calls = [_caller(c, micro_batches, with_batch) for c in chunks]
 
     def run(kind, chunk, i):
         vs = chunk * p + s
@@ -261,14 +274,14 @@ def train_step_interleaved(chunks: Sequence[Callable], chunk_params: Sequence[Se
         if kind == "F":
             inputs[chunk, i] = x
             if vs < last:
-                outgoing["F", chunk, i] = chunks[chunk](x)
+                outgoing["F", chunk, i] = calls[chunk](i, x)
             return
         if vs == last:
             objective = lambda y: loss_fn(y, micro_batches[i][1]) / m
         else:
             dy = douts.pop((chunk, i))
             objective = lambda y: (y * dy).sum()
-        value, dx, new = _micro_backward(chunks[chunk], x, params[chunk], vs > 0, objective)
+        value, dx, new = _micro_backward(lambda t: calls[chunk](i, t), x, params[chunk], vs > 0, objective)
         if vs == last:
             losses[i] = float(value.asnumpy()) * m
         grads[chunk] = [a + b for a, b in zip(grads[chunk], new)]

@@ -13,7 +13,7 @@ import re
 from typing import Optional, Tuple
 
 from mm_parallel import comm
-from mm_parallel.hf_checkpoint import full_state, load_weights, write_weights
+from mm_parallel.hf_checkpoint import full_state, load_weights, safetensor_names, write_index, write_weights
 from mm_parallel.topology import Topology, get_topology
 
 from mm_models_vl.qwen2_5_vl.modeling import load_config
@@ -21,16 +21,20 @@ from mm_models_vl.qwen2_5_vl.modeling import load_config
 _LAYER = re.compile(r"^model\.language_model\.layers\.(\d+)\.")
 
 
+def global_name(model, name: str) -> str:
+    """A module or parameter path with this pipeline stage's layer numbers made the model's."""
+    offset = model.model.language_model.layer_offset
+    if not offset:
+        return name
+    return _LAYER.sub(lambda m: f"model.language_model.layers.{int(m.group(1)) + offset}.", name + ".")[:-1]
+
+
 def checkpoint_name(model, name: str) -> Optional[str]:
-    """transformers 5 name of a parameter path (decoder layers renumbered from this stage's offset;
+    """transformers 5 name of a parameter path (decoder layers numbered as in the whole model;
     LoRA's wrapped base weights under their own name, the adapters not in model checkpoints)."""
     if ".lora_A" in name or ".lora_B" in name:
         return None
-    name = name.replace(".base_layer.", ".")
-    offset = model.model.language_model.layer_offset
-    if offset:
-        name = _LAYER.sub(lambda m: f"model.language_model.layers.{int(m.group(1)) + offset}.", name)
-    return name
+    return global_name(model, name.replace(".base_layer.", "."))
 
 
 def disk_name(name: str) -> str:
@@ -48,24 +52,47 @@ def candidate_names(model, name: str) -> Tuple[str, ...]:
     return (disk_name(new), new) if disk_name(new) != new else (new,)
 
 
-def from_pretrained(cls, path, topology: Optional[Topology] = None, **overrides):
+def from_pretrained(cls, path, topology: Optional[Topology] = None, chunk: int = 0, pipeline_num_layers=None,
+                    **overrides):
     config = load_config(path)
     for key, value in overrides.items():
         target = config.text_config if hasattr(config.text_config, key) and not hasattr(config, key) else config
         setattr(target, key, value)
-    model = cls(config, topology)
+    model = cls(config, topology, chunk=chunk, pipeline_num_layers=pipeline_num_layers)
     load_weights(model, str(path), lambda name: candidate_names(model, name))
     return model
 
 
-def save_pretrained(model, path) -> None:
-    """Gather the tp shards and write config.json + model.safetensors (rank 0 writes; all ranks call)."""
-    topo = get_topology(model.topology)
-    state = full_state(model, lambda name: None if checkpoint_name(model, name) is None else
-                       disk_name(checkpoint_name(model, name)))
-    if topo.rank == 0:
+def save_pretrained(models, path) -> None:
+    """Write config.json and the weights in transformers' on-disk layout; every rank calls it.
+
+    ``models``: the model, or the list of chunks a pipeline rank holds. Tensor-parallel shards are
+    gathered; the first rank of each (dp, cp, tp) group writes its virtual stages' tensors, one
+    file per virtual stage (``model.safetensors`` without pipelining, else
+    ``model-0000k-of-0000n.safetensors`` and an index), and global rank 0 writes the index.
+    """
+    models = list(models) if isinstance(models, (list, tuple)) else [models]
+    topo = get_topology(models[0].topology)
+    path = str(path)
+    total = topo.pp.size * topo.config.vpp
+    writer = topo.tp.rank == 0 and topo.cp.rank == 0 and topo.dp.rank == 0
+    if writer:
         os.makedirs(path, exist_ok=True)
-        model.config.save_pretrained(str(path))
-        write_weights(state, str(path))
+    for model in models:
+        name_of = lambda name, m=model: None if checkpoint_name(m, name) is None else disk_name(checkpoint_name(m, name))
+        state = full_state(model, name_of)
+        virtual = model.chunk * topo.pp.size + topo.pp.rank
+        file = "model.safetensors" if total == 1 else f"model-{virtual + 1:05d}-of-{total:05d}.safetensors"
+        if writer:
+            write_weights(state, path, file)
+    if topo.world_size > 1:
+        comm.barrier(topo.world)  # every stage's file is complete before the index names it
+    if topo.rank == 0:
+        models[0].config.save_pretrained(path)
+        if total > 1:
+            weight_map = {}
+            for file in sorted(f for f in os.listdir(path) if f.startswith("model-") and f.endswith(".safetensors")):
+                weight_map.update({name: file for name in safetensor_names(os.path.join(path, file))})
+            write_index(path, weight_map)
     if topo.world_size > 1:
         comm.barrier(topo.world)  # nobody reads the folder before it is complete

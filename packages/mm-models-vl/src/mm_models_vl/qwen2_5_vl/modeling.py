@@ -22,6 +22,7 @@ from mindspore import Tensor, nn, ops
 
 from mm_parallel import mappings
 from mm_parallel.context_parallel import split_sequence
+from mm_parallel.pipeline import stage_layer_ranges
 from mm_parallel.tensor_parallel import vocab_parallel_cross_entropy
 from mm_parallel.topology import Topology, get_topology
 
@@ -44,6 +45,14 @@ def host(x, dtype=None) -> Optional[np.ndarray]:
         return None
     value = x.asnumpy() if isinstance(x, Tensor) else np.asarray(x)
     return value if dtype is None else value.astype(dtype)
+
+
+_PLAN_KEYS = ("input_ids", "attention_mask", "position_ids", "labels", "image_grid_thw", "video_grid_thw",
+              "mm_token_type_ids", "second_per_grid_ts")
+
+
+def _plan_args(batch: dict) -> dict:
+    return {k: batch[k] for k in _PLAN_KEYS if k in batch}
 
 
 def load_config(config):
@@ -113,24 +122,54 @@ class Qwen2_5_VLModel(nn.Cell):
         return np.ascontiguousarray(text), None
 
 
-class Qwen2_5_VLForConditionalGeneration(nn.Cell):
-    """Qwen2.5-VL with its language-model head; see the module docstring."""
+@dataclass
+class SequencePlan:
+    """Host-computed inputs of the decoder for this rank's part of the sequence."""
+    cos: Tensor
+    sin: Tensor
+    key_padding_mask: Optional[Tensor]
+    targets: Optional[Tensor]  # next-token targets (-100: not counted), split like the sequence
+    count: int  # targets counted over the whole sequence (the loss divides by it)
+    rope_deltas: Optional[np.ndarray]
 
-    def __init__(self, config, topology: Optional[Topology] = None):
+
+class Qwen2_5_VLForConditionalGeneration(nn.Cell):
+    """Qwen2.5-VL with its language-model head; see the module docstring.
+
+    Under pipeline parallelism the object holds one virtual stage: ``chunk`` c of pipeline rank s is
+    virtual stage c * pp + s (vpp chunks per rank, Megatron's interleaving); the first holds the
+    vision tower and embedding, the last the final norm and head. Layers are cut evenly or by
+    ``pipeline_num_layers`` (see mm_parallel.pipeline.stage_layer_ranges).
+    """
+
+    def __init__(self, config, topology: Optional[Topology] = None, chunk: int = 0, pipeline_num_layers=None):
         super().__init__()
         self.config = config = load_config(config)
         self.topology = topology = get_topology(topology)
-        self.model = Qwen2_5_VLModel(config, topology)
-        self.lm_head = lm_head(config.text_config, topology)
+        pp, vpp = topology.pp.size, topology.config.vpp
+        if not 0 <= chunk < vpp:
+            raise ValueError(f"chunk {chunk} does not exist: vpp={vpp} chunks per pipeline rank")
+        layers = stage_layer_ranges(config.text_config.num_hidden_layers, pp, vpp, pipeline_num_layers)
+        layers = layers[chunk][topology.pp.rank]
+        self.chunk = chunk
+        virtual = chunk * pp + topology.pp.rank
+        self.is_first, self.is_last = virtual == 0, virtual == pp * vpp - 1
+        if config.tie_word_embeddings and not (self.is_first and self.is_last):
+            raise ValueError("tie_word_embeddings with pipeline parallelism is not supported yet: the embedding "
+                             "and the head live on different stages; use pp=1 for this checkpoint")
+        self.model = Qwen2_5_VLModel(config, topology, layers.start, layers.stop, self.is_first, self.is_last)
+        self.lm_head = lm_head(config.text_config, topology) if self.is_last else None
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.language_model.embed_tokens.weight
 
     @classmethod
-    def from_config(cls, config, topology: Optional[Topology] = None):
-        return cls(config, topology)
+    def from_config(cls, config, topology: Optional[Topology] = None, **stage):
+        return cls(config, topology, **stage)
 
     @classmethod
     def from_pretrained(cls, path, topology: Optional[Topology] = None, **overrides):
+        """Load a transformers folder; ``chunk`` / ``pipeline_num_layers`` choose the pipeline stage,
+        other keywords override config values."""
         from mm_models_vl.qwen2_5_vl.checkpoint import from_pretrained
 
         return from_pretrained(cls, path, topology, **overrides)
@@ -140,22 +179,32 @@ class Qwen2_5_VLForConditionalGeneration(nn.Cell):
 
         save_pretrained(self, path)
 
-    def construct(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                  labels=None, use_cache: bool = False, pixel_values=None, pixel_values_videos=None,
-                  image_grid_thw=None, video_grid_thw=None, mm_token_type_ids=None, second_per_grid_ts=None,
-                  rope_deltas=None, **unused: Any):
-        if unused:
-            raise TypeError(f"unexpected forward arguments: {sorted(unused)}")
+    def load_adapter(self, path):
+        """Read PEFT LoRA adapters (after `parallel_plan.parallelize(model, lora=...)`), this rank's shard."""
+        from mm_models_vl.qwen2_5_vl.checkpoint import global_name
+        from mm_parallel.lora import load_lora
+
+        load_lora(self, str(path), global_name)
+
+    def save_adapter(self, path, lora, chunks=None):
+        """Write the LoRA adapters in PEFT's format (``lora``: the plan's LoraConfig); all ranks call.
+        With virtual pipeline stages pass every chunk this rank holds as ``chunks``."""
+        from mm_models_vl.qwen2_5_vl.checkpoint import global_name
+        from mm_parallel.lora import save_lora
+
+        save_lora(chunks or self, str(path), lora.target_modules, lora.r, lora.alpha, lora.dropout, global_name)
+
+    # -- host side ---------------------------------------------------------------------------
+
+    def sequence_plan(self, input_ids, attention_mask=None, position_ids=None, labels=None, image_grid_thw=None,
+                      video_grid_thw=None, mm_token_type_ids=None, second_per_grid_ts=None, past_length: int = 0,
+                      rope_deltas=None, split: bool = True) -> SequencePlan:
+        """Rotary tables, padding mask and targets, cut to this rank's part of the sequence."""
         ids = host(input_ids, np.int64)
-        if ids is None or ids.ndim != 2:
-            raise ValueError("input_ids must be given as (batch, seq)")
-        cache = past_key_values if past_key_values is not None else (KVCache() if use_cache else None)
-        past = cache.length() if cache is not None else 0
-        embeds = self.model.inputs_embeds(ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
         if position_ids is None:
             position_ids, rope_deltas = self.model.position_ids(
                 ids, attention_mask, image_grid_thw, video_grid_thw, second_per_grid_ts, mm_token_type_ids,
-                past, rope_deltas)
+                past_length, rope_deltas)
         position_ids = host(position_ids, np.int64)
         if position_ids.ndim == 2:
             position_ids = np.broadcast_to(position_ids, (3,) + position_ids.shape)
@@ -163,6 +212,7 @@ class Qwen2_5_VLForConditionalGeneration(nn.Cell):
         head_dim = text.hidden_size // text.num_attention_heads
         cos, sin = pos.mrope_cos_sin(position_ids, head_dim, text.rope_parameters["rope_theta"],
                                      text.rope_parameters.get("mrope_section", [16, 24, 24]))
+        cos, sin = Tensor(cos), Tensor(sin)
         mask = host(attention_mask)
         # float, not bool: a recomputed layer differentiates its inputs, and MindSpore 2.7.2 fails on bool ones
         key_padding_mask = None if mask is None or mask.all() else Tensor(mask.astype(np.float32))
@@ -172,27 +222,67 @@ class Qwen2_5_VLForConditionalGeneration(nn.Cell):
             shifted = np.full_like(labels, -100)
             shifted[:, :-1] = labels[:, 1:]
             targets, count = Tensor(shifted.astype(np.int32)), int((shifted != -100).sum())
-        embeds, cos, sin, targets = self._local_sequence(embeds, Tensor(cos), Tensor(sin), key_padding_mask,
-                                                          targets, cache)
-        hidden = self.model.language_model(embeds, cos, sin, key_padding_mask, cache)
-        logits = self.lm_head(hidden)
-        loss = None if targets is None else self.loss(logits, targets, count)
-        if self.topology.tp.size > 1:
-            logits = mappings.gather_from_region(logits, self.topology.tp, -1)
-        return CausalLMOutput(loss=loss, logits=logits, past_key_values=cache, rope_deltas=rope_deltas)
-
-    def _local_sequence(self, embeds, cos, sin, key_padding_mask, targets, cache):
-        """This rank's part of the sequence: the context-parallel split over cp (embeddings, rotary
-        tables, targets), then the residual stream's sequence-parallel chunk over tp."""
         topo = self.topology
-        if topo.cp.size > 1:
-            if key_padding_mask is not None or cache is not None:
+        if split and topo.cp.size > 1:
+            if key_padding_mask is not None or past_length:
                 raise ValueError("with cp > 1 give full (packed, unpadded) sequences and no key/value cache")
-            embeds, cos, sin = (split_sequence(t, 1, topo) for t in (embeds, cos, sin))
+            cos, sin = split_sequence(cos, 1, topo), split_sequence(sin, 1, topo)
             targets = None if targets is None else split_sequence(targets, 1, topo)
+        return SequencePlan(cos, sin, key_padding_mask, targets, count, rope_deltas)
+
+    def embed(self, input_ids, pixel_values=None, image_grid_thw=None, pixel_values_videos=None,
+              video_grid_thw=None):
+        """Embeddings with the vision features in place, cut to this rank's part of the sequence:
+        the context-parallel split over cp, then the sequence-parallel chunk over tp."""
+        topo = self.topology
+        embeds = self.model.inputs_embeds(host(input_ids, np.int64), pixel_values, image_grid_thw,
+                                          pixel_values_videos, video_grid_thw)
+        if topo.cp.size > 1:
+            embeds = split_sequence(embeds, 1, topo)
         if topo.config.sequence_parallel and topo.tp.size > 1:
             embeds = mappings.scatter_to_sequence(embeds, topo.tp, 1)
-        return embeds, cos, sin, targets
+        return embeds
+
+    # -- forward -----------------------------------------------------------------------------
+
+    def construct(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                  labels=None, use_cache: bool = False, pixel_values=None, pixel_values_videos=None,
+                  image_grid_thw=None, video_grid_thw=None, mm_token_type_ids=None, second_per_grid_ts=None,
+                  rope_deltas=None, **unused: Any):
+        if unused:
+            raise TypeError(f"unexpected forward arguments: {sorted(unused)}")
+        if not (self.is_first and self.is_last):
+            raise ValueError("this model holds one pipeline stage: train it with pipeline_stage / pipeline_loss "
+                             "under mm_parallel.pipeline's schedules")
+        ids = host(input_ids, np.int64)
+        if ids is None or ids.ndim != 2:
+            raise ValueError("input_ids must be given as (batch, seq)")
+        cache = past_key_values if past_key_values is not None else (KVCache() if use_cache else None)
+        plan = self.sequence_plan(ids, attention_mask, position_ids, labels, image_grid_thw, video_grid_thw,
+                                  mm_token_type_ids, second_per_grid_ts, cache.length() if cache else 0, rope_deltas)
+        embeds = self.embed(ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
+        hidden = self.model.language_model(embeds, plan.cos, plan.sin, plan.key_padding_mask, cache)
+        logits = self.lm_head(hidden)
+        loss = None if plan.targets is None else self.loss(logits, plan.targets, plan.count)
+        if self.topology.tp.size > 1:
+            logits = mappings.gather_from_region(logits, self.topology.tp, -1)
+        return CausalLMOutput(loss=loss, logits=logits, past_key_values=cache, rope_deltas=plan.rope_deltas)
+
+    def pipeline_stage(self, x, batch: dict):
+        """This virtual stage's forward for mm_parallel.pipeline (``with_batch=True``): ``batch`` is
+        the micro-batch's forward keywords, ``x`` the previous stage's output (ignored on the first).
+        Returns hidden states, or on the last stage the logits (split on the vocabulary under tp)."""
+        plan = self.sequence_plan(**_plan_args(batch))
+        if self.is_first:
+            x = self.embed(batch["input_ids"], batch.get("pixel_values"), batch.get("image_grid_thw"),
+                           batch.get("pixel_values_videos"), batch.get("video_grid_thw"))
+        x = self.model.language_model(x, plan.cos, plan.sin, plan.key_padding_mask)
+        return self.lm_head(x) if self.is_last else x
+
+    def pipeline_loss(self, logits, batch: dict):
+        """The last stage's loss of a micro-batch (the schedule averages over micro-batches)."""
+        plan = self.sequence_plan(**_plan_args(batch))
+        return self.loss(logits, plan.targets, plan.count)
 
     def loss(self, logits, targets, count: int):
         """Mean next-token cross entropy over the ``count`` targets != -100 (transformers'

@@ -43,7 +43,8 @@ def _freeze(model, parts: Sequence[str]) -> None:
     groups = {
         "vision": [] if visual is None else [p for n, p in visual.parameters_and_names() if not n.startswith("merger.")],
         "merger": [] if visual is None else list(visual.merger.get_parameters()),
-        "language_model": list(model.model.language_model.get_parameters()) + list(model.lm_head.get_parameters()),
+        "language_model": list(model.model.language_model.get_parameters()) +
+                          ([] if model.lm_head is None else list(model.lm_head.get_parameters())),
     }
     for part in parts:
         for param in groups[part]:
