@@ -37,12 +37,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Parameter, Tensor, nn, ops
 
 from mm_parallel import comm
 from mm_parallel.lr_schedule import LRSchedule
 from mm_parallel.sequence_parallel import sync_sequence_parallel_grads
 from mm_parallel.topology import Topology, get_topology
+
+_fused_adam = ops.AdamWeightDecay()
 
 
 @dataclass(frozen=True)
@@ -118,9 +120,11 @@ class DistributedOptimizer:
             counted[lo:hi] = 1.0 if id(p) in split or topo.tp.rank == 0 else 0.0  # replicated over tp: count once
         self._decay = Tensor(decay[self.start:self.end])
         self._counted = Tensor(counted[self.start:self.end])
-        self.master = self._flat([p.astype(ms.float32) for p in self.params])[self.start:self.end].copy()
-        self.exp_avg = ops.zeros_like(self.master)
-        self.exp_avg_sq = ops.zeros_like(self.master)
+        # Parameters (not tensors) because the fused AdamW kernel updates them in place
+        master = self._flat([p.astype(ms.float32) for p in self.params])[self.start:self.end].copy()
+        self.master = Parameter(master, name="optimizer.master", requires_grad=False)
+        self.exp_avg = Parameter(ops.zeros_like(master), name="optimizer.exp_avg", requires_grad=False)
+        self.exp_avg_sq = Parameter(ops.zeros_like(master), name="optimizer.exp_avg_sq", requires_grad=False)
         self.step_count = 0  # optimizer steps taken (overflow-skipped steps not counted)
         self.iteration = 0  # step() calls: what the learning-rate schedule follows
         self.loss_scale = (config.initial_loss_scale if config.dynamic_loss_scale else config.loss_scale) or 1.0
@@ -144,7 +148,7 @@ class DistributedOptimizer:
             grads = sync_sequence_parallel_grads(self.params, grads, topo.tp)
         g = self._reduce(self._flat([x.astype(ms.float32) for x in grads]))
         if self.loss_scale != 1.0:
-            g = g / self.loss_scale
+            g = g * (1.0 / self.loss_scale)
         if self._overflow(g):
             self._update_scale(overflow=True)
             return {"lr": lr, "grad_norm": float("nan"), "loss_scale": self.loss_scale, "skipped": True}
@@ -170,7 +174,7 @@ class DistributedOptimizer:
                 flat = comm.reduce_scatter(flat, self.group)
             else:
                 flat = comm.all_reduce(flat, self.group)[self.start:self.end]
-        return flat / dp if dp > 1 else flat
+        return flat * (1.0 / dp) if dp > 1 else flat
 
     def _overflow(self, g) -> bool:
         if self.loss_scale == 1.0 and not self.config.dynamic_loss_scale:
@@ -194,11 +198,15 @@ class DistributedOptimizer:
         (b1, b2), cfg = self.config.betas, self.config
         self.step_count += 1
         t = self.step_count
-        self.exp_avg = b1 * self.exp_avg + (1 - b1) * g
-        self.exp_avg_sq = b2 * self.exp_avg_sq + (1 - b2) * g * g
-        denom = (self.exp_avg_sq / (1 - b2 ** t)).sqrt() + cfg.eps
-        decayed = self.master * (1.0 - lr * cfg.weight_decay * self._decay)
-        self.master = decayed - lr * (self.exp_avg / (1 - b1 ** t)) / denom
+        if cfg.weight_decay and lr:  # decoupled decay first (the Adam update does not read the weights)
+            self.master.set_data(self.master * (1.0 - (lr * cfg.weight_decay) * self._decay))
+        # torch's AdamW update, m_hat / (sqrt(v_hat) + eps), through the fused in-place kernel
+        # (one pass instead of ~15 elementwise ops: 0.22 s vs 0.42 s on 45M floats, CPU) with the
+        # bias corrections folded into its step size and epsilon:
+        #   lr_t = lr sqrt(1 - b2^t) / (1 - b1^t),  eps_t = eps sqrt(1 - b2^t)
+        root = math.sqrt(1 - b2 ** t)
+        _fused_adam(self.master, self.exp_avg, self.exp_avg_sq, lr * root / (1 - b1 ** t), b1, b2, cfg.eps * root,
+                    0.0, g)
 
     def _write_params(self):
         flat = self.master
@@ -275,7 +283,7 @@ class DistributedOptimizer:
             raise ValueError(f"the optimizer files in {folder} cover {covered} of the {want} values this rank owns: "
                              "a slice is missing")
         for k, v in owned.items():
-            setattr(self, k, Tensor(v))
+            getattr(self, k).set_data(Tensor(v))
         self.step_count, self.iteration = meta["step_count"], meta["iteration"]
         self.loss_scale, self._good_steps = meta["loss_scale"], meta["good_steps"]
         self._write_params()

@@ -1,0 +1,140 @@
+"""One Qwen2.5-VL train step (forward, backward, AdamW), ours vs transformers on torch CPU.
+
+    python benchmarks/step_time_qwen2_5_vl.py [--runs 5] [--threads 2] [--vocab 32000]
+
+Same config for both (language hidden 512, 4 layers, 8 heads / 2 kv heads, vision depth 4, one
+224 x 224 image = 256 patches = 64 merged tokens, 512 tokens in all), same random weights (the
+torch model saves them, ours loads them with from_pretrained), same inputs, same thread count.
+Each side takes a warm-up step, then ``--runs`` steps alternate between the two; the table prints
+each side's median and the ratio ours / torch (goal <= 0.8) and, for ours, where the time goes
+(forward, backward, optimizer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+IMAGE, VIDEO, START, END = 151655, 151656, 151652, 151653
+
+
+def config(vocab: int):
+    from transformers import Qwen2_5_VLConfig
+
+    cfg = Qwen2_5_VLConfig(
+        text_config=dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                         intermediate_size=1408, vocab_size=vocab, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]}),
+        vision_config=dict(depth=4, hidden_size=256, num_heads=4, intermediate_size=512, out_hidden_size=512,
+                           window_size=112, fullatt_block_indexes=[3], tokens_per_second=2),
+        image_token_id=vocab - 4, video_token_id=vocab - 3, vision_start_token_id=vocab - 2,
+        vision_end_token_id=vocab - 1)
+    for c in (cfg, cfg.text_config, cfg.vision_config):
+        c._attn_implementation = "eager"
+    return cfg
+
+
+def inputs(cfg, seq: int = 512):
+    rng = np.random.default_rng(0)
+    grid = (1, 16, 16)  # 224 / 14 patches a side
+    merged = 64
+    text = seq - merged - 2
+    ids = rng.integers(3, cfg.image_token_id, text).tolist()
+    ids = ids[:8] + [cfg.vision_start_token_id] + [cfg.image_token_id] * merged + [cfg.vision_end_token_id] + ids[8:]
+    ids = np.array([ids], np.int64)
+    types = (ids == cfg.image_token_id).astype(np.int64)
+    labels = np.where(types == 1, -100, ids)
+    return {"input_ids": ids, "mm_token_type_ids": types, "labels": labels,
+            "pixel_values": rng.standard_normal((256, 3 * 2 * 14 * 14)).astype(np.float32),
+            "image_grid_thw": np.array([grid], np.int64)}
+
+
+def torch_side(cfg, path, threads):
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = Qwen2_5_VLForConditionalGeneration(cfg).float().train()
+    model.save_pretrained(path)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def step(batch):
+        t0 = time.perf_counter()
+        loss = model(**{k: torch.from_numpy(v) for k, v in batch.items()}).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return time.perf_counter() - t0, float(loss)
+
+    return step
+
+
+def our_side(path):
+    import mindspore as ms
+
+    import mm_parallel
+    from mm_models_vl import Qwen2_5_VLForConditionalGeneration
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(path)
+    opt = mm_parallel.DistributedOptimizer(model, mm_parallel.OptimizerConfig(lr=1e-5))
+    params = model.trainable_params()
+    grad_fn = ms.value_and_grad(lambda batch: model(**batch).loss, None, params)
+    parts = {"forward": [], "backward": [], "optimizer": []}
+
+    def step(batch):
+        t0 = time.perf_counter()
+        model(**batch).loss.asnumpy()  # forward alone, for the breakdown only
+        t1 = time.perf_counter()
+        loss, grads = grad_fn(batch)
+        loss.asnumpy()
+        t2 = time.perf_counter()
+        opt.step(grads)
+        t3 = time.perf_counter()
+        parts["forward"].append(t1 - t0)
+        parts["backward"].append(t2 - t1 - (t1 - t0))  # value_and_grad = forward + backward
+        parts["optimizer"].append(t3 - t2)
+        return t3 - t1, float(loss.asnumpy())
+
+    return step, parts
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--vocab", type=int, default=32000)
+    args = parser.parse_args()
+    import mm_parallel  # noqa: F401  (before any MindSpore op: blocking launch on CPU)
+
+    cfg = config(args.vocab)
+    batch = inputs(cfg)
+    with tempfile.TemporaryDirectory() as path:
+        theirs = torch_side(cfg, path, args.threads)
+        ours, parts = our_side(path)
+        times = {"ours": [], "torch": []}
+        first = {"ours": ours(batch)[1], "torch": theirs(batch)[1]}  # warm-up
+        for _ in range(args.runs):
+            times["torch"].append(theirs(batch)[0])
+            times["ours"].append(ours(batch)[0])
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"Qwen2.5-VL train step, {batch['input_ids'].shape[1]} tokens (64 image), vocab {args.vocab}, "
+          f"{args.threads} threads, median of {args.runs}")
+    print(f"first-step loss: ours {first['ours']:.6f}  torch {first['torch']:.6f}")
+    print(f"{'':10}{'median s':>10}{'min s':>10}")
+    for side in ("ours", "torch"):
+        print(f"{side:10}{med[side]:10.3f}{min(times[side]):10.3f}")
+    print(f"ratio ours/torch: {med['ours'] / med['torch']:.2f}  (goal <= 0.8)")
+    print("ours, where the time goes (median s): " +
+          ", ".join(f"{k} {statistics.median(v[1:]):.3f}" for k, v in parts.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
