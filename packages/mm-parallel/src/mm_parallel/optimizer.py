@@ -212,8 +212,12 @@ class DistributedOptimizer:
         flat = self.master
         if self.shards > 1:
             flat = comm.all_gather(flat, self.group)
-        for p, lo, hi in zip(self.params, self.offsets[:-1], self.offsets[1:]):
-            p.set_data(flat[int(lo):int(hi)].reshape(p.shape).astype(p.dtype))
+        if self.padded > self.numel:
+            flat = flat[:self.numel]
+        # one split for all pieces: a slice per parameter cost ~4 ms each on CPU
+        for p, piece in zip(self.params, ops.split(flat, self.sizes)):
+            piece = piece.reshape(p.shape)
+            p.set_data(piece if piece.dtype == p.dtype else piece.astype(p.dtype))
 
     def _update_scale(self, overflow: bool):
         cfg = self.config
