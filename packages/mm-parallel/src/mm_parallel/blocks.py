@@ -1,4 +1,4 @@
-"""Building blocks every model family shares: a plain linear, RMSNorm, LayerNorm and the gated MLP.
+"""Building blocks every model family shares: linear, RMSNorm, LayerNorm, gated MLP, patch embedding.
 
 Names and layouts follow the torch / Hugging Face modules they stand for (``weight`` as
 (out_features, in_features), ``gate_proj`` / ``up_proj`` / ``down_proj``), so a checkpoint tensor
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
@@ -150,10 +149,3 @@ class GatedMLP(nn.Cell):
         gate, up = self.gate_proj(x), self.up_proj(x)
         hidden = kernels.swiglu(gate, up) if self._fused_swiglu else self.act(gate) * up
         return self.down_proj(hidden)
-
-
-def as_tensor(x, dtype=ms.float32):
-    """A MindSpore tensor from a numpy array, a list or a tensor (forward inputs given either way)."""
-    if x is None or isinstance(x, Tensor):
-        return x
-    return Tensor(np.asarray(x), dtype)

@@ -7,9 +7,9 @@ holds ``model.safetensors`` or ``model.safetensors.index.json`` with its shards 
 ``diffusion_pytorch_model.safetensors[.index.json]`` (diffusers).
 
 Which slice a parameter takes comes from the layer that owns it: tensor-parallel layers list the
-split dim of each parameter in ``tp_split_dims`` (absent: replicated). Writing gathers split
-parameters over tp and writes on the first rank of each tp group; pipeline stages each write the
-tensors they own into their own file and the first rank writes the index.
+split dim of each parameter in ``tp_split_dims`` (absent: replicated). For writing, `full_state`
+gathers split parameters over tp; `write_weights` / `write_index` write the files (the model's
+save_pretrained decides which rank writes what: one file per pipeline stage, then the index).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 import numpy as np
 from mindspore import Parameter, Tensor, nn
 
-from mm_parallel.tensor_parallel import shard, unshard
+from mm_parallel.tensor_parallel import unshard
 from mm_parallel.topology import Group
 
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
@@ -135,7 +135,8 @@ def load_weights(model: nn.Cell, path: str, name_map: Callable[[str], Optional[s
         else:
             size = full_shape[dim] // group.size
             if full_shape[dim] % group.size:
-                shard(np.empty(full_shape, np.bool_), group, dim)  # raises the divisibility error
+                raise ValueError(f"{key}: dim {dim} of shape {full_shape} cannot be split over {group.size} "
+                                 f"tensor-parallel ranks; choose a tp dividing {full_shape[dim]}")
             index = [slice(None)] * len(full_shape)
             index[dim] = slice(group.rank * size, (group.rank + 1) * size)
             value = folder.read(key, tuple(index))
