@@ -1,0 +1,75 @@
+"""Profiler control at step boundaries: exactly steps start..end, on exactly the chosen ranks.
+
+    profiler = StepProfiler(config, rank=topology.rank)
+    for step in range(1, steps + 1):
+        profiler.before_step(step)
+        train_step()
+        profiler.after_step(step)
+    profiler.close()
+
+Static collection starts MindSpore's profiler before ``start_step`` and stops it after
+``end_step``; the trace (``trace_view.json``, operator tables) is written under
+``save_path/rank_<r>`` by ``tensorboard_trace_handler``. Ascend-only options are passed through on
+Ascend and ignored elsewhere with one warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import mindspore as ms
+
+from mm_profiling.config import ProfileConfig
+
+log = logging.getLogger(__name__)
+
+
+def _profiler(config: ProfileConfig, out: str):
+    from mindspore.profiler import ProfilerActivity, ProfilerLevel, profile, tensorboard_trace_handler
+    from mindspore.profiler import _ExperimentalConfig
+
+    on_ascend = ms.get_context("device_target") == "Ascend"
+    extra = {}
+    if config.ascend and not on_ascend:
+        log.warning("profile.ascend options %s apply on Ascend only; ignored on %s", sorted(config.ascend),
+                    ms.get_context("device_target"))
+    elif on_ascend:
+        extra = {k: v for k, v in config.ascend.items() if k in ("aic_metrics", "l2_cache", "sys_io",
+                                                                 "sys_interconnection")}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.NPU] if on_ascend else [])
+    level = [ProfilerLevel.Level0, ProfilerLevel.Level1, ProfilerLevel.Level2][config.level]
+    return profile(activities=activities, with_stack=config.with_stack, profile_memory=config.with_memory,
+                   record_shapes=config.record_shapes, start_profile=False,
+                   on_trace_ready=tensorboard_trace_handler(out),
+                   experimental_config=_ExperimentalConfig(profiler_level=level, **extra))
+
+
+class StepProfiler:
+    """Starts and stops collection at step boundaries; a no-op on ranks the config leaves out."""
+
+    def __init__(self, config: ProfileConfig, rank: int = 0):
+        self.config, self.rank = config, rank
+        self.active = config.profiles_rank(rank) and config.type == "static"
+        self.out = os.path.join(config.save_path, f"rank_{rank}")
+        self._prof: Optional[object] = None
+        self.captured = []  # steps collected, in order
+
+    def before_step(self, step: int) -> None:
+        if self.active and step == self.config.start_step and self._prof is None:
+            os.makedirs(self.out, exist_ok=True)
+            self._prof = _profiler(self.config, self.out)
+            self._prof.start()
+        if self._prof is not None:
+            self.captured.append(step)
+
+    def after_step(self, step: int) -> None:
+        if self._prof is not None and step == self.config.end_step:
+            self.close()
+
+    def close(self) -> None:
+        """Stop collecting (and write the trace) if collecting; safe to call twice."""
+        if self._prof is not None:
+            prof, self._prof = self._prof, None
+            prof.stop()

@@ -1,0 +1,65 @@
+"""Profiler control captures exactly the configured steps on exactly the configured ranks; the
+report renders from the real trace; bad profile sections are clear errors."""
+
+import glob
+import os
+
+import pytest
+
+from profile_cases import STEP_OPS, run_steps
+
+
+def _operators(save_path, rank):
+    from mm_profiling.report import summarize
+
+    traces = glob.glob(os.path.join(save_path, f"rank_{rank}", "**", "trace_view.json"), recursive=True)
+    assert len(traces) == 1, traces
+    return set(summarize(traces[0])["operators"])
+
+
+def test_static_capture_is_exactly_steps_start_to_end(tmp_path):
+    rank, captured = run_steps(str(tmp_path), start=2, end=4, ranks=[-1])
+    assert captured == [2, 3, 4]
+    ops = _operators(str(tmp_path), rank)
+    assert {STEP_OPS[s] for s in (2, 3, 4)} <= ops
+    assert not ops & {STEP_OPS[1], STEP_OPS[5]}
+
+
+@pytest.mark.distributed
+def test_two_processes_only_the_configured_rank_is_profiled(run_distributed, tmp_path):
+    results = run_distributed(run_steps, nproc=2, timeout=300, save_path=str(tmp_path), start=3, end=3, ranks=[1])
+    assert [list(r) for r in results] == [[0, []], [1, [3]]]
+    assert not os.path.exists(tmp_path / "rank_0")
+    ops = _operators(str(tmp_path), 1)
+    assert STEP_OPS[3] in ops and not ops & {STEP_OPS[s] for s in (1, 2, 4, 5)}
+
+
+def test_report_renders_from_a_real_trace(tmp_path):
+    from mm_profiling.report import main
+
+    run_steps(str(tmp_path / "run"), start=1, end=5, ranks=[-1])
+    assert main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "| operator | calls | total ms | share |" in text
+    assert all(f"| {op} | 1 |" in text for op in STEP_OPS.values())
+    assert "communication 0.0 ms" in text
+    png = (tmp_path / "out" / "report_0.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+    assert main(["report", str(tmp_path / "empty")]) == 2  # no trace: a clear error, not a crash
+
+
+def test_bad_profile_sections_are_clear_errors():
+    from mm_profiling.config import ProfileConfig
+
+    with pytest.raises(ValueError, match="did you mean 'start_step'"):
+        ProfileConfig.from_dict({"enable": True, "start_stpe": 3})
+    with pytest.raises(ValueError, match=r"end_step \(2\) must be >= start_step \(4\)"):
+        ProfileConfig.from_dict({"start_step": 4, "end_step": 2})
+    with pytest.raises(ValueError, match="level must be 0, 1 or 2"):
+        ProfileConfig(level=3)
+    with pytest.raises(ValueError, match="type must be one of"):
+        ProfileConfig(type="sometimes")
+    with pytest.raises(ValueError, match="unknown options"):
+        ProfileConfig(ascend={"aic_metric": "PipeUtilization"})
+    assert ProfileConfig.from_dict({"enable": True, "ranks": [0, 2]}).profiles_rank(2)
+    assert not ProfileConfig.from_dict({"enable": True, "ranks": [0, 2]}).profiles_rank(1)
