@@ -63,3 +63,31 @@ def test_bad_profile_sections_are_clear_errors():
         ProfileConfig(ascend={"aic_metric": "PipeUtilization"})
     assert ProfileConfig.from_dict({"enable": True, "ranks": [0, 2]}).profiles_rank(2)
     assert not ProfileConfig.from_dict({"enable": True, "ranks": [0, 2]}).profiles_rank(1)
+
+
+def test_dynamic_capture_follows_edits_of_the_control_file(tmp_path):
+    import json
+
+    import numpy as np
+    from mindspore import Tensor, ops
+
+    from mm_profiling.config import ProfileConfig
+    from mm_profiling.control import StepProfiler
+
+    profiler = StepProfiler(ProfileConfig(enable=True, type="dynamic", save_path=str(tmp_path)), rank=0)
+    control = tmp_path / "profiler_config.json"
+    assert json.loads(control.read_text()) == {"start_step": -1, "end_step": -1}
+    functions = {"Exp": ops.exp, "Sin": ops.sin, "Cos": ops.cos, "Tanh": ops.tanh, "Sigmoid": ops.sigmoid}
+    x = Tensor(np.ones((8, 8), np.float32))
+    for step in range(1, 6):
+        profiler.before_step(step)
+        functions[STEP_OPS[step]](x).asnumpy()
+        profiler.after_step(step)
+        if step == 1:
+            control.write_text("{not json")  # a half-saved edit is ignored with a warning
+        if step == 2:  # a person edits the file while the run goes on
+            control.write_text(json.dumps({"start_step": 3, "end_step": 4}))
+    profiler.close()
+    assert profiler.captured == [3, 4]
+    ops_seen = _operators(str(tmp_path), 0)
+    assert {STEP_OPS[3], STEP_OPS[4]} <= ops_seen and not ops_seen & {STEP_OPS[s] for s in (1, 2, 5)}

@@ -11,10 +11,17 @@ Static collection starts MindSpore's profiler before ``start_step`` and stops it
 ``end_step``; the trace (``trace_view.json``, operator tables) is written under
 ``save_path/rank_<r>`` by ``tensorboard_trace_handler``. Ascend-only options are passed through on
 Ascend and ignored elsewhere with one warning.
+
+Dynamic collection watches ``save_path/profiler_config.json`` (written at start with the window
+disabled, ``{"start_step": -1, "end_step": -1}``): when a person sets a window of future steps
+while training runs, it is picked up at the next step boundary and captured like a static one;
+editing it again arms another window. (MindSpore's DynamicProfilerMonitor serves Ascend's own
+tooling; this watcher works the same on every device.)
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Optional
@@ -51,13 +58,44 @@ class StepProfiler:
 
     def __init__(self, config: ProfileConfig, rank: int = 0):
         self.config, self.rank = config, rank
-        self.active = config.profiles_rank(rank) and config.type == "static"
+        self.active = config.profiles_rank(rank)
         self.out = os.path.join(config.save_path, f"rank_{rank}")
         self._prof: Optional[object] = None
         self.captured = []  # steps collected, in order
+        self.window = (config.start_step, config.end_step) if config.type == "static" else (-1, -1)
+        self.control_file = os.path.join(config.save_path, "profiler_config.json")
+        self._seen = None
+        if self.active and config.type == "dynamic":
+            os.makedirs(config.save_path, exist_ok=True)
+            if not os.path.exists(self.control_file):
+                _write_json(self.control_file, {"start_step": -1, "end_step": -1})
+
+    def _poll(self, step: int) -> None:
+        """Dynamic mode: take a new window from the control file if it changed since last seen."""
+        try:  # the content, not the mtime: two quick edits may share a timestamp
+            with open(self.control_file) as f:
+                text = f.read()
+        except FileNotFoundError:
+            return
+        if text == self._seen:
+            return
+        self._seen = text
+        try:
+            values = json.loads(text)
+            start, end = int(values["start_step"]), int(values["end_step"])
+        except (ValueError, KeyError, TypeError) as error:  # a half-saved or wrong edit: keep the old window
+            log.warning("%s is not a valid profiler window (%s); keeping %s", self.control_file, error, self.window)
+            return
+        if start == -1 or (start >= step and end >= start):
+            self.window = (start, end)
+        else:
+            log.warning("profiler window %s..%s ignored: it must start at or after step %d and end after it starts",
+                        start, end, step)
 
     def before_step(self, step: int) -> None:
-        if self.active and step == self.config.start_step and self._prof is None:
+        if self.active and self.config.type == "dynamic" and self._prof is None:
+            self._poll(step)
+        if self.active and step == self.window[0] and self._prof is None:
             os.makedirs(self.out, exist_ok=True)
             self._prof = _profiler(self.config, self.out)
             self._prof.start()
@@ -65,7 +103,7 @@ class StepProfiler:
             self.captured.append(step)
 
     def after_step(self, step: int) -> None:
-        if self._prof is not None and step == self.config.end_step:
+        if self._prof is not None and step == self.window[1]:
             self.close()
 
     def close(self) -> None:
@@ -73,3 +111,10 @@ class StepProfiler:
         if self._prof is not None:
             prof, self._prof = self._prof, None
             prof.stop()
+
+
+def _write_json(path: str, values: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(values, f)
+    os.replace(tmp, path)

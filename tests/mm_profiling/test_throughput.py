@@ -1,0 +1,27 @@
+"""Throughput and MFU arithmetic, the host peak measurement and memory statistics."""
+
+import pytest
+
+
+def test_throughput_per_rank_and_cluster():
+    from mm_profiling.throughput import Throughput
+
+    meter = Throughput(flops_per_sample=3e9, peak_flops=1e11, world_size=8, dp_size=2)
+    s = meter.record(2.0, samples=4, tokens=1800, padded_tokens=2048)
+    assert s["samples_per_s"] == 2.0 and s["tokens_per_s"] == 900.0 and s["padded_tokens_per_s"] == 1024.0
+    assert s["cluster_samples_per_s"] == 4.0 and s["cluster_tokens_per_s"] == 1800.0
+    # 2 replicas x 4 samples x 3 GFLOP in 2 s on 8 devices of 100 GFLOP/s
+    assert s["mfu"] == pytest.approx(24e9 / (2.0 * 1e11 * 8))
+    assert Throughput().record(1.0, samples=1)["mfu"] is None
+    with pytest.raises(ValueError, match="dp_size"):
+        Throughput(world_size=2, dp_size=4)
+    with pytest.raises(ValueError, match="positive time"):
+        meter.record(0.0, samples=1)
+
+
+def test_host_peak_and_memory():
+    from mm_profiling.throughput import host_peak_flops, memory
+
+    peak = host_peak_flops(size=256, repeats=2)
+    assert 1e8 < peak < 1e13  # a CPU: between 0.1 GFLOP/s and 10 TFLOP/s
+    assert memory()["peak_host_rss_bytes"] > 50 * 2 ** 20
