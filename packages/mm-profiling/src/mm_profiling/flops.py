@@ -9,6 +9,9 @@ and, under full recomputation, four.
     decoder_lm_flops   decoder-only language model: GQA attention, gated (SwiGLU) MLP, vocabulary head
     vit_flops          vision transformer over packed patches with window / full attention segments
     qwen2_5_vl_flops   both, from a transformers Qwen2.5-VL config, the token count and image grids
+    wan_dit_flops      Wan2.1's 3-D DiT (diffusers config): patch embedding, self-attention over
+                       the video tokens, cross-attention to text (and image, I2V), FFN, time and
+                       text embedders, output projection
 """
 
 from __future__ import annotations
@@ -74,4 +77,38 @@ def qwen2_5_vl_flops(config, seq: int, image_grid_thw=None, video_grid_thw=None,
         patch_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
         total += vit_flops(patches, patch_dim, vision.hidden_size, vision.num_heads, vision.intermediate_size,
                            per_block, merge=vision.spatial_merge_size, out_hidden=vision.out_hidden_size)
+    return total
+
+
+def _get(config, key):
+    return config[key] if isinstance(config, dict) else getattr(config, key)
+
+
+def wan_dit_flops(config, frames: int, height: int, width: int, text_len: int, image_len: int = 0) -> int:
+    """Forward FLOPs of one Wan2.1 DiT sample on a latent of (frames, height, width).
+
+    ``config``: diffusers' WanTransformer3DModel config (mapping or object). I2V (``image_dim``
+    set) attends to ``image_len`` image tokens through its added key / value projections.
+    """
+    pt, ph, pw = _get(config, "patch_size")
+    heads, head_dim = _get(config, "num_attention_heads"), _get(config, "attention_head_dim")
+    dim, ffn = heads * head_dim, _get(config, "ffn_dim")
+    tokens = (frames // pt) * (height // ph) * (width // pw)
+    patch = pt * ph * pw
+    total = matmul(tokens, _get(config, "in_channels") * patch, dim)  # patch embedding
+    freq = _get(config, "freq_dim")
+    total += matmul(1, freq, dim) + matmul(1, dim, dim) + matmul(1, dim, 6 * dim)  # time embedder + projection
+    total += matmul(text_len, _get(config, "text_dim"), dim) + matmul(text_len, dim, dim)  # text embedder
+    image_dim = _get(config, "image_dim") if (isinstance(config, dict) and "image_dim" in config) or \
+        hasattr(config, "image_dim") else None
+    if image_dim and image_len:
+        total += matmul(image_len, image_dim, image_dim) + matmul(image_len, image_dim, dim)  # image embedder
+    per_block = (4 * matmul(tokens, dim, dim) + 2 * heads * matmul(tokens, head_dim, tokens)  # self-attention
+                 + 2 * matmul(tokens, dim, dim) + 2 * matmul(text_len, dim, dim)  # cross: q, out; k, v on text
+                 + 2 * heads * matmul(tokens, head_dim, text_len)
+                 + 2 * matmul(tokens, dim, ffn))  # FFN
+    if image_dim and image_len:  # I2V: added k / v on the image tokens, a second attention
+        per_block += 2 * matmul(image_len, dim, dim) + 2 * heads * matmul(tokens, head_dim, image_len)
+    total += _get(config, "num_layers") * per_block
+    total += matmul(tokens, dim, _get(config, "out_channels") * patch)  # output projection
     return total
