@@ -25,3 +25,13 @@ def test_host_peak_and_memory():
     peak = host_peak_flops(size=256, repeats=2)
     assert 1e8 < peak < 1e13  # a CPU: between 0.1 GFLOP/s and 10 TFLOP/s
     assert memory()["peak_host_rss_bytes"] > 50 * 2 ** 20
+
+
+def test_ascend_peaks_follow_the_cube_arithmetic():
+    from mm_profiling.throughput import ascend_cube_peak_flops, peak_flops
+
+    # 24 AI cores x 1.8 GHz x 16^3 multiply-adds x 2 = 353.9 TFLOPS (the 910B2 figure quoted by CANN)
+    assert peak_flops("Ascend-910B2", "bf16") == pytest.approx(353.9e12, rel=1e-3)
+    assert ascend_cube_peak_flops(32, 1.0) == 32 * 1e9 * 8192
+    with pytest.raises(ValueError, match="known"):
+        peak_flops("ascend-910b2", "fp8")

@@ -8,8 +8,8 @@
 Counts are this data-parallel replica's (every tp / cp / pp rank of a replica sees the same
 samples); cluster figures multiply by the number of replicas. Tokens are real ones, padded ones
 are counted separately. MFU = FLOPs the cluster did in the step / (seconds x peak x world size).
-The peak is per device: measured on the host for CPU runs (`host_peak_flops`); on Ascend pass the
-device's datasheet figure for the dtype you train in.
+The peak is per device: measured on the host for CPU runs (`host_peak_flops`); on Ascend from
+`PEAK_FLOPS` or `ascend_cube_peak_flops(ai_cores, clock_ghz)` for the chip you run on.
 """
 
 from __future__ import annotations
@@ -19,6 +19,35 @@ import time
 from typing import Dict, Optional
 
 import numpy as np
+
+
+# One AI core's Cube unit does 16 x 16 x 16 = 4096 fp16 / bf16 multiply-adds per cycle (Huawei's
+# Ascend 910 presentation, Hot Chips 2019: "4096 MACs per AI core per cycle"), i.e. 8192 FLOPs.
+CUBE_FLOPS_PER_CYCLE = 2 * 16 * 16 * 16
+
+
+def ascend_cube_peak_flops(ai_cores: int, clock_ghz: float) -> float:
+    """bf16 / fp16 Cube peak of an Ascend chip: AI cores x clock x 8192 FLOPs per cycle. The core
+    count and clock of your chip are in CANN's platform_config/<soc>.ini (ai_core_cnt, frequency)."""
+    return ai_cores * clock_ghz * 1e9 * CUBE_FLOPS_PER_CYCLE
+
+
+# Per-device peaks, FLOP/s. Ascend 910B2: 24 AI cores at 1.8 GHz (CANN's platform config, as
+# quoted in gitcode.com/cann/ops-nn issue 6033: "353.9T is the 910B2 pure Cube compute"); Cube only,
+# the Vector units' ~22 TFLOPS are not counted (MFU measures the matrix work).
+PEAK_FLOPS = {
+    ("ascend-910b2", "bf16"): ascend_cube_peak_flops(24, 1.8),
+    ("ascend-910b2", "fp16"): ascend_cube_peak_flops(24, 1.8),
+}
+
+
+def peak_flops(device: str, dtype: str) -> float:
+    """A peak from `PEAK_FLOPS`, or an error listing the ones known."""
+    try:
+        return PEAK_FLOPS[device.lower(), dtype.lower()]
+    except KeyError:
+        raise ValueError(f"no peak for ({device!r}, {dtype!r}); known: {sorted(PEAK_FLOPS)}. Use "
+                         "ascend_cube_peak_flops(ai_cores, clock_ghz) or host_peak_flops()") from None
 
 
 def host_peak_flops(size: int = 1024, repeats: int = 5) -> float:
