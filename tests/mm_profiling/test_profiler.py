@@ -43,6 +43,10 @@ def test_report_renders_from_a_real_trace(tmp_path):
     assert "| operator | calls | total ms | share |" in text
     assert all(f"| {op} | 1 |" in text for op in STEP_OPS.values())
     assert "communication 0.0 ms" in text
+    assert "| step | wall ms | in operators ms |" in text
+    step_rows = [line for line in text.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    assert [int(r.split("|")[1]) for r in step_rows] == [1, 2, 3, 4, 5]
+    assert all(int(r.split("|")[6]) >= 1 for r in step_rows)  # each step's own operator landed in it
     png = (tmp_path / "out" / "report_0.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
     assert main(["report", str(tmp_path / "empty")]) == 2  # no trace: a clear error, not a crash

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from typing import Optional
 
 import mindspore as ms
@@ -62,6 +63,7 @@ class StepProfiler:
         self.out = os.path.join(config.save_path, f"rank_{rank}")
         self._prof: Optional[object] = None
         self.captured = []  # steps collected, in order
+        self._steps = []  # wall-clock boundaries of the steps of the current capture
         self.window = (config.start_step, config.end_step) if config.type == "static" else (-1, -1)
         self.control_file = os.path.join(config.save_path, "profiler_config.json")
         self._seen = None
@@ -101,16 +103,22 @@ class StepProfiler:
             self._prof.start()
         if self._prof is not None:
             self.captured.append(step)
+            self._steps.append({"step": step, "start_us": time.time() * 1e6})
 
     def after_step(self, step: int) -> None:
-        if self._prof is not None and step == self.window[1]:
-            self.close()
+        if self._prof is not None:
+            self._steps[-1]["end_us"] = time.time() * 1e6
+            if step == self.window[1]:
+                self.close()
 
     def close(self) -> None:
         """Stop collecting (and write the trace) if collecting; safe to call twice."""
         if self._prof is not None:
             prof, self._prof = self._prof, None
             prof.stop()
+            # step boundaries on the trace's clock (Unix microseconds), for the report's per-step table
+            _write_json(os.path.join(self.out, f"steps_{self._steps[0]['step']}.json"), {"steps": self._steps})
+            self._steps = []
 
 
 def _write_json(path: str, values: dict) -> None:

@@ -4,7 +4,9 @@ Reads every ``trace_view.json`` under DIR (one per profiled rank; the file chrom
 Perfetto and MindStudio Insight open) and writes, per trace, into OUT (default DIR):
 
   report.md          span of the capture, operator time, communication vs computation share,
-                     host time between operators, top operators by total time
+                     host time between operators, top operators by total time, and a per-step
+                     breakdown (wall, in operators, communication, host) when StepProfiler
+                     recorded the step boundaries
   report_<n>.png     the top operators as a bar chart (communication in its own colour)
 
 Operator events are the trace's complete ("X") events of operator processes (CPU ops on CPU,
@@ -31,8 +33,32 @@ def operator_type(name: str) -> str:
     return re.sub(r"-op\d+$", "", name.rsplit("/", 1)[-1])
 
 
+def _step_boundaries(trace_file: str) -> List[Dict]:
+    """Steps recorded by StepProfiler next to the trace's capture folder (steps_<first>.json)."""
+    folder = os.path.dirname(os.path.dirname(os.path.dirname(trace_file)))  # rank_<r>/<capture>/ASCEND_.../
+    steps = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if name.startswith("steps_") and name.endswith(".json"):
+            with open(os.path.join(folder, name)) as f:
+                steps += [s for s in json.load(f)["steps"] if "end_us" in s]
+    return steps
+
+
+def _per_step(ops: List[Dict], steps: List[Dict]) -> List[Dict]:
+    """Per step: wall time, operator time, communication time of the operators inside it."""
+    rows = []
+    for s in steps:
+        inside = [e for e in ops if s["start_us"] <= float(e["ts"]) < s["end_us"]]
+        busy = sum(float(e["dur"]) for e in inside)
+        comm = sum(float(e["dur"]) for e in inside if COMMUNICATION.search(operator_type(e["name"])))
+        rows.append({"step": s["step"], "wall_us": s["end_us"] - s["start_us"], "busy_us": busy,
+                     "communication_us": comm, "operators": len(inside)})
+    return rows
+
+
 def summarize(trace_file: str) -> Dict:
-    """{span_us, busy_us, communication_us, operators: {type: {"time_us", "count"}}} of one trace."""
+    """{span_us, busy_us, communication_us, operators: {type: {"time_us", "count"}}, steps: [...]}
+    of one trace (steps: per-step rows when StepProfiler recorded the boundaries)."""
     with open(trace_file) as f:
         events = json.load(f)
     events = events["traceEvents"] if isinstance(events, dict) else events
@@ -49,7 +75,9 @@ def summarize(trace_file: str) -> Dict:
     end = max(float(e["ts"]) + float(e["dur"]) for e in ops)
     busy = sum(v["time_us"] for v in operators.values())
     comm = sum(v["time_us"] for k, v in operators.items() if COMMUNICATION.search(k))
-    return {"span_us": end - start, "busy_us": busy, "communication_us": comm, "operators": dict(operators)}
+    steps = [s for s in _step_boundaries(trace_file) if s["end_us"] >= start and s["start_us"] <= end]
+    return {"span_us": end - start, "busy_us": busy, "communication_us": comm, "operators": dict(operators),
+            "steps": _per_step(ops, steps)}
 
 
 def _markdown(label: str, s: Dict, chart: Optional[str], top: int) -> str:
@@ -63,6 +91,12 @@ def _markdown(label: str, s: Dict, chart: Optional[str], top: int) -> str:
              "| operator | calls | total ms | share |", "|---|---|---|---|"]
     lines += [f"| {name} | {v['count']} | {v['time_us'] / 1e3:.2f} | {100 * v['time_us'] / busy:.1f}% |"
               for name, v in ranked]
+    if s["steps"]:
+        lines += ["", "| step | wall ms | in operators ms | communication ms | host / other ms | operators |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r['step']} | {r['wall_us'] / 1e3:.2f} | {r['busy_us'] / 1e3:.2f} | "
+                  f"{r['communication_us'] / 1e3:.2f} | {max(r['wall_us'] - r['busy_us'], 0) / 1e3:.2f} | "
+                  f"{r['operators']} |" for r in s["steps"]]
     if chart:
         lines += ["", f"![top operators]({chart})"]
     return "\n".join(lines) + "\n"
