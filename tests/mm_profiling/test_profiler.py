@@ -95,3 +95,24 @@ def test_dynamic_capture_follows_edits_of_the_control_file(tmp_path):
     assert profiler.captured == [3, 4]
     ops_seen = _operators(str(tmp_path), 0)
     assert {STEP_OPS[3], STEP_OPS[4]} <= ops_seen and not ops_seen & {STEP_OPS[s] for s in (1, 2, 5)}
+
+
+def test_ascend_only_options_are_ignored_on_cpu_with_one_warning(tmp_path, caplog):
+    import logging
+
+    import numpy as np
+    from mindspore import Tensor, ops
+
+    from mm_profiling.config import ProfileConfig
+    from mm_profiling.control import StepProfiler
+
+    config = ProfileConfig(enable=True, start_step=1, end_step=1, save_path=str(tmp_path),
+                           ascend={"aic_metrics": "PipeUtilization", "l2_cache": True})
+    profiler = StepProfiler(config, rank=0)
+    with caplog.at_level(logging.WARNING, logger="mm_profiling.control"):
+        profiler.before_step(1)
+        ops.exp(Tensor(np.ones((4, 4), np.float32))).asnumpy()
+        profiler.after_step(1)
+    warnings = [r for r in caplog.records if "Ascend only" in r.getMessage()]
+    assert len(warnings) == 1 and "aic_metrics" in warnings[0].getMessage()
+    assert _operators(str(tmp_path), 0) >= {"Exp"}
