@@ -52,6 +52,23 @@ def test_report_renders_from_a_real_trace(tmp_path):
     assert main(["report", str(tmp_path / "empty")]) == 2  # no trace: a clear error, not a crash
 
 
+def test_mm_profile_command(tmp_path):
+    """The installed console script (what a person types), not just the function."""
+    import shutil
+    import subprocess
+    import sys
+
+    command = shutil.which("mm-profile") or os.path.join(os.path.dirname(sys.executable), "mm-profile")
+    run_steps(str(tmp_path / "run"), start=2, end=2, ranks=[-1])
+    done = subprocess.run([command, "report", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--top", "3"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "out" / "report.md")
+    assert "| Sin | 1 |" in (tmp_path / "out" / "report.md").read_text()
+    help_text = subprocess.run([command, "report", "--help"], capture_output=True, text=True, timeout=60).stdout
+    assert "--out" in help_text
+
+
 def test_bad_profile_sections_are_clear_errors():
     from mm_profiling.config import ProfileConfig
 
