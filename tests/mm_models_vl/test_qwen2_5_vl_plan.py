@@ -68,3 +68,11 @@ def test_layouts_the_model_cannot_take_are_refused():
 
     with pytest.raises(ValueError, match=r"tp=4 must divide .* key/value heads \(2\)"):
         Qwen2_5_VLForConditionalGeneration(tiny_config(), Topology.build(ParallelConfig(tp=4), 4, 0))
+
+    from mm_models_vl.qwen2_5_vl.parallel_plan import parallelize
+
+    solo = Topology.build(ParallelConfig(), 1, 0)
+    model = Qwen2_5_VLForConditionalGeneration(tiny_config(), solo)
+    assert parallelize(model, solo) is model
+    with pytest.raises(ValueError, match="build the model under the layout"):
+        parallelize(model, Topology.build(ParallelConfig(), 1, 0))

@@ -22,6 +22,7 @@ from typing import List, Optional, Sequence
 
 from mm_parallel.lora import apply_lora
 from mm_parallel.recompute import apply_recompute, recompute as mark_recompute
+from mm_parallel.topology import Topology
 
 FREEZABLE = ("vision", "merger", "language_model")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -51,9 +52,16 @@ def _freeze(model, parts: Sequence[str]) -> None:
             param.requires_grad = False
 
 
-def parallelize(model, *, recompute: str = "none", recompute_num_layers: Optional[int] = None,
-                lora: Optional[LoraConfig] = None, freeze: Sequence[str] = ()):
-    """Apply recomputation, LoRA and freezing to a Qwen2_5_VLForConditionalGeneration; returns it."""
+def parallelize(model, topology: Optional[Topology] = None, *, recompute: str = "none",
+                recompute_num_layers: Optional[int] = None, lora: Optional[LoraConfig] = None,
+                freeze: Sequence[str] = ()):
+    """Apply recomputation, LoRA and freezing to a Qwen2_5_VLForConditionalGeneration; returns it.
+
+    ``topology``, if given, must be the one the model was built with (the layout decides the
+    parameter shapes, so it cannot change after construction)."""
+    if topology is not None and topology is not model.topology:
+        raise ValueError("parallelize got a topology other than the model's: build the model under the layout "
+                         "you want, e.g. Qwen2_5_VLForConditionalGeneration.from_pretrained(path, topology)")
     layers = list(model.model.language_model.layers)
     if layers:
         apply_recompute(layers, recompute, recompute_num_layers)
