@@ -1,0 +1,102 @@
+"""Qwen2VLImageProcessor: the twin of transformers 5.24's Qwen2VLImageProcessorPil, numpy in and out.
+
+Same constructor arguments and output keys (``pixel_values`` (patches, C * T * P * P) float32,
+``image_grid_thw`` (images, 3) int64) and the same numbers bit for bit: the image is converted to
+RGB, resized with PIL's bicubic filter to `smart_resize`'s size (multiples of patch x merge, pixel
+count within [min_pixels, max_pixels], aspect kept), rescaled in float64 and cast to float32,
+normalised per channel in float32, then cut into merge-ordered patches with each frame repeated
+``temporal_patch_size`` times (a still image as a clip).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # OpenAI CLIP, transformers' OPENAI_CLIP_MEAN / STD
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
+                 max_pixels: int = 14 * 14 * 4 * 1280):
+    """(height, width) rounded to multiples of ``factor`` with the pixel count in [min, max]."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+class Qwen2VLImageProcessor:
+    """See the module docstring. ``images``: PIL images or (H, W, C) uint8 arrays."""
+
+    model_input_names = ["pixel_values", "image_grid_thw"]
+
+    def __init__(self, do_resize: bool = True, size: Optional[Dict[str, int]] = None, min_pixels: Optional[int] = None,
+                 max_pixels: Optional[int] = None, do_rescale: bool = True, rescale_factor: float = 1 / 255,
+                 do_normalize: bool = True, image_mean: Sequence[float] = CLIP_MEAN,
+                 image_std: Sequence[float] = CLIP_STD, do_convert_rgb: bool = True, patch_size: int = 14,
+                 temporal_patch_size: int = 2, merge_size: int = 2):
+        size = dict(size or {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280})
+        if min_pixels is not None:
+            size["shortest_edge"] = min_pixels
+        if max_pixels is not None:
+            size["longest_edge"] = max_pixels
+        if not size.get("shortest_edge") or not size.get("longest_edge"):
+            raise ValueError(f"size needs 'shortest_edge' (min pixels) and 'longest_edge' (max pixels), got {size}")
+        self.size, self.do_resize, self.do_rescale, self.rescale_factor = size, do_resize, do_rescale, rescale_factor
+        self.do_normalize, self.do_convert_rgb = do_normalize, do_convert_rgb
+        self.image_mean, self.image_std = tuple(image_mean), tuple(image_std)
+        self.patch_size, self.temporal_patch_size, self.merge_size = patch_size, temporal_patch_size, merge_size
+
+    def __call__(self, images, **_) -> Dict[str, np.ndarray]:
+        images = images if isinstance(images, (list, tuple)) else [images]
+        patches, grids = [], []
+        for image in images:
+            pixels, grid_h, grid_w = self.patchify(self.normalized(image))
+            patches.append(pixels)
+            grids.append([1, grid_h, grid_w])
+        return {"pixel_values": np.concatenate(patches, 0), "image_grid_thw": np.array(grids, np.int64)}
+
+    preprocess = __call__
+
+    def normalized(self, image) -> np.ndarray:
+        """(C, H, W) float32: RGB, resized, rescaled and normalised as transformers does."""
+        from PIL import Image
+
+        pil = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image, np.uint8))
+        if self.do_convert_rgb:
+            pil = pil.convert("RGB")
+        if self.do_resize:
+            factor = self.patch_size * self.merge_size
+            height, width = smart_resize(pil.height, pil.width, factor, self.size["shortest_edge"],
+                                         self.size["longest_edge"])
+            pil = pil.resize((width, height), resample=Image.BICUBIC)
+        array = np.moveaxis(np.array(pil), -1, 0)  # (C, H, W) uint8
+        if self.do_rescale:
+            array = (array.astype(np.float64) * self.rescale_factor).astype(np.float32)
+        if self.do_normalize:
+            array = array.astype(np.float32) if not np.issubdtype(array.dtype, np.floating) else array
+            mean = np.array(self.image_mean, dtype=array.dtype)[:, None, None]
+            std = np.array(self.image_std, dtype=array.dtype)[:, None, None]
+            array = (array - mean) / std
+        return array
+
+    def patchify(self, image: np.ndarray):
+        """(C, H, W) -> ((H/P) (W/P), C T P P) patches in merge-block order, grid h, grid w."""
+        image = np.asarray(image, np.float32)
+        channels, height, width = image.shape
+        p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size
+        grid_h, grid_w = height // p, width // p
+        blocks = image.reshape(channels, grid_h // m, m, p, grid_w // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
+        clip = np.broadcast_to(blocks[:, :, :, :, :, None], blocks.shape[:5] + (t,) + blocks.shape[5:])
+        return clip.reshape(grid_h * grid_w, channels * t * p * p), grid_h, grid_w
