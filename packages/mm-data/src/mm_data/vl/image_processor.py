@@ -82,6 +82,11 @@ class Qwen2VLImageProcessor:
                                          self.size["longest_edge"])
             pil = pil.resize((width, height), resample=Image.BICUBIC)
         array = np.moveaxis(np.array(pil), -1, 0)  # (C, H, W) uint8
+        if self.do_rescale and self.do_normalize and array.dtype == np.uint8 and array.shape[0] == len(self.image_mean):
+            # every output value depends only on (channel, byte): one table lookup gives the same
+            # float32 numbers as rescaling and normalising the whole image, in one pass
+            table = self._table()
+            return np.stack([np.take(table[c], array[c]) for c in range(array.shape[0])])
         if self.do_rescale:
             array = (array.astype(np.float64) * self.rescale_factor).astype(np.float32)
         if self.do_normalize:
@@ -90,6 +95,17 @@ class Qwen2VLImageProcessor:
             std = np.array(self.image_std, dtype=array.dtype)[:, None, None]
             array = (array - mean) / std
         return array
+
+    def _table(self) -> np.ndarray:
+        """(channels, 256) float32: byte v of channel c after rescale and normalise, computed the
+        way `normalized` computes a whole image."""
+        if getattr(self, "_lookup", None) is None:
+            values = np.broadcast_to(np.arange(256, dtype=np.uint8), (len(self.image_mean), 256))
+            scaled = (values.astype(np.float64) * self.rescale_factor).astype(np.float32)
+            mean = np.array(self.image_mean, dtype=np.float32)[:, None]
+            std = np.array(self.image_std, dtype=np.float32)[:, None]
+            self._lookup = (scaled - mean) / std
+        return self._lookup
 
     def patchify(self, image: np.ndarray):
         """(C, H, W) -> ((H/P) (W/P), C T P P) patches in merge-block order, grid h, grid w."""
