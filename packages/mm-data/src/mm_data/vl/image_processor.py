@@ -57,6 +57,9 @@ class Qwen2VLImageProcessor:
         self.do_normalize, self.do_convert_rgb = do_normalize, do_convert_rgb
         self.image_mean, self.image_std = tuple(image_mean), tuple(image_std)
         self.patch_size, self.temporal_patch_size, self.merge_size = patch_size, temporal_patch_size, merge_size
+        # byte v of channel c after rescale and normalise, by the same arithmetic as a whole image
+        bytes_per_channel = np.broadcast_to(np.arange(256, dtype=np.uint8), (len(self.image_mean), 256))
+        self._lookup = self._rescale_normalize(bytes_per_channel) if do_rescale and do_normalize else None
 
     def __call__(self, images, **_) -> Dict[str, np.ndarray]:
         images = images if isinstance(images, (list, tuple)) else [images]
@@ -82,30 +85,23 @@ class Qwen2VLImageProcessor:
                                          self.size["longest_edge"])
             pil = pil.resize((width, height), resample=Image.BICUBIC)
         array = np.moveaxis(np.array(pil), -1, 0)  # (C, H, W) uint8
-        if self.do_rescale and self.do_normalize and array.dtype == np.uint8 and array.shape[0] == len(self.image_mean):
-            # every output value depends only on (channel, byte): one table lookup gives the same
-            # float32 numbers as rescaling and normalising the whole image, in one pass
-            table = self._table()
-            return np.stack([np.take(table[c], array[c]) for c in range(array.shape[0])])
+        if self._lookup is not None and array.dtype == np.uint8 and array.shape[0] == len(self._lookup):
+            # every output value depends only on (channel, byte): one table lookup per channel gives
+            # the same float32 numbers as rescaling and normalising the whole image, in one pass
+            return np.stack([np.take(self._lookup[c], array[c]) for c in range(array.shape[0])])
+        return self._rescale_normalize(array)
+
+    def _rescale_normalize(self, array: np.ndarray) -> np.ndarray:
+        """(C, ...) pixels rescaled in float64 then cast to float32, normalised per channel in float32."""
         if self.do_rescale:
             array = (array.astype(np.float64) * self.rescale_factor).astype(np.float32)
         if self.do_normalize:
             array = array.astype(np.float32) if not np.issubdtype(array.dtype, np.floating) else array
-            mean = np.array(self.image_mean, dtype=array.dtype)[:, None, None]
-            std = np.array(self.image_std, dtype=array.dtype)[:, None, None]
+            shape = (-1,) + (1,) * (array.ndim - 1)
+            mean = np.array(self.image_mean, dtype=array.dtype).reshape(shape)
+            std = np.array(self.image_std, dtype=array.dtype).reshape(shape)
             array = (array - mean) / std
         return array
-
-    def _table(self) -> np.ndarray:
-        """(channels, 256) float32: byte v of channel c after rescale and normalise, computed the
-        way `normalized` computes a whole image."""
-        if getattr(self, "_lookup", None) is None:
-            values = np.broadcast_to(np.arange(256, dtype=np.uint8), (len(self.image_mean), 256))
-            scaled = (values.astype(np.float64) * self.rescale_factor).astype(np.float32)
-            mean = np.array(self.image_mean, dtype=np.float32)[:, None]
-            std = np.array(self.image_std, dtype=np.float32)[:, None]
-            self._lookup = (scaled - mean) / std
-        return self._lookup
 
     def patchify(self, image: np.ndarray):
         """(C, H, W) -> ((H/P) (W/P), C T P P) patches in merge-block order, grid h, grid w."""

@@ -44,6 +44,12 @@ def disk_name(name: str) -> str:
     return name.replace("model.visual.", "visual.", 1)
 
 
+def _disk_checkpoint_name(model, name: str) -> Optional[str]:
+    """The on-disk name a parameter is saved under (None: not in model checkpoints)."""
+    name = checkpoint_name(model, name)
+    return None if name is None else disk_name(name)
+
+
 def candidate_names(model, name: str) -> Tuple[str, ...]:
     """The on-disk name, then the module name (both layouts are found in the wild)."""
     new = checkpoint_name(model, name)
@@ -79,8 +85,7 @@ def save_pretrained(models, path) -> None:
     if writer:
         os.makedirs(path, exist_ok=True)
     for model in models:
-        name_of = lambda name, m=model: None if checkpoint_name(m, name) is None else disk_name(checkpoint_name(m, name))
-        state = full_state(model, name_of)
+        state = full_state(model, lambda name, m=model: _disk_checkpoint_name(m, name))
         virtual = model.chunk * topo.pp.size + topo.pp.rank
         file = "model.safetensors" if total == 1 else f"model-{virtual + 1:05d}-of-{total:05d}.safetensors"
         if writer:
