@@ -1,8 +1,13 @@
-"""MindSpore twins of the diffusers video generators (CogVideoX, Wan2.1), their VAEs and encoders.
+"""MindSpore twins of the diffusers video generators.
 
-Skeleton only: the implementation arrives with issue 6; nothing here works yet.
+    from mm_models_video import WanTransformer3DModel
+    model = WanTransformer3DModel.from_pretrained("path/to/Wan2.1-T2V-1.3B-Diffusers/transformer", topology)
+
+Wan2.1's diffusion transformer (T2V, I2V) is implemented; its VAE, UMT5 and CLIP encoders and
+CogVideoX come with later work (see the package README).
 """
 
 from mm_models_video.__about__ import __version__
+from mm_models_video.wan import Transformer3DOutput, WanTransformer3DModel, WanTransformerConfig
 
-__all__ = ["__version__"]
+__all__ = ["Transformer3DOutput", "WanTransformer3DModel", "WanTransformerConfig", "__version__"]

@@ -1,19 +1,23 @@
-"""Building blocks every model family shares: linear, RMSNorm, LayerNorm, gated MLP, patch embedding.
+"""Building blocks every model family shares: linear, RMSNorm, LayerNorm, MLPs, patch embedding.
 
 Names and layouts follow the torch / Hugging Face modules they stand for (``weight`` as
 (out_features, in_features), ``gate_proj`` / ``up_proj`` / ``down_proj``), so a checkpoint tensor
-maps onto a parameter without renaming. The gated MLP is tensor parallel when the topology has
-tp > 1 (gate / up split by columns, down by rows: one all-reduce per MLP), plain otherwise.
+maps onto a parameter without renaming. The MLPs are tensor parallel when the topology has
+tp > 1 (the first projections split by columns, the last by rows: one all-reduce per MLP), plain
+otherwise; an RMSNorm over features that tensor parallelism splits (diffusers' q/k norm "across
+heads") sums its squares over the tp group.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from mm_parallel import ops as kernels
+from mm_parallel import mappings, ops as kernels
+from mm_parallel.ops.device import tiled_to
 from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _linear, _param
 from mm_parallel.topology import Topology, get_topology
 
@@ -96,15 +100,41 @@ class Activation(nn.Cell):
 
 
 class RMSNorm(nn.Cell):
-    """x / sqrt(mean(x^2) + eps) * weight, normalised in float32 (transformers' Qwen2RMSNorm / T5LayerNorm)."""
+    """x / sqrt(mean(x^2) + eps) * weight, normalised in float32 (transformers' Qwen2RMSNorm / T5LayerNorm).
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6):
+    ``split_over_tp=True`` is for a norm over features a column-parallel layer split over tp (the
+    norm of all heads' queries at once): each rank holds hidden_size / tp features and its slice
+    of the weight, and the mean of squares is taken over all of them,
+        mean(x^2) = (1 / hidden_size) sum_r sum(x_r^2)
+    The sum over ranks is an all-reduce whose backward is an all-reduce too (every rank's output
+    depends on every rank's squares): copy_to_region(reduce_from_region(.)).
+    """
+
+    tp_split_dims: dict = {}
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, *, split_over_tp: bool = False,
+                 topology: Optional[Topology] = None):
         super().__init__()
-        self.eps = eps
-        self.weight = Parameter(Tensor(np.ones((hidden_size,), np.float32)), name="weight")
+        self.eps, self.hidden_size = eps, hidden_size
+        self.group = get_topology(topology).tp if split_over_tp else None
+        local = hidden_size
+        if self.group is not None and self.group.size > 1:
+            if hidden_size % self.group.size:
+                raise ValueError(f"RMSNorm over {hidden_size} features cannot be split over tp={self.group.size}")
+            local = hidden_size // self.group.size
+            self.tp_split_dims = {"weight": 0}
+        else:
+            self.group = None
+        self.weight = Parameter(Tensor(np.ones((local,), np.float32)), name="weight")
 
     def construct(self, x):
-        return kernels.rms_norm(x, self.weight, self.eps)
+        if self.group is None:
+            return kernels.rms_norm(x, self.weight, self.eps)
+        dtype, h = x.dtype, x.astype(ms.float32)
+        squares = ops.matmul(ops.square(h), ops.ones((h.shape[-1], 1), ms.float32))  # local row sums
+        squares = mappings.copy_to_region(mappings.reduce_from_region(squares, self.group), self.group)
+        h = (h * tiled_to(ops.rsqrt(squares * (1.0 / self.hidden_size) + self.eps), h.shape)).astype(dtype)
+        return tiled_to(self.weight.reshape((1,) * (h.ndim - 1) + (-1,)), h.shape) * h
 
 
 class LayerNorm(nn.Cell):
@@ -149,3 +179,46 @@ class GatedMLP(nn.Cell):
         gate, up = self.gate_proj(x), self.up_proj(x)
         hidden = kernels.swiglu(gate, up) if self._fused_swiglu else self.act(gate) * up
         return self.down_proj(hidden)
+
+
+class _Projection(nn.Cell):
+    """diffusers' GELU(dim_in, dim_out) module: ``proj`` then the activation (named net.0.proj)."""
+
+    def __init__(self, proj: nn.Cell, act: str):
+        super().__init__()
+        self.proj = proj
+        self.act = activation(act)
+
+    def construct(self, x):
+        return self.act(self.proj(x))
+
+
+class _Identity(nn.Cell):
+    def construct(self, x):
+        return x
+
+
+class FeedForward(nn.Cell):
+    """diffusers' FeedForward with a GELU projection: net.2(act(net.0.proj(x))) (net.1 is dropout).
+
+    ``act``: "gelu" or "gelu_pytorch_tanh" (diffusers' "gelu-approximate"). Under tensor
+    parallelism net.0.proj is column-parallel and net.2 row-parallel, as GatedMLP; the names match
+    diffusers' checkpoints (``ffn.net.0.proj.weight``, ``ffn.net.2.weight``).
+    """
+
+    def __init__(self, dim: int, inner_dim: int, dim_out: Optional[int] = None, act: str = "gelu",
+                 bias: bool = True, *, topology: Optional[Topology] = None,
+                 sequence_parallel: Optional[bool] = None, tensor_parallel: bool = True,
+                 init_std: Optional[float] = None):
+        super().__init__()
+        dim_out = dim if dim_out is None else dim_out
+        if tensor_parallel:
+            args = dict(topology=get_topology(topology), sequence_parallel=sequence_parallel, init_std=init_std)
+            first = ColumnParallelLinear(dim, inner_dim, bias, **args)
+            last = RowParallelLinear(inner_dim, dim_out, bias, **args)
+        else:
+            first, last = Linear(dim, inner_dim, bias, init_std), Linear(inner_dim, dim_out, bias, init_std)
+        self.net = nn.CellList([_Projection(first, act), _Identity(), last])
+
+    def construct(self, x):
+        return self.net[2](self.net[0](x))

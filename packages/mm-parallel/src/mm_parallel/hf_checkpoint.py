@@ -180,3 +180,40 @@ def write_index(path: str, files: Dict[str, str], base: str = "model.safetensors
                      for k, v in header.items() if k != "__metadata__")
     with open(os.path.join(path, base + ".index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(files.items()))}, f, indent=2)
+
+
+def save_folder(models, path, name_map: Callable[[nn.Cell, str], Optional[str]], write_config: Callable[[str], None],
+                base: str = "model.safetensors") -> None:
+    """Write a Hugging Face folder from every rank's pipeline chunks; every rank calls it.
+
+    ``models``: a model, or the list of chunks (virtual stages) a pipeline rank holds, each with
+    ``topology`` and ``chunk``; ``name_map(model, path)`` gives a parameter's checkpoint name.
+    Tensor-parallel shards are gathered; the first rank of each (dp, cp, tp) group writes its
+    virtual stages, one file per virtual stage (``base`` without pipelining, else
+    ``<stem>-0000k-of-0000n.safetensors``), and global rank 0 writes the config and the index.
+    """
+    from mm_parallel import comm
+    from mm_parallel.topology import get_topology
+
+    models = list(models) if isinstance(models, (list, tuple)) else [models]
+    topo = get_topology(models[0].topology)
+    path, stem = str(path), base[: -len(".safetensors")]
+    total = topo.pp.size * topo.config.vpp
+    writer = topo.tp.rank == 0 and topo.cp.rank == 0 and topo.dp.rank == 0
+    for model in models:
+        state = full_state(model, lambda name, m=model: name_map(m, name))
+        virtual = model.chunk * topo.pp.size + topo.pp.rank
+        file = base if total == 1 else f"{stem}-{virtual + 1:05d}-of-{total:05d}.safetensors"
+        if writer:
+            write_weights(state, path, file)
+    if topo.world_size > 1:
+        comm.barrier(topo.world)  # every stage's file is complete before the index names it
+    if topo.rank == 0:
+        write_config(path)
+        if total > 1:
+            weight_map = {}
+            for file in sorted(f for f in os.listdir(path) if f.startswith(stem + "-") and f.endswith(".safetensors")):
+                weight_map.update({name: file for name in safetensor_names(os.path.join(path, file))})
+            write_index(path, weight_map, base)
+    if topo.world_size > 1:
+        comm.barrier(topo.world)  # nobody reads the folder before it is complete

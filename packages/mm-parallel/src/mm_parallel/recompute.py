@@ -24,19 +24,27 @@ from typing import Optional, Sequence
 from mindspore import nn
 
 from mm_parallel.context_parallel import attention
+from mm_parallel.ops import attention as local_attention
 from mm_parallel.topology import Topology
 
 RECOMPUTE_MODES = ("none", "full", "block", "selective")
 
 
 class CoreAttention(nn.Cell):
-    """The attention core as a Cell: `mm_parallel.attention` (context parallel included)."""
+    """The attention core as a Cell: `mm_parallel.attention` (context parallel included).
 
-    def __init__(self, causal: bool = False, scale: Optional[float] = None, topology: Optional[Topology] = None):
+    ``context_parallel=False`` attends locally whatever the topology: cross-attention, whose
+    queries are this rank's part of the sequence and whose keys (text, image tokens) are whole."""
+
+    def __init__(self, causal: bool = False, scale: Optional[float] = None, topology: Optional[Topology] = None,
+                 context_parallel: bool = True):
         super().__init__()
         self.causal, self.scale, self.topology = causal, scale, topology
+        self.context_parallel = context_parallel
 
     def construct(self, q, k, v, key_padding_mask=None):
+        if not self.context_parallel:
+            return local_attention(q, k, v, causal=self.causal, scale=self.scale, key_padding_mask=key_padding_mask)
         return attention(q, k, v, causal=self.causal, scale=self.scale, key_padding_mask=key_padding_mask,
                          topology=self.topology)
 

@@ -8,13 +8,11 @@ Each rank reads only its tensor-parallel shard and its pipeline stage's layers.
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Optional, Tuple
 
-from mm_parallel import comm
-from mm_parallel.hf_checkpoint import full_state, load_weights, safetensor_names, write_index, write_weights
-from mm_parallel.topology import Topology, get_topology
+from mm_parallel.hf_checkpoint import load_weights, save_folder
+from mm_parallel.topology import Topology
 
 from mm_models_vl.qwen2_5_vl.modeling import load_config
 
@@ -71,33 +69,6 @@ def from_pretrained(cls, path, topology: Optional[Topology] = None, chunk: int =
 
 def save_pretrained(models, path) -> None:
     """Write config.json and the weights in transformers' on-disk layout; every rank calls it.
-
-    ``models``: the model, or the list of chunks a pipeline rank holds. Tensor-parallel shards are
-    gathered; the first rank of each (dp, cp, tp) group writes its virtual stages' tensors, one
-    file per virtual stage (``model.safetensors`` without pipelining, else
-    ``model-0000k-of-0000n.safetensors`` and an index), and global rank 0 writes the index.
-    """
-    models = list(models) if isinstance(models, (list, tuple)) else [models]
-    topo = get_topology(models[0].topology)
-    path = str(path)
-    total = topo.pp.size * topo.config.vpp
-    writer = topo.tp.rank == 0 and topo.cp.rank == 0 and topo.dp.rank == 0
-    if writer:
-        os.makedirs(path, exist_ok=True)
-    for model in models:
-        state = full_state(model, lambda name, m=model: _disk_checkpoint_name(m, name))
-        virtual = model.chunk * topo.pp.size + topo.pp.rank
-        file = "model.safetensors" if total == 1 else f"model-{virtual + 1:05d}-of-{total:05d}.safetensors"
-        if writer:
-            write_weights(state, path, file)
-    if topo.world_size > 1:
-        comm.barrier(topo.world)  # every stage's file is complete before the index names it
-    if topo.rank == 0:
-        models[0].config.save_pretrained(path)
-        if total > 1:
-            weight_map = {}
-            for file in sorted(f for f in os.listdir(path) if f.startswith("model-") and f.endswith(".safetensors")):
-                weight_map.update({name: file for name in safetensor_names(os.path.join(path, file))})
-            write_index(path, weight_map)
-    if topo.world_size > 1:
-        comm.barrier(topo.world)  # nobody reads the folder before it is complete
+    ``models``: the model, or the list of chunks a pipeline rank holds (see hf_checkpoint.save_folder)."""
+    first = models[0] if isinstance(models, (list, tuple)) else models
+    save_folder(models, path, _disk_checkpoint_name, first.config.save_pretrained)

@@ -1,0 +1,6 @@
+"""Wan2.1: the diffusion transformer (T2V, I2V), its parallel plan and checkpoints."""
+
+from mm_models_video.wan.config import WanTransformerConfig
+from mm_models_video.wan.modeling import Transformer3DOutput, WanTransformer3DModel
+
+__all__ = ["Transformer3DOutput", "WanTransformer3DModel", "WanTransformerConfig"]

@@ -1,0 +1,263 @@
+"""WanTransformer3DModel: the MindSpore twin of diffusers' class of the same name.
+
+Same config (config.json of a diffusers folder), same parameter names, same forward keywords
+(``hidden_states`` (B, C, F, H, W), ``timestep`` (B,), ``encoder_hidden_states`` (B, T, text_dim),
+``encoder_hidden_states_image`` (B, I, image_dim) for I2V) and output (``sample``). One keyword
+more: ``target`` (B, C_out, F, H, W), the flow-matching velocity; with it the output holds
+``loss`` = mean((sample - target)^2), computed token by token so that it stays exact when the
+tokens are split over context-parallel ranks.
+
+Layout of the tokens on a rank: context parallelism cuts the video tokens as
+`mm_parallel.split_sequence` does (RoPE tables cut the same way); sequence parallelism then cuts
+each rank's tokens over tp between the blocks and gathers them before the output norm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+from mm_parallel import mappings
+from mm_parallel.blocks import LayerNorm, Linear, PatchConv, patchify
+from mm_parallel.context_parallel import gather_sequence, split_sequence
+from mm_parallel.pipeline import stage_layer_ranges
+from mm_parallel.tensor_parallel import _param
+from mm_parallel.topology import Topology, get_topology
+
+from mm_models_video.wan.config import WanTransformerConfig
+from mm_models_video.wan.transformer import (WanTimeTextImageEmbedding, WanTransformerBlock, _modulate,
+                                             _sequence_parallel)
+
+
+@dataclass
+class Transformer3DOutput:
+    sample: Optional[Tensor] = None
+    loss: Optional[Tensor] = None
+
+
+def host(x, dtype=None) -> Optional[np.ndarray]:
+    if x is None:
+        return None
+    value = x.asnumpy() if isinstance(x, Tensor) else np.asarray(x)
+    return value if dtype is None else value.astype(dtype)
+
+
+def rope_tables(grid, head_dim: int, max_seq_len: int = 1024, theta: float = 10000.0):
+    """(cos, sin), each (F*H*W, head_dim) float32, of diffusers' WanRotaryPosEmbed for a token grid
+    (F, H, W): the head's dims split into time / height / width parts (t = d - 2 * 2(d // 6)),
+    each rotated by its axis position with interleaved pairs, frequencies in float64."""
+    f, h, w = grid
+    if max(grid) > max_seq_len:
+        raise ValueError(f"token grid {tuple(grid)} exceeds rope_max_seq_len={max_seq_len}")
+    hw_dim = 2 * (head_dim // 6)
+    cos, sin = [], []
+    for dim, length, shape in ((head_dim - 2 * hw_dim, f, (f, 1, 1)), (hw_dim, h, (1, h, 1)), (hw_dim, w, (1, 1, w))):
+        freqs = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64)[: dim // 2] / dim)
+        angles = np.outer(np.arange(length, dtype=np.float64), freqs)
+        for out, fn in ((cos, np.cos), (sin, np.sin)):
+            table = np.repeat(fn(angles), 2, axis=1).astype(np.float32)  # each frequency twice, interleaved
+            out.append(np.broadcast_to(table.reshape(shape + (dim,)), (f, h, w, dim)))
+    return (np.concatenate(cos, -1).reshape(f * h * w, head_dim),
+            np.concatenate(sin, -1).reshape(f * h * w, head_dim))
+
+
+def video_tokens(x, patch):
+    """(B, C, F, H, W) -> (B, S, pt*ph*pw*C) in the order proj_out writes (pt, ph, pw, C)."""
+    b, c, f, h, w = x.shape
+    pt, ph, pw = patch
+    x = x.reshape(b, c, f // pt, pt, h // ph, ph, w // pw, pw).transpose(0, 2, 4, 6, 3, 5, 7, 1)
+    return x.reshape(b, (f // pt) * (h // ph) * (w // pw), -1)
+
+
+def unpatchify(tokens, grid, patch):
+    """Inverse of `video_tokens`: (B, S, pt*ph*pw*C) -> (B, C, F, H, W)."""
+    (f, h, w), (pt, ph, pw) = grid, patch
+    b = tokens.shape[0]
+    x = tokens.reshape(b, f, h, w, pt, ph, pw, -1).transpose(0, 7, 1, 4, 2, 5, 3, 6)
+    return x.reshape(b, x.shape[1], f * pt, h * ph, w * pw)
+
+
+class WanTransformer3DModel(nn.Cell):
+    """Wan2.1 DiT; see the module docstring. Under pipeline parallelism the object holds one
+    virtual stage (``chunk`` c of pipeline rank s is virtual stage c * pp + s): the first holds the
+    patch and condition embeddings, the last the output norm and projection."""
+
+    def __init__(self, config, topology: Optional[Topology] = None, chunk: int = 0, pipeline_num_layers=None):
+        super().__init__()
+        self.config = config = WanTransformerConfig.load(config)
+        self.topology = topology = get_topology(topology)
+        pp, vpp = topology.pp.size, topology.config.vpp
+        if not 0 <= chunk < vpp:
+            raise ValueError(f"chunk {chunk} does not exist: vpp={vpp} chunks per pipeline rank")
+        layers = stage_layer_ranges(config.num_layers, pp, vpp, pipeline_num_layers)[chunk][topology.pp.rank]
+        self.chunk, self.layer_offset = chunk, layers.start
+        virtual = chunk * pp + topology.pp.rank
+        self.is_first, self.is_last = virtual == 0, virtual == pp * vpp - 1
+        dim = config.inner_dim
+        self.patch_embedding = self.condition_embedder = None
+        if self.is_first:
+            self.patch_embedding = PatchConv(config.in_channels, dim, config.patch_size)
+            self.condition_embedder = WanTimeTextImageEmbedding(config)
+        self.blocks = nn.CellList([WanTransformerBlock(config, topology) for _ in layers])
+        self.norm_out = self.proj_out = self.scale_shift_table = None
+        if self.is_last:
+            self.norm_out = LayerNorm(dim, config.eps, elementwise_affine=False)
+            self.proj_out = Linear(dim, config.out_channels * int(np.prod(config.patch_size)))
+            self.scale_shift_table = _param((1, 2, dim), "scale_shift_table", dim ** -0.5, None)
+
+    @classmethod
+    def from_config(cls, config, topology: Optional[Topology] = None, **stage):
+        return cls(config, topology, **stage)
+
+    @classmethod
+    def from_pretrained(cls, path, topology: Optional[Topology] = None, **overrides):
+        """Load a diffusers folder (config.json + diffusion_pytorch_model[.index].safetensors);
+        ``chunk`` / ``pipeline_num_layers`` choose the pipeline stage, other keywords override config."""
+        from mm_models_video.wan.checkpoint import from_pretrained
+
+        return from_pretrained(cls, path, topology, **overrides)
+
+    def save_pretrained(self, path):
+        from mm_models_video.wan.checkpoint import save_pretrained
+
+        save_pretrained(self, path)
+
+    # -- host side ---------------------------------------------------------------------------
+
+    def grid(self, shape):
+        """Token grid (F/pt, H/ph, W/pw) of latents of ``shape`` (B, C, F, H, W)."""
+        if len(shape) != 5:
+            raise ValueError(f"hidden_states must be (batch, channels, frames, height, width), got {tuple(shape)}")
+        if any(n % p for n, p in zip(shape[2:], self.config.patch_size)):
+            raise ValueError(f"latents {tuple(shape)} cannot be cut into patches {self.config.patch_size}")
+        return tuple(n // p for n, p in zip(shape[2:], self.config.patch_size))
+
+    def rotary(self, grid):
+        """This rank's RoPE tables (its context-parallel part of the tokens)."""
+        cos, sin = rope_tables(grid, self.config.attention_head_dim, self.config.rope_max_seq_len)
+        cos, sin = Tensor(cos), Tensor(sin)
+        if self.topology.cp.size > 1:
+            cos, sin = split_sequence(cos, 0, self.topology), split_sequence(sin, 0, self.topology)
+        return cos, sin
+
+    # -- forward pieces ----------------------------------------------------------------------
+
+    def embed(self, hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image=None):
+        """(tokens of this rank, text, image tokens or None, timestep_proj, temb)."""
+        topo, cfg = self.topology, self.config
+        latents = ms.Tensor(host(hidden_states, np.float32))
+        if latents.shape[1] != cfg.in_channels:
+            raise ValueError(f"hidden_states has {latents.shape[1]} channels, the model takes {cfg.in_channels}")
+        if (encoder_hidden_states_image is None) != (cfg.image_dim is None):
+            raise ValueError("an I2V model (image_dim set) needs encoder_hidden_states_image, a T2V model takes none")
+        tokens = self.patch_embedding(patchify(latents, cfg.patch_size))
+        tokens = tokens.reshape(tokens.shape[0], -1, tokens.shape[-1])
+        batch = tokens.shape[0]
+        steps = np.broadcast_to(host(timestep, np.float32).reshape(-1), (batch,))
+        temb, timestep_proj, text, image = self.condition_embedder(
+            steps, ms.Tensor(host(encoder_hidden_states, np.float32)),
+            None if encoder_hidden_states_image is None else ms.Tensor(host(encoder_hidden_states_image, np.float32)))
+        if topo.cp.size > 1:
+            tokens = split_sequence(tokens, 1, topo)
+        if _sequence_parallel(topo):
+            tokens = mappings.scatter_to_sequence(tokens, topo.tp, 1)
+        return tokens, text, image, timestep_proj, temb
+
+    def run_blocks(self, x, text, image, timestep_proj, cos, sin):
+        if _sequence_parallel(self.topology):
+            # modulation acts on a sequence shard: sum its gradient over tp (identity forward)
+            timestep_proj = mappings.copy_to_region(timestep_proj, self.topology.tp)
+        for block in self.blocks:
+            x = block(x, text, image, timestep_proj, cos, sin)
+        return x
+
+    def head(self, x, temb):
+        """Output norm, modulation and projection: (B, S_local, pt*ph*pw*C_out) tokens."""
+        if _sequence_parallel(self.topology):  # the head is replicated over tp: its gradient stays whole
+            x = mappings.gather_from_sequence(x, self.topology.tp, 1, grad_reduce_scatter=False)
+        shift, scale = ops.split(tiled_to_batch(self.scale_shift_table, temb.shape[0]) + temb[:, None, :], 1, 1)
+        return self.proj_out(_modulate(self.norm_out(x), scale, shift))
+
+    def loss(self, tokens, target_tokens, total: int):
+        """mean((pred - target)^2) over all ``total`` elements; under cp each rank adds its part and
+        the all-reduce's backward is the identity (the optimizer sums gradients over cp)."""
+        diff = tokens - target_tokens
+        loss = (diff * diff).sum() * (1.0 / total)
+        return mappings.reduce_from_region(loss, self.topology.cp) if self.topology.cp.size > 1 else loss
+
+    def target_tokens(self, target, grid):
+        tokens = video_tokens(ms.Tensor(host(target, np.float32)), self.config.patch_size)
+        if tuple(tokens.shape[1:2]) != (int(np.prod(grid)),):
+            raise ValueError(f"target {tuple(target.shape)} does not match the latents' token grid {grid}")
+        return split_sequence(tokens, 1, self.topology) if self.topology.cp.size > 1 else tokens
+
+    # -- forward -----------------------------------------------------------------------------
+
+    def construct(self, hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image=None,
+                  target=None, return_dict: bool = True, attention_kwargs=None):
+        if attention_kwargs:
+            raise ValueError("attention_kwargs (LoRA scale) is not supported; apply LoRA with the parallel plan")
+        if not (self.is_first and self.is_last):
+            raise ValueError("this model holds one pipeline stage: train it with pipeline_stage / pipeline_loss "
+                             "under mm_parallel.pipeline's schedules")
+        grid = self.grid(tuple(hidden_states.shape))
+        cos, sin = self.rotary(grid)
+        x, text, image, timestep_proj, temb = self.embed(hidden_states, timestep, encoder_hidden_states,
+                                                         encoder_hidden_states_image)
+        tokens = self.head(self.run_blocks(x, text, image, timestep_proj, cos, sin), temb)
+        loss = None
+        if target is not None:
+            loss = self.loss(tokens, self.target_tokens(target, grid), int(np.prod(target.shape)))
+        full = gather_sequence(tokens, 1, self.topology) if self.topology.cp.size > 1 else tokens
+        sample = unpatchify(full, grid, self.config.patch_size)
+        out = Transformer3DOutput(sample=sample, loss=loss)
+        return out if return_dict else (sample,)
+
+    # -- pipeline ----------------------------------------------------------------------------
+    # Between stages one tensor travels: [tokens | text | image tokens | timestep_proj | temb]
+    # concatenated on dim 1 (all of width D), so the later stages get the conditions and send
+    # their gradients back to the embeddings on the first stage.
+
+    def _sizes(self, batch: dict):
+        topo = self.topology
+        grid = self.grid(tuple(batch["hidden_states"].shape))
+        tokens = int(np.prod(grid)) // topo.cp.size // (topo.tp.size if _sequence_parallel(topo) else 1)
+        image = batch.get("encoder_hidden_states_image")
+        image_tokens = 0 if image is None else image.shape[1] * (2 if self.config.pos_embed_seq_len else 1)
+        return grid, [tokens, batch["encoder_hidden_states"].shape[1], image_tokens, 6, 1]
+
+    def pipeline_stage(self, x, batch: dict):
+        """This virtual stage's forward for mm_parallel.pipeline (``with_batch=True``): ``batch``
+        holds the forward keywords of a micro-batch. Returns the packed stage output, or on the
+        last stage the output tokens."""
+        grid, sizes = self._sizes(batch)
+        if self.is_first:
+            tokens, text, image, timestep_proj, temb = self.embed(
+                batch["hidden_states"], batch["timestep"], batch["encoder_hidden_states"],
+                batch.get("encoder_hidden_states_image"))
+        else:
+            parts = list(ops.split(x, [n for n in sizes if n], 1))
+            if not sizes[2]:
+                parts.insert(2, None)
+            tokens, text, image, timestep_proj, temb = parts
+            temb = temb[:, 0]
+        cos, sin = self.rotary(grid)
+        tokens = self.run_blocks(tokens, text, image, timestep_proj, cos, sin)
+        if self.is_last:
+            return self.head(tokens, temb)
+        parts = [tokens, text] + ([image] if image is not None else []) + [timestep_proj, temb[:, None]]
+        return ops.concat(parts, 1)
+
+    def pipeline_loss(self, tokens, batch: dict):
+        grid, _ = self._sizes(batch)
+        target = batch["target"]
+        return self.loss(tokens, self.target_tokens(target, grid), int(np.prod(target.shape)))
+
+
+def tiled_to_batch(table, batch: int):
+    """(1, n, D) -> (batch, n, D)."""
+    return ops.tile(table, (batch, 1, 1))
