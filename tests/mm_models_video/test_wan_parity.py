@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from torch_reference import rel_err
 from wan_reference import inputs, our_forward, reference_forward, write_reference
 
 pytest.importorskip("diffusers")
@@ -16,11 +17,6 @@ CASES = {
     "t2v_odd_grid": dict(i2v=False, frames=5, size=(6, 10), batch=1),
     "i2v_one_sample": dict(i2v=True, frames=1, size=(4, 6), batch=1, image_len=3),
 }
-
-
-def rel_err(ours, ref) -> float:
-    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
-    return float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from torch_reference import write_peft_adapters
+
 TEXT_LEN_I2V = 512  # diffusers' I2V attention assumes 512 text tokens (it splits the context there)
 
 
@@ -18,9 +20,11 @@ def tiny_config(i2v: bool = False, **overrides):
     config = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4,
                   out_channels=4, text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2, cross_attn_norm=True,
                   qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=64)
-    if i2v:  # image latents + mask concatenated to the noise on channels; CLIP tokens of width 48
-        config.update(in_channels=2 * 4 + 4, image_dim=48, added_kv_proj_dim=32)
     config.update(overrides)
+    if i2v:  # image latents + mask concatenated to the noise on channels; CLIP tokens of width 48,
+        # projected to the model width, which the added k/v projections take
+        inner = config["num_attention_heads"] * config["attention_head_dim"]
+        config.update(in_channels=2 * 4 + 4, image_dim=48, added_kv_proj_dim=inner)
     return config
 
 
@@ -92,3 +96,10 @@ def our_forward(model, batch: dict, backward: bool = True):
     else:
         loss, grads = loss_fn(), {}
     return float(loss.asnumpy()), kept["sample"].asnumpy(), grads
+
+
+def write_adapters(path, reference, r: int = 4, alpha: float = 8.0, seed: int = 0):
+    """Random PEFT adapters for every LoRA target linear of the torch reference."""
+    from mm_models_video.wan.parallel_plan import LORA_TARGETS
+
+    write_peft_adapters(path, reference, LORA_TARGETS, r, alpha, seed)

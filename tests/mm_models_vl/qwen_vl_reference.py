@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from torch_reference import rel_err, write_peft_adapters  # noqa: F401 (rel_err re-exported)
+
 IMAGE, VIDEO, START, END = 250, 251, 252, 253
 PATCH_DIM = 3 * 2 * 14 * 14
 
@@ -54,25 +56,8 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 def write_adapters(path, reference, r: int = 4, alpha: float = 8.0, seed: int = 0):
-    """Random PEFT adapters (A and B both non-zero) for every target linear of the torch reference,
-    named as PEFT names them on the transformers model: base_model.model.<module>.lora_A.weight."""
-    import json
-    import os
-
-    import torch
-    from safetensors.numpy import save_file
-
-    rng = np.random.default_rng(seed)
-    tensors = {}
-    for name, module in reference.named_modules():
-        if isinstance(module, torch.nn.Linear) and name.split(".")[-1] in LORA_TARGETS:
-            out_features, in_features = module.weight.shape
-            tensors[f"base_model.model.{name}.lora_A.weight"] = (rng.standard_normal((r, in_features)) / in_features ** 0.5).astype(np.float32)
-            tensors[f"base_model.model.{name}.lora_B.weight"] = (rng.standard_normal((out_features, r)) * 0.05).astype(np.float32)
-    os.makedirs(path, exist_ok=True)
-    save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
-    with open(os.path.join(path, "adapter_config.json"), "w") as f:
-        json.dump({"peft_type": "LORA", "r": r, "lora_alpha": alpha, "target_modules": LORA_TARGETS}, f)
+    """Random PEFT adapters for every LoRA target linear of the torch reference."""
+    write_peft_adapters(path, reference, LORA_TARGETS, r, alpha, seed)
 
 
 def placeholder(token: int, count: int):
@@ -169,9 +154,3 @@ def our_forward(model, inputs, backward: bool = True):
     else:
         loss, grads = loss_fn(), {}
     return float(loss.asnumpy()), logits["value"].asnumpy(), grads
-
-
-def rel_err(ours, ref) -> float:
-    """max |ours - ref| / max |ref| (the error relative to the tensor's scale)."""
-    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
-    return float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-30))

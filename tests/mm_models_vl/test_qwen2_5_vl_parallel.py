@@ -5,6 +5,7 @@ they must cover the whole model. See qwen_vl_parallel_cases.py."""
 
 import pytest
 
+from mm_parallel.testing.equivalence import check_results
 from qwen_vl_parallel_cases import run_parallel_cases
 from qwen_vl_reference import write_adapters, write_reference
 
@@ -38,18 +39,6 @@ FOUR = {
 }
 
 
-def check(results, cases):
-    names = {}
-    for rank, result in enumerate(results):
-        failed = {case: result.get(case, ["missing"]) for case in cases if result.get(case, ["missing"])}
-        assert not failed, (rank, failed)
-        for key, value in result.items():
-            if key.endswith("names"):
-                names.setdefault(key, set()).update(value)
-    for case in cases:  # the stages together checked every trainable parameter
-        assert names[f"{case}:names"] == names[f"{case}:reference_names"], case
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen_parallel")
@@ -59,11 +48,11 @@ def checkpoints(tmp_path_factory):
 
 
 def test_two_process_layouts_equal_single_process(run_distributed, checkpoints):
-    check(run_distributed(run_parallel_cases, nproc=2, timeout=600, path=str(checkpoints), cases=TWO), TWO)
+    check_results(run_distributed(run_parallel_cases, nproc=2, timeout=600, path=str(checkpoints), cases=TWO), TWO)
 
 
 def test_four_process_layouts_equal_single_process(run_distributed, checkpoints):
-    check(run_distributed(run_parallel_cases, nproc=4, timeout=900, path=str(checkpoints), cases=FOUR), FOUR)
+    check_results(run_distributed(run_parallel_cases, nproc=4, timeout=900, path=str(checkpoints), cases=FOUR), FOUR)
 
 
 def test_save_under_layouts_gives_the_original_checkpoint(run_distributed, checkpoints, tmp_path):

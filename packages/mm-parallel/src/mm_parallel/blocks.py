@@ -193,9 +193,29 @@ class _Projection(nn.Cell):
         return self.act(self.proj(x))
 
 
-class _Identity(nn.Cell):
+class Identity(nn.Cell):
+    """torch's nn.Identity (and nn.Dropout(0)): a placeholder that keeps checkpoint indices."""
+
     def construct(self, x):
         return x
+
+
+class Indexed(nn.Cell):
+    """torch's nn.ModuleList naming (children "0", "1", ...) for layers a checkpoint indexes, e.g.
+    diffusers' ``to_out.0`` and ``net.2``. Children are plain attributes, so a wrapper (LoRA) can
+    replace one with setattr; MindSpore's CellList renames parameters on item assignment and
+    fails when a child has none."""
+
+    def __init__(self, *cells: nn.Cell):
+        super().__init__()
+        for index, cell in enumerate(cells):
+            self.insert_child_to_cell(str(index), cell)
+
+    def __getitem__(self, index: int) -> nn.Cell:
+        return self._cells[str(index)]
+
+    def __len__(self) -> int:
+        return len(self._cells)
 
 
 class FeedForward(nn.Cell):
@@ -218,7 +238,7 @@ class FeedForward(nn.Cell):
             last = RowParallelLinear(inner_dim, dim_out, bias, **args)
         else:
             first, last = Linear(dim, inner_dim, bias, init_std), Linear(inner_dim, dim_out, bias, init_std)
-        self.net = nn.CellList([_Projection(first, act), _Identity(), last])
+        self.net = Indexed(_Projection(first, act), Identity(), last)
 
     def construct(self, x):
         return self.net[2](self.net[0](x))

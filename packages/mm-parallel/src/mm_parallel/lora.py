@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional
 
 import numpy as np
@@ -30,6 +31,16 @@ from mm_parallel import comm, mappings
 from mm_parallel.sequence_parallel import mark_sequence_parallel
 from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _linear, init_rng, shard, unshard
 from mm_parallel.topology import get_topology
+
+
+@dataclass
+class LoraConfig:
+    """What a recipe asks for: rank, alpha, dropout and the module-path suffixes to adapt (PEFT's
+    target_modules). Model plans subclass it with their default targets."""
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: List[str] = field(default_factory=list)
 
 
 def _mm(x, w):

@@ -50,6 +50,10 @@ class WanTransformerConfig:
             self.out_channels = self.in_channels
         if (self.image_dim is None) != (self.added_kv_proj_dim is None):
             raise ValueError("an I2V model needs both image_dim and added_kv_proj_dim (T2V: neither)")
+        if self.added_kv_proj_dim is not None and self.added_kv_proj_dim != self.inner_dim:
+            raise ValueError(f"added_kv_proj_dim={self.added_kv_proj_dim} must equal the model width "
+                             f"num_attention_heads x attention_head_dim = {self.inner_dim}: the image keys / values "
+                             "are projected from the embedded image tokens")
 
     @property
     def inner_dim(self) -> int:

@@ -126,6 +126,21 @@ class WanTransformer3DModel(nn.Cell):
 
         save_pretrained(self, path)
 
+    def load_adapter(self, path):
+        """Read PEFT LoRA adapters (after `parallel_plan.parallelize(model, lora=...)`), this rank's shard."""
+        from mm_models_video.wan.checkpoint import global_name
+        from mm_parallel.lora import load_lora
+
+        load_lora(self, str(path), global_name)
+
+    def save_adapter(self, path, lora, chunks=None):
+        """Write the LoRA adapters in PEFT's format (``lora``: the plan's LoraConfig); all ranks call.
+        With virtual pipeline stages pass every chunk this rank holds as ``chunks``."""
+        from mm_models_video.wan.checkpoint import global_name
+        from mm_parallel.lora import save_lora
+
+        save_lora(chunks or self, str(path), lora.target_modules, lora.r, lora.alpha, lora.dropout, global_name)
+
     # -- host side ---------------------------------------------------------------------------
 
     def grid(self, shape):

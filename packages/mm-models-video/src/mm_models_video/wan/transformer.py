@@ -31,7 +31,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mm_parallel import mappings, ops as kernels
-from mm_parallel.blocks import Activation, FeedForward, LayerNorm, Linear, PatchConv, RMSNorm
+from mm_parallel.blocks import Activation, FeedForward, Identity, Indexed, LayerNorm, Linear, RMSNorm
 from mm_parallel.ops.device import tiled_to
 from mm_parallel.recompute import CoreAttention
 from mm_parallel.sequence_parallel import mark_sequence_parallel
@@ -39,13 +39,6 @@ from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear,
 from mm_parallel.topology import Topology
 
 from mm_models_video.wan.config import WanTransformerConfig
-
-
-class _Identity(nn.Cell):
-    """torch's nn.Dropout(0) in ``to_out``: keeps the index of the output projection (to_out.0)."""
-
-    def construct(self, x):
-        return x
 
 
 def _modulate(x, scale, shift):
@@ -73,7 +66,7 @@ class WanAttention(nn.Cell):
         self.to_q = ColumnParallelLinear(dim, dim, True, **seq)
         self.to_k = ColumnParallelLinear(dim, dim, True, **kv)
         self.to_v = ColumnParallelLinear(dim, dim, True, **kv)
-        self.to_out = nn.CellList([RowParallelLinear(dim, dim, True, **seq), _Identity()])
+        self.to_out = Indexed(RowParallelLinear(dim, dim, True, **seq), Identity())  # [Linear, Dropout]
         norm = dict(split_over_tp=True, topology=topology)
         self.norm_q = RMSNorm(dim, config.eps, **norm)
         self.norm_k = RMSNorm(dim, config.eps, **norm)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
-from mm_parallel.lora import apply_lora
+from mm_parallel.lora import LoraConfig as BaseLoraConfig, apply_lora
 from mm_parallel.recompute import apply_recompute, recompute as mark_recompute
 from mm_parallel.topology import Topology
 
@@ -29,10 +29,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 @dataclass
-class LoraConfig:
-    r: int = 8
-    alpha: float = 16.0
-    dropout: float = 0.0
+class LoraConfig(BaseLoraConfig):
     target_modules: List[str] = field(default_factory=lambda: list(LORA_TARGETS))
 
 

@@ -165,12 +165,14 @@ def run_distributed(
 ) -> List[Any]:
     """Call module-level ``fn(**kwargs)`` on ``nproc`` msrun workers; return each rank's result.
 
-    kwargs must be JSON values. Results are listed by global rank.
+    kwargs must be JSON values. Results are listed by global rank. The workers see the caller's
+    import path (after their own), so ``fn``'s module may import what the caller imports.
     """
     source = Path(sys.modules[fn.__module__].__file__).resolve()
     with tempfile.TemporaryDirectory(prefix="mm_dist_") as tmp:
         out = Path(tmp)
-        spec = {"file": str(source), "function": fn.__qualname__, "kwargs": kwargs, "out": str(out)}
+        spec = {"file": str(source), "function": fn.__qualname__, "kwargs": kwargs, "out": str(out),
+                "path": [p for p in sys.path if p]}  # the workers import what the caller can
         (out / "spec.json").write_text(json.dumps(spec))
 
         def errors() -> List[Path]:

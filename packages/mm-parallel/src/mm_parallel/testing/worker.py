@@ -24,8 +24,10 @@ def main(spec_path: str) -> int:
     try:
         from mm_parallel.testing import encode
 
-        # The target's folder goes on the path, so it imports its sibling helper modules.
+        # The target's folder goes on the path, so it imports its sibling helper modules; the
+        # caller's path follows the worker's own (test helper folders, e.g. pytest's pythonpath).
         sys.path.insert(0, str(Path(spec["file"]).parent))
+        sys.path.extend(p for p in spec.get("path", []) if p not in sys.path)
         module_spec = importlib.util.spec_from_file_location("_mm_distributed_target", spec["file"])
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[module_spec.name] = module

@@ -1,0 +1,189 @@
+"""Layout equivalence: a model trained under a parallel layout equals the same model on one process.
+
+This is the done-criterion of every parallel feature: load the same checkpoint under the layout
+(each rank reading its shard), take optimizer steps on the same global batch, and compare with
+one process: the loss of every step, the first step's gradients as the optimizer sees them
+(summed over cp, sequence-parallel ones over tp, averaged over dp; tp shards gathered) and the
+final parameters. Pipeline stages compare the parameters they hold (and the loss if last); the
+caller checks that the stages together covered every parameter (the ``:names`` entries).
+
+A model plugs in through a `ModelSpec`; run `run_cases` inside an msrun launch
+(`mm_parallel.testing.run_distributed`), many layouts per launch.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+# eps well above the gradients' rounding noise: AdamW divides by sqrt(v) + eps, and for a parameter
+# whose gradient is ~0 a smaller eps would turn rounding differences into lr-sized steps
+OPTIM = {"lr": 1e-3, "weight_decay": 0.0, "clip_grad": 0.0, "eps": 1e-5}
+
+
+@dataclass
+class ModelSpec:
+    """How the harness drives one model family.
+
+    build(path, topology, case) -> the chunks (virtual pipeline stages) this rank holds, loaded
+        from ``path`` and planned as ``case`` says (recompute, LoRA, freezing ...)
+    split(batch, index, parts) -> part ``index`` of ``parts`` equal slices of the batch's samples
+    samples(batch) -> the number of samples in a batch
+    global_name(model, name) -> a parameter's name in the whole model (pipeline numbering)
+    loss(model, batch) -> the loss of a whole-model forward
+    """
+    build: Callable
+    split: Callable[[dict, int, int], dict]
+    samples: Callable[[dict], int]
+    global_name: Callable
+    loss: Callable = field(default=lambda model, batch: model(**batch).loss)
+
+
+def full_arrays(spec: ModelSpec, chunks, topo, tensors) -> Dict[str, np.ndarray]:
+    """{global parameter name: full numpy array} of one tensor per trainable parameter of the
+    chunks (in order), tp shards gathered."""
+    from mm_parallel.hf_checkpoint import owned_parameters
+    from mm_parallel.tensor_parallel import unshard
+
+    out, tensors = {}, iter(tensors)
+    for model in chunks:
+        owners = {id(p): (name, cell, attr) for name, p, cell, attr in owned_parameters(model)}
+        for param in model.trainable_params():
+            tensor = next(tensors)
+            name, cell, attr = owners[id(param)]
+            dim = getattr(cell, "tp_split_dims", {}).get(attr)
+            full = tensor if dim is None or topo.tp.size == 1 else unshard(tensor, topo.tp, dim)
+            out[spec.global_name(model, name)] = full.asnumpy()
+    return out
+
+
+def finalised(params, topo, grads) -> List:
+    """Gradients as the optimizer reduces them (cp sum, sequence-parallel over tp, dp mean)."""
+    from mm_parallel import comm
+    from mm_parallel.sequence_parallel import sync_sequence_parallel_grads
+
+    if topo.tp.size > 1:
+        grads = sync_sequence_parallel_grads(params, grads, topo.tp)
+    if topo.dp_cp.size > 1:
+        grads = [comm.all_reduce(g, topo.dp_cp) for g in grads]
+    return [g / topo.dp.size for g in grads] if topo.dp.size > 1 else list(grads)
+
+
+def dp_part(spec: ModelSpec, batch: dict, topo) -> dict:
+    """This data-parallel rank's samples."""
+    return batch if topo.dp.size == 1 else spec.split(batch, topo.dp.rank, topo.dp.size)
+
+
+def loss_and_grads(spec: ModelSpec, chunks, topo, local: dict):
+    """(loss or None where this rank does not see it, gradients in the chunks' parameter order).
+    Under pipeline parallelism every sample is its own micro-batch."""
+    import mindspore as ms
+
+    from mm_parallel import comm, pipeline
+
+    params = [p for model in chunks for p in model.trainable_params()]
+    if topo.pp.size == 1:
+        model = chunks[0]
+        loss, grads = ms.value_and_grad(lambda: spec.loss(model, local), None, params)()
+        if topo.dp.size > 1:
+            loss = comm.all_reduce(loss, topo.dp) / topo.dp.size
+        return float(loss.asnumpy()), list(grads)
+    samples = spec.samples(local)
+    micro = [(part, part) for part in (spec.split(local, i, samples) for i in range(samples))]
+    last = chunks[-1]
+    if len(chunks) == 1:
+        losses, grads = pipeline.train_step_1f1b(last.pipeline_stage, params, micro, last.pipeline_loss, topo,
+                                                 with_batch=True)
+    else:
+        losses, per_chunk = pipeline.train_step_interleaved(
+            [m.pipeline_stage for m in chunks], [m.trainable_params() for m in chunks], micro, last.pipeline_loss,
+            topo, with_batch=True)
+        grads = [g for chunk in per_chunk for g in chunk]
+    if not losses:  # not the last stage
+        return None, grads
+    loss = ms.Tensor(np.float32(np.mean(losses)))
+    if topo.dp.size > 1:  # a dp group shares its pipeline stage
+        loss = comm.all_reduce(loss, topo.dp) / topo.dp.size
+    return float(loss.asnumpy()), grads
+
+
+def train(spec: ModelSpec, path: str, topo, case: dict, batch: dict, steps: int = 2, optim: Optional[dict] = None):
+    """(losses, first-step finalised gradients, final parameters) of ``steps`` optimizer steps."""
+    from mm_parallel.optimizer import DistributedOptimizer, OptimizerConfig
+
+    chunks = spec.build(path, topo, case)
+    opt = DistributedOptimizer(chunks[0] if len(chunks) == 1 else chunks, OptimizerConfig(**(optim or OPTIM)), topo)
+    params = [p for model in chunks for p in model.trainable_params()]
+    local = dp_part(spec, batch, topo)
+    losses, first = [], None
+    for _ in range(steps):
+        loss, grads = loss_and_grads(spec, chunks, topo, local)
+        losses.append(loss)
+        if first is None:
+            first = full_arrays(spec, chunks, topo, finalised(params, topo, grads))
+        opt.step(grads)
+    return losses, first, full_arrays(spec, chunks, topo, [p for model in chunks for p in model.trainable_params()])
+
+
+def compare(got, want, loss_rtol: float = 1e-5, rel: float = 1e-4) -> List[str]:
+    """Problems found; a pipeline stage compares the parameters it holds (and the loss if last)."""
+    (losses, grads, params), (ref_losses, ref_grads, ref_params) = got, want
+    problems = []
+    if None not in losses and not np.allclose(losses, ref_losses, rtol=loss_rtol, atol=0):
+        problems.append(f"losses {losses} != {ref_losses}")
+    for label, arrays, refs in (("grad", grads, ref_grads), ("param", params, ref_params)):
+        if not arrays or not set(arrays) <= set(refs):
+            problems.append(f"{label} names not in the single-process model: {sorted(set(arrays) - set(refs))[:5]}")
+            continue
+        for key, array in arrays.items():
+            ref = refs[key]
+            scale = max(np.abs(ref).max(), 1e-30)
+            if np.abs(array - ref).max() / scale > rel:
+                problems.append(f"{label} {key} rel err {np.abs(array - ref).max() / scale:.2e}")
+    return problems
+
+
+def run_cases(spec: ModelSpec, path: str, cases: Dict[str, dict], batch: dict, reference_key=lambda case: ()):
+    """cases: {name: {"layout": ParallelConfig kwargs, "checkpoint": sub-folder of path, ... what
+    spec.build reads}} -> {name: [problems], name + ":names": [parameter names this rank checked],
+    name + ":reference_names": [...]}. One single-process reference per (checkpoint,
+    reference_key(case)) — the plan choices that change which parameters train."""
+    import mm_parallel
+    from mm_parallel import ParallelConfig
+    from mm_parallel.topology import Topology
+
+    solo = Topology.build(ParallelConfig(), 1, 0)
+    references, results = {}, {}
+    for name, case in cases.items():
+        folder = os.path.join(path, case.get("checkpoint", ""))
+        key = (folder,) + tuple(reference_key(case))
+        try:
+            if key not in references:
+                plain = {k: v for k, v in case.items() if k not in ("layout", "recompute")}
+                references[key] = train(spec, folder, solo, plain, batch)
+            topo = mm_parallel.initialize(ParallelConfig(**case["layout"]))
+            got = train(spec, folder, topo, case, batch)
+            results[name] = compare(got, references[key])
+            results[f"{name}:names"] = sorted(got[1])
+            results[f"{name}:reference_names"] = sorted(references[key][1])
+        except Exception:
+            results[name] = [traceback.format_exc()]
+    return results
+
+
+def check_results(results: List[dict], cases: Dict[str, dict]) -> None:
+    """Assert every rank found no problem in any case and that the ranks together checked every
+    trainable parameter of the single-process model (pipeline stages each hold a part)."""
+    names: Dict[str, set] = {}
+    for rank, result in enumerate(results):
+        failed = {case: result.get(case, ["missing"]) for case in cases if result.get(case, ["missing"])}
+        assert not failed, (rank, failed)
+        for key, value in result.items():
+            if key.endswith("names"):
+                names.setdefault(key, set()).update(value)
+    for case in cases:
+        assert names[f"{case}:names"] == names[f"{case}:reference_names"], case

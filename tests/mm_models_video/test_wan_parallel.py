@@ -1,0 +1,61 @@
+"""Wan's DiT loaded with from_pretrained under a layout trains like one process: two
+DistributedOptimizer steps of the flow-matching loss; losses (rtol 1e-5), first-step gathered
+gradients and final parameters (rel-err <= 1e-4). Pipeline stages compare the parameters they
+hold; together they must cover the whole model. See wan_parallel_cases.py."""
+
+import pytest
+
+from mm_parallel.testing.equivalence import check_results
+from wan_parallel_cases import run_parallel_cases
+from wan_reference import write_adapters, write_reference
+
+pytest.importorskip("diffusers")
+pytestmark = pytest.mark.distributed
+
+DEEP, I2V = "deep", "i2v"  # a 4-block T2V checkpoint; the I2V checkpoint (image tokens, added k/v)
+HEADS = dict(num_attention_heads=4)  # 4 heads: tp2 x ulysses2 splits them twice
+
+TWO = {
+    "tp2": {"layout": {"tp": 2}},
+    "tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}},
+    "ulysses2": {"layout": {"cp": 2}},
+    "ring2": {"layout": {"cp": 2, "cp_algo": "ring"}},
+    "dp2_zero1": {"layout": {"zero_stage": 1}},
+    "pp2": {"layout": {"pp": 2}},
+    "pp2_vpp2": {"layout": {"pp": 2, "vpp": 2}, "checkpoint": DEEP},
+    "lora_tp2": {"layout": {"tp": 2}, "lora": True},
+    "tp2_sp_recompute_full": {"layout": {"tp": 2, "sequence_parallel": True}, "recompute": "full"},
+    "ring2_recompute_selective": {"layout": {"cp": 2, "cp_algo": "ring"}, "recompute": "selective"},
+    "ulysses2_recompute_block": {"layout": {"cp": 2}, "recompute": "block"},
+    "i2v_tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}, "checkpoint": I2V},
+    "i2v_ulysses2": {"layout": {"cp": 2}, "checkpoint": I2V},
+    "i2v_pp2": {"layout": {"pp": 2}, "checkpoint": I2V},
+}
+
+FOUR = {
+    "hybrid2x2": {"layout": {"cp": 4, "cp_algo": "hybrid", "ulysses_degree": 2}},
+    "tp2_ulysses2": {"layout": {"tp": 2, "cp": 2}},
+    "tp2_sp_pp2": {"layout": {"tp": 2, "sequence_parallel": True, "pp": 2}},
+    "pp2_dp2_zero1": {"layout": {"pp": 2, "zero_stage": 1}},
+    "pp4": {"layout": {"pp": 4}, "checkpoint": DEEP},
+    "lora_pp2_tp2": {"layout": {"pp": 2, "tp": 2}, "lora": True},
+    "i2v_ring2_tp2_sp": {"layout": {"cp": 2, "cp_algo": "ring", "tp": 2, "sequence_parallel": True},
+                         "checkpoint": I2V},
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wan_parallel")
+    write_adapters(root / "adapters", write_reference(root, **HEADS))
+    write_adapters(root / DEEP / "adapters", write_reference(root / DEEP, num_layers=4, **HEADS))
+    write_reference(root / I2V, i2v=True, **HEADS)
+    return root
+
+
+def test_two_process_layouts_equal_single_process(run_distributed, checkpoints):
+    check_results(run_distributed(run_parallel_cases, nproc=2, timeout=600, path=str(checkpoints), cases=TWO), TWO)
+
+
+def test_four_process_layouts_equal_single_process(run_distributed, checkpoints):
+    check_results(run_distributed(run_parallel_cases, nproc=4, timeout=900, path=str(checkpoints), cases=FOUR), FOUR)
