@@ -3,11 +3,13 @@
     from mm_models_video import WanTransformer3DModel
     model = WanTransformer3DModel.from_pretrained("path/to/Wan2.1-T2V-1.3B-Diffusers/transformer", topology)
 
-Wan2.1's diffusion transformer (T2V, I2V) is implemented; its VAE, UMT5 and CLIP encoders and
-CogVideoX come with later work (see the package README).
+Wan2.1 is implemented: the diffusion transformer (T2V, I2V), its VAE, the UMT5 text and CLIP
+vision encoders it conditions on, and the flow-matching objective; CogVideoX comes later.
 """
 
 from mm_models_video.__about__ import __version__
-from mm_models_video.wan import Transformer3DOutput, WanTransformer3DModel, WanTransformerConfig
+from mm_models_video.encoders import CLIPVisionModel, UMT5EncoderModel
+from mm_models_video.wan import AutoencoderKLWan, Transformer3DOutput, WanTransformer3DModel, WanTransformerConfig
 
-__all__ = ["Transformer3DOutput", "WanTransformer3DModel", "WanTransformerConfig", "__version__"]
+__all__ = ["AutoencoderKLWan", "CLIPVisionModel", "Transformer3DOutput", "UMT5EncoderModel", "WanTransformer3DModel",
+           "WanTransformerConfig", "__version__"]

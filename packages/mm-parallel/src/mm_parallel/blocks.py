@@ -27,6 +27,7 @@ _ACTIVATIONS = {
     "gelu": kernels.gelu,
     "gelu_pytorch_tanh": lambda x: kernels.gelu(x, "tanh"),
     "gelu_new": lambda x: kernels.gelu(x, "tanh"),
+    "quick_gelu": lambda x: x * ops.sigmoid(x * 1.702),  # OpenAI CLIP's
 }
 
 

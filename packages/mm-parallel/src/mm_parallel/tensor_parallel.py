@@ -49,11 +49,27 @@ def unshard(local, group: Group, dim: int):
     return comm.all_gather(local, group, dim)
 
 
+class _BiasAdd(nn.Cell):
+    """out + bias over the rows of a 2-D out, with the bias gradient as ones (1, rows) @ dout.
+    On CPU the broadcasting add took 34 ms on 2048 x 2048 and its gradient (a row reduction)
+    70-90 ms; BiasAdd and the matmul take 4 ms and 1.3 ms."""
+
+    def construct(self, out, bias):
+        return ops.bias_add(out, bias)
+
+    def bprop(self, out, bias, result, dout):
+        ones = ops.ones((1, dout.shape[0]), dout.dtype)
+        return dout, ops.matmul(ones, dout).reshape(bias.shape)
+
+
+_bias_add = _BiasAdd()
+
+
 def _linear(x, weight, bias):
     flat = x.reshape(-1, x.shape[-1])
     out = _matmul_nt(flat, weight)
     if bias is not None:
-        out = out + bias
+        out = _bias_add(out, bias.astype(out.dtype))
     return out.reshape(x.shape[:-1] + (weight.shape[0],))
 
 

@@ -4,8 +4,9 @@ Same config (config.json of a diffusers folder), same parameter names, same forw
 (``hidden_states`` (B, C, F, H, W), ``timestep`` (B,), ``encoder_hidden_states`` (B, T, text_dim),
 ``encoder_hidden_states_image`` (B, I, image_dim) for I2V) and output (``sample``). One keyword
 more: ``target`` (B, C_out, F, H, W), the flow-matching velocity; with it the output holds
-``loss`` = mean((sample - target)^2), computed token by token so that it stays exact when the
-tokens are split over context-parallel ranks.
+``loss`` = mean((sample - target)^2) (per-sample ``loss_weights`` optional, see
+mm_models_video.flow_matching), computed token by token so that it stays exact when the tokens
+are split over context-parallel ranks.
 
 Layout of the tokens on a rank: context parallelism cuts the video tokens as
 `mm_parallel.split_sequence` does (RoPE tables cut the same way); sequence parallelism then cuts
@@ -197,11 +198,19 @@ class WanTransformer3DModel(nn.Cell):
         shift, scale = ops.split(tiled_to_batch(self.scale_shift_table, temb.shape[0]) + temb[:, None, :], 1, 1)
         return self.proj_out(_modulate(self.norm_out(x), scale, shift))
 
-    def loss(self, tokens, target_tokens, total: int):
-        """mean((pred - target)^2) over all ``total`` elements; under cp each rank adds its part and
-        the all-reduce's backward is the identity (the optimizer sums gradients over cp)."""
+    def loss(self, tokens, target_tokens, total: int, weights=None):
+        """mean((pred - target)^2) over all ``total`` elements, or with per-sample ``weights`` (B,)
+        mean_b(w_b mean((pred_b - target_b)^2)) (all samples have one size). Under cp each rank adds
+        its part; the all-reduce's backward is the identity (the optimizer sums gradients over cp)."""
         diff = tokens - target_tokens
-        loss = (diff * diff).sum() * (1.0 / total)
+        squares = diff * diff
+        if weights is None:
+            loss = squares.sum() * (1.0 / total)
+        else:
+            weights = ms.Tensor(host(weights, np.float32).reshape(-1))
+            if weights.shape[0] != tokens.shape[0]:
+                raise ValueError(f"loss_weights has {weights.shape[0]} entries for {tokens.shape[0]} samples")
+            loss = (squares.reshape(tokens.shape[0], -1).sum(1) * weights).sum() * (1.0 / total)
         return mappings.reduce_from_region(loss, self.topology.cp) if self.topology.cp.size > 1 else loss
 
     def target_tokens(self, target, grid):
@@ -213,7 +222,7 @@ class WanTransformer3DModel(nn.Cell):
     # -- forward -----------------------------------------------------------------------------
 
     def construct(self, hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image=None,
-                  target=None, return_dict: bool = True, attention_kwargs=None):
+                  target=None, loss_weights=None, return_dict: bool = True, attention_kwargs=None):
         if attention_kwargs:
             raise ValueError("attention_kwargs (LoRA scale) is not supported; apply LoRA with the parallel plan")
         if not (self.is_first and self.is_last):
@@ -226,7 +235,7 @@ class WanTransformer3DModel(nn.Cell):
         tokens = self.head(self.run_blocks(x, text, image, timestep_proj, cos, sin), temb)
         loss = None
         if target is not None:
-            loss = self.loss(tokens, self.target_tokens(target, grid), int(np.prod(target.shape)))
+            loss = self.loss(tokens, self.target_tokens(target, grid), int(np.prod(target.shape)), loss_weights)
         full = gather_sequence(tokens, 1, self.topology) if self.topology.cp.size > 1 else tokens
         sample = unpatchify(full, grid, self.config.patch_size)
         out = Transformer3DOutput(sample=sample, loss=loss)
@@ -270,7 +279,8 @@ class WanTransformer3DModel(nn.Cell):
     def pipeline_loss(self, tokens, batch: dict):
         grid, _ = self._sizes(batch)
         target = batch["target"]
-        return self.loss(tokens, self.target_tokens(target, grid), int(np.prod(target.shape)))
+        return self.loss(tokens, self.target_tokens(target, grid), int(np.prod(target.shape)),
+                         batch.get("loss_weights"))
 
 
 def tiled_to_batch(table, batch: int):

@@ -99,9 +99,12 @@ def attention(
     kv_segment_ids=None,
     cu_seqlens=None,
     scale: Optional[float] = None,
+    bias=None,
     return_lse: bool = False,
 ):
-    """Attention of q over (k, v) in (batch, seq, heads, head_dim); see the module docstring."""
+    """Attention of q over (k, v) in (batch, seq, heads, head_dim); see the module docstring.
+    ``bias``: float scores added before the softmax, (batch or 1, heads, q_len, k_len) — T5's
+    relative position bias."""
     batch, q_len, heads, head_dim = q.shape
     k_len, kv_heads = k.shape[1], k.shape[2]
     if heads % kv_heads or tuple(k.shape) != tuple(v.shape) or k.shape[0] != batch or k.shape[3] != head_dim:
@@ -120,7 +123,7 @@ def attention(
     scale = head_dim ** -0.5 if scale is None else scale
     mask = _allowed(batch, q_len, k_len, causal, key_padding_mask, segment_ids, kv_segment_ids)
 
-    if use_fused() and not return_lse:
+    if use_fused() and not return_lse and bias is None:
         return _fused(q, k, v, mask, scale)
 
     dtype = q.dtype
@@ -129,6 +132,8 @@ def attention(
     kh = _repeat_kv(k.astype(ms.float32).transpose(0, 2, 1, 3), heads // kv_heads)
     vh = _repeat_kv(v.astype(ms.float32).transpose(0, 2, 1, 3), heads // kv_heads)
     scores = _matmul_nt(qh, kh)  # (b, h, q, k)
+    if bias is not None:
+        scores = scores + tiled_to(bias.astype(ms.float32), scores.shape)
     if mask is not None:
         scores = scores + tiled_to((mask - 1.0) * -_MASKED, scores.shape)
     if not return_lse:

@@ -7,12 +7,27 @@ from mm_parallel.ops.device import tiled_to, use_fused
 
 
 def layer_norm(x, weight=None, bias=None, eps: float = 1e-5):
-    """(x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance)."""
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance).
+
+    On CPU written out with the row means as matmuls with ones and same-shape products (as
+    rms_norm): MindSpore's LayerNorm kernels took 8 ms forward / 30 ms backward on 2048 x 512."""
     dtype = x.dtype
     hidden = x.shape[-1]
-    weight = ops.ones((hidden,), ms.float32) if weight is None else weight.astype(ms.float32)
-    bias = ops.zeros((hidden,), ms.float32) if bias is None else bias.astype(ms.float32)
-    out = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=eps)(x.astype(ms.float32), weight, bias)[0]
+    if use_fused():
+        weight = ops.ones((hidden,), ms.float32) if weight is None else weight.astype(ms.float32)
+        bias = ops.zeros((hidden,), ms.float32) if bias is None else bias.astype(ms.float32)
+        out = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=eps)(x.astype(ms.float32), weight, bias)[0]
+        return out.astype(dtype)
+    h = x.astype(ms.float32)
+    ones = ops.ones((hidden, 1), ms.float32)
+    centred = h - tiled_to(ops.matmul(h, ones) * (1.0 / hidden), h.shape)
+    variance = ops.matmul(ops.square(centred), ones) * (1.0 / hidden)
+    out = centred * tiled_to(ops.rsqrt(variance + eps), h.shape)
+    affine = (1,) * (h.ndim - 1) + (hidden,)
+    if weight is not None:
+        out = out * tiled_to(weight.astype(ms.float32).reshape(affine), h.shape)
+    if bias is not None:
+        out = out + tiled_to(bias.astype(ms.float32).reshape(affine), h.shape)
     return out.astype(dtype)
 
 

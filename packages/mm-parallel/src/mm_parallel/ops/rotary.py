@@ -12,7 +12,8 @@ On Ascend the fused rotary_position_embedding kernel is used (interleaved only w
 by the batch, as the kernel requires).
 """
 
-from mindspore import ops
+import numpy as np
+from mindspore import Tensor, ops
 
 from mm_parallel.ops.device import tiled_to, use_fused
 
@@ -22,9 +23,20 @@ def rotate_half(x):
     return ops.concat([-x[..., half:], x[..., :half]], -1)
 
 
+def _pair_swap(dim: int, dtype):
+    """(dim, dim) matrix R with x R = rotate_interleaved(x): R[2i+1, 2i] = -1, R[2i, 2i+1] = 1."""
+    r = np.zeros((dim, dim), np.float32)
+    r[1::2, 0::2] = -np.eye(dim // 2, dtype=np.float32)
+    r[0::2, 1::2] = np.eye(dim // 2, dtype=np.float32)
+    return Tensor(r, dtype)
+
+
 def rotate_interleaved(x):
-    pairs = x.reshape(x.shape[:-1] + (x.shape[-1] // 2, 2))
-    return ops.stack([-pairs[..., 1], pairs[..., 0]], -1).reshape(x.shape)
+    """rotate(x)[2i] = -x[2i+1], rotate(x)[2i+1] = x[2i], as one matmul with a signed permutation
+    (exact: each output is one input times +-1). On CPU the stack / unstack of the pairs it
+    replaces cost ~9 ms per call on a Wan block's queries, the matmul ~2 ms."""
+    dim = x.shape[-1]
+    return ops.matmul(x.reshape(-1, dim), _pair_swap(dim, x.dtype)).reshape(x.shape)
 
 
 def apply_rotary(x, cos, sin, interleaved: bool = False):

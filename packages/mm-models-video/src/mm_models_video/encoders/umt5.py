@@ -1,0 +1,159 @@
+"""UMT5 text encoder (encoder only): the MindSpore twin of transformers' UMT5EncoderModel.
+
+Wan2.1 conditions on the last hidden state of umt5-xxl. The architecture is T5's encoder with one
+change: every layer has its own relative-position bias table (T5 shares the first layer's).
+
+    h = shared[input_ids]
+    layer:  h += o(attention(q(n), k(n), v(n), bias = rel_bias[bucket(j - i)], no 1/sqrt(d))),  n = rms(h)
+            h += wo(gelu_tanh(wi_0(n)) * wi_1(n)),   n = rms(h)          ("gated-gelu")
+    out = rms(h)
+
+Parameter names are transformers' (``shared.weight``, ``encoder.block.0.layer.0.SelfAttention.q.weight``,
+``encoder.block.0.layer.1.DenseReluDense.wi_0.weight`` ...). The encoder is replicated on every rank
+(it is frozen in Wan training and small next to the DiT); padding keys are masked by
+``attention_mask``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+from mm_parallel import ops as kernels
+from mm_parallel.blocks import Indexed, Linear, RMSNorm, activation
+from mm_parallel.hf_checkpoint import load_weights
+from mm_parallel.tensor_parallel import _param
+
+
+@dataclass
+class EncoderOutput:
+    last_hidden_state: Tensor
+
+
+def relative_position_buckets(query_length: int, key_length: int, num_buckets: int, max_distance: int) -> np.ndarray:
+    """(q, k) bucket of each key offset j - i for a bidirectional encoder, in T5's float32 arithmetic:
+    half the buckets per direction, exact for small offsets, log-spaced up to max_distance."""
+    relative = np.arange(key_length)[None, :] - np.arange(query_length)[:, None]
+    half = num_buckets // 2
+    buckets = (relative > 0).astype(np.int64) * half
+    distance = np.abs(relative)
+    max_exact = half // 2
+    with np.errstate(divide="ignore"):
+        ratio = np.log(distance.astype(np.float32) / np.float32(max_exact)) / np.float32(math.log(max_distance / max_exact))
+    large = max_exact + (ratio * np.float32(half - max_exact)).astype(np.int64)
+    large = np.minimum(large, half - 1)
+    return buckets + np.where(distance < max_exact, distance, large)
+
+
+class UMT5Attention(nn.Cell):
+    def __init__(self, config):
+        super().__init__()
+        self.heads, self.head_dim = config.num_heads, config.d_kv
+        inner = self.heads * self.head_dim
+        self.q = Linear(config.d_model, inner, bias=False)
+        self.k = Linear(config.d_model, inner, bias=False)
+        self.v = Linear(config.d_model, inner, bias=False)
+        self.o = Linear(inner, config.d_model, bias=False)
+        self.relative_attention_bias = nn.Cell()
+        self.relative_attention_bias.weight = _param((config.relative_attention_num_buckets, self.heads), "weight",
+                                                     None, None)
+
+    def construct(self, x, buckets, key_padding_mask=None):
+        b, s = x.shape[0], x.shape[1]
+        q, k, v = (proj(x).reshape(b, s, self.heads, self.head_dim) for proj in (self.q, self.k, self.v))
+        bias = ops.gather(self.relative_attention_bias.weight, buckets, 0).transpose(2, 0, 1)[None]  # (1, h, q, k)
+        out = kernels.attention(q, k, v, scale=1.0, bias=bias, key_padding_mask=key_padding_mask)
+        return self.o(out.reshape(b, s, -1))
+
+
+class _SelfAttentionLayer(nn.Cell):
+    def __init__(self, config):
+        super().__init__()
+        self.SelfAttention = UMT5Attention(config)
+        self.layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
+
+    def construct(self, x, buckets, key_padding_mask=None):
+        return x + self.SelfAttention(self.layer_norm(x), buckets, key_padding_mask)
+
+
+class _GatedFeedForward(nn.Cell):
+    def __init__(self, config):
+        super().__init__()
+        self.wi_0 = Linear(config.d_model, config.d_ff, bias=False)
+        self.wi_1 = Linear(config.d_model, config.d_ff, bias=False)
+        self.wo = Linear(config.d_ff, config.d_model, bias=False)
+        self.act = activation(config.dense_act_fn)
+
+    def construct(self, x):
+        return self.wo(self.act(self.wi_0(x)) * self.wi_1(x))
+
+
+class _FeedForwardLayer(nn.Cell):
+    def __init__(self, config):
+        super().__init__()
+        if not config.is_gated_act:
+            raise ValueError(f"feed_forward_proj={config.feed_forward_proj!r}: only the gated form UMT5 uses "
+                             "('gated-gelu') is supported")
+        self.DenseReluDense = _GatedFeedForward(config)
+        self.layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
+
+    def construct(self, x):
+        return x + self.DenseReluDense(self.layer_norm(x))
+
+
+class UMT5Block(nn.Cell):
+    def __init__(self, config):
+        super().__init__()
+        self.layer = Indexed(_SelfAttentionLayer(config), _FeedForwardLayer(config))
+
+    def construct(self, x, buckets, key_padding_mask=None):
+        return self.layer[1](self.layer[0](x, buckets, key_padding_mask))
+
+
+class _Stack(nn.Cell):
+    def __init__(self, config):
+        super().__init__()
+        self.block = nn.CellList([UMT5Block(config) for _ in range(config.num_layers)])
+        self.final_layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
+
+
+class UMT5EncoderModel(nn.Cell):
+    """See the module docstring. ``from_pretrained(path)`` reads a transformers folder."""
+
+    def __init__(self, config):
+        super().__init__()
+        from transformers import UMT5Config
+
+        self.config = config if isinstance(config, UMT5Config) else UMT5Config(**config)
+        self.shared = nn.Cell()
+        self.shared.weight = _param((self.config.vocab_size, self.config.d_model), "weight", 1.0, None)
+        self.encoder = _Stack(self.config)
+
+    @classmethod
+    def from_pretrained(cls, path, topology=None):
+        from transformers import UMT5Config
+
+        model = cls(UMT5Config.from_pretrained(str(path)))
+        # the embedding is saved as shared.weight (encoder.embed_tokens.weight is tied to it)
+        load_weights(model, str(path), lambda name: (name, "encoder.embed_tokens.weight") if name == "shared.weight"
+                     else name)
+        return model
+
+    def construct(self, input_ids, attention_mask=None) -> EncoderOutput:
+        ids = input_ids.asnumpy() if isinstance(input_ids, Tensor) else np.asarray(input_ids)
+        cfg = self.config
+        buckets = Tensor(relative_position_buckets(ids.shape[1], ids.shape[1], cfg.relative_attention_num_buckets,
+                                                   cfg.relative_attention_max_distance).astype(np.int32))
+        mask = None
+        if attention_mask is not None:
+            mask = np.asarray(attention_mask.asnumpy() if isinstance(attention_mask, Tensor) else attention_mask)
+            mask = None if mask.all() else Tensor(mask.astype(np.float32))
+        x = ops.gather(self.shared.weight, Tensor(ids.astype(np.int32)), 0)
+        for block in self.encoder.block:
+            x = block(x, buckets, mask)
+        return EncoderOutput(last_hidden_state=self.encoder.final_layer_norm(x))
