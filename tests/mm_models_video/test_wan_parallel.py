@@ -49,7 +49,7 @@ def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("wan_parallel")
     write_adapters(root / "adapters", write_reference(root, **HEADS))
     write_adapters(root / DEEP / "adapters", write_reference(root / DEEP, num_layers=4, **HEADS))
-    write_reference(root / I2V, i2v=True, **HEADS)
+    write_adapters(root / I2V / "adapters", write_reference(root / I2V, i2v=True, **HEADS))
     return root
 
 
@@ -59,3 +59,23 @@ def test_two_process_layouts_equal_single_process(run_distributed, checkpoints):
 
 def test_four_process_layouts_equal_single_process(run_distributed, checkpoints):
     check_results(run_distributed(run_parallel_cases, nproc=4, timeout=900, path=str(checkpoints), cases=FOUR), FOUR)
+
+
+def test_save_under_layouts_gives_the_original_checkpoint(run_distributed, checkpoints, tmp_path):
+    """save_pretrained under tp2+sp / pp2 / pp2 x vpp2 / I2V tp2 writes what was loaded (one file,
+    or one per virtual stage plus an index); diffusers loads it; the adapters round-trip in PEFT names."""
+    from diffusers import WanTransformer3DModel as Reference
+
+    from mm_parallel.testing.equivalence import saved_folder_problems
+    from wan_parallel_cases import save_under_layouts
+
+    layouts = {"tp2_sp": ({"tp": 2, "sequence_parallel": True}, ""), "pp2": ({"pp": 2}, ""),
+               "pp2_vpp2": ({"pp": 2, "vpp": 2}, DEEP), "i2v_tp2": ({"tp": 2}, I2V)}
+    results = run_distributed(save_under_layouts, nproc=2, timeout=300, path=str(checkpoints), out=str(tmp_path),
+                              layouts=layouts)
+    assert all(not problems for result in results for problems in result.values()), results
+    for name, (layout, folder) in layouts.items():
+        stages = layout.get("pp", 1) * layout.get("vpp", 1)
+        assert not saved_folder_problems(str(checkpoints / folder), str(tmp_path / name), stages,
+                                         "diffusion_pytorch_model.safetensors"), name
+        Reference.from_pretrained(str(tmp_path / name))  # loads without missing or unexpected keys

@@ -47,16 +47,37 @@ def _global_name(model, name):
     return global_name(model, name)
 
 
+def _save(chunks, folder):
+    from mm_models_video.wan.checkpoint import save_pretrained
+    from mm_models_video.wan.parallel_plan import LoraConfig
+
+    save_pretrained(chunks, folder)
+    chunks[0].save_adapter(os.path.join(folder, "adapters"), LoraConfig(r=4, alpha=8.0), chunks)
+
+
+def spec():
+    from mm_parallel.testing.equivalence import ModelSpec
+
+    return ModelSpec(build=build, split=sample_part, samples=lambda b: b["hidden_states"].shape[0],
+                     global_name=_global_name, save=_save)
+
+
+def save_under_layouts(path, out, layouts):
+    """layouts: {name: (ParallelConfig kwargs, checkpoint sub-folder)} -> {name: [problems]}."""
+    from mm_parallel.testing.equivalence import save_under_layouts as save_all
+
+    return save_all(spec(), path, out, layouts)
+
+
 def run_parallel_cases(path, cases):
     """cases: {name: {"layout": ParallelConfig kwargs, "recompute", "lora", "checkpoint": sub-folder
     of path ("i2v" for the I2V model)}} -> mm_parallel.testing.equivalence.run_cases' results."""
-    from mm_parallel.testing.equivalence import ModelSpec, run_cases
+    from mm_parallel.testing.equivalence import run_cases
 
-    spec = ModelSpec(build=build, split=sample_part, samples=lambda b: b["hidden_states"].shape[0],
-                     global_name=_global_name)
+    spec_ = spec()
     results = {}
     for i2v in (False, True):
         group = {k: v for k, v in cases.items() if v.get("checkpoint", "").startswith("i2v") == i2v}
         if group:
-            results.update(run_cases(spec, path, group, batch(i2v), reference_key=lambda c: (bool(c.get("lora")),)))
+            results.update(run_cases(spec_, path, group, batch(i2v), reference_key=lambda c: (bool(c.get("lora")),)))
     return results

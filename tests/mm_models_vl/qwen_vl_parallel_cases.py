@@ -9,7 +9,6 @@ image+text samples, compared with one process by mm_parallel.testing.equivalence
 from __future__ import annotations
 
 import os
-import traceback
 
 import numpy as np
 
@@ -65,7 +64,15 @@ def spec():
     from mm_parallel.testing.equivalence import ModelSpec
 
     return ModelSpec(build=build, split=sample_part, samples=lambda b: b["input_ids"].shape[0],
-                     global_name=_global_name)
+                     global_name=_global_name, save=_save)
+
+
+def _save(chunks, folder):
+    from mm_models_vl.qwen2_5_vl.checkpoint import save_pretrained
+    from mm_models_vl.qwen2_5_vl.parallel_plan import LoraConfig
+
+    save_pretrained(chunks, folder)
+    chunks[0].save_adapter(os.path.join(folder, "adapters"), LoraConfig(r=4, alpha=8.0), chunks)
 
 
 def run_parallel_cases(path, cases):
@@ -78,29 +85,8 @@ def run_parallel_cases(path, cases):
 
 
 def save_under_layouts(path, out, layouts):
-    """layouts: {name: (ParallelConfig kwargs, checkpoint sub-folder)}. For each: load the
-    checkpoint (and its adapters) under the layout, save model and adapters to ``out/<name>`` with
-    save_pretrained / save_adapter. Returns {name: [problems]}."""
-    import mm_parallel
-    from mm_models_vl import Qwen2_5_VLForConditionalGeneration
-    from mm_models_vl.qwen2_5_vl.checkpoint import save_pretrained
-    from mm_models_vl.qwen2_5_vl.parallel_plan import LoraConfig, parallelize
-    from mm_parallel import ParallelConfig
+    """layouts: {name: (ParallelConfig kwargs, checkpoint sub-folder)} -> {name: [problems]}
+    (mm_parallel.testing.equivalence.save_under_layouts)."""
+    from mm_parallel.testing.equivalence import save_under_layouts as save_all
 
-    results = {}
-    for name, (layout, folder) in layouts.items():
-        try:
-            folder = os.path.join(path, folder)
-            topo = mm_parallel.initialize(ParallelConfig(**layout))
-            lora = LoraConfig(r=4, alpha=8.0)
-            chunks = []
-            for chunk in range(topo.config.vpp):
-                model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, topology=topo, chunk=chunk)
-                chunks.append(parallelize(model, lora=lora))
-                model.load_adapter(os.path.join(folder, "adapters"))
-            save_pretrained(chunks, os.path.join(out, name))
-            chunks[0].save_adapter(os.path.join(out, name, "adapters"), lora, chunks)
-            results[name] = []
-        except Exception:
-            results[name] = [traceback.format_exc()]
-    return results
+    return save_all(spec(), path, out, layouts)

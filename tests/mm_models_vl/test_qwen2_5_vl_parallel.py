@@ -58,30 +58,18 @@ def test_four_process_layouts_equal_single_process(run_distributed, checkpoints)
 def test_save_under_layouts_gives_the_original_checkpoint(run_distributed, checkpoints, tmp_path):
     """save_pretrained under tp2 / pp2 / pp2 x vpp2 writes what was loaded (one file, or one per
     virtual stage plus an index); transformers loads it; the adapters round-trip in PEFT names."""
-    import json
-
-    import numpy as np
-    from safetensors.numpy import load_file
     from transformers import Qwen2_5_VLForConditionalGeneration as Reference
 
-    from mm_parallel.hf_checkpoint import SafetensorsFolder
+    from mm_parallel.testing.equivalence import saved_folder_problems
     from qwen_vl_parallel_cases import save_under_layouts
 
     layouts = {"tp2": ({"tp": 2}, ""), "pp2": ({"pp": 2}, ""), "pp2_vpp2": ({"pp": 2, "vpp": 2}, DEEP)}
     results = run_distributed(save_under_layouts, nproc=2, timeout=300, path=str(checkpoints), out=str(tmp_path),
                               layouts=layouts)
     assert all(not problems for result in results for problems in result.values()), results
-    for name, (_, folder) in layouts.items():
-        original = SafetensorsFolder(str(checkpoints / folder))
-        adapters = load_file(str(checkpoints / folder / "adapters" / "adapter_model.safetensors"))
-        saved = SafetensorsFolder(str(tmp_path / name))
-        assert sorted(saved.names()) == sorted(original.names()), name
-        assert all(np.array_equal(saved.read(k), original.read(k)) for k in original.names()), name
-        if name.startswith("pp2"):
-            index = json.loads((tmp_path / name / "model.safetensors.index.json").read_text())
-            stages = 4 if "vpp" in name else 2
-            assert sorted(set(index["weight_map"].values())) == [f"model-{k:05d}-of-{stages:05d}.safetensors"
-                                                                  for k in range(1, stages + 1)]
+    for name, (layout, folder) in layouts.items():
+        stages = layout.get("pp", 1) * layout.get("vpp", 1)
+        assert not saved_folder_problems(str(checkpoints / folder), str(tmp_path / name), stages,
+                                         "model.safetensors"), name
         Reference.from_pretrained(str(tmp_path / name))  # loads without missing or unexpected keys
-        written = load_file(str(tmp_path / name / "adapters" / "adapter_model.safetensors"))
-        assert sorted(written) == sorted(adapters) and all(np.array_equal(written[k], adapters[k]) for k in adapters)
+

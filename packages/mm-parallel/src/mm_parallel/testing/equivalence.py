@@ -35,12 +35,15 @@ class ModelSpec:
     samples(batch) -> the number of samples in a batch
     global_name(model, name) -> a parameter's name in the whole model (pipeline numbering)
     loss(model, batch) -> the loss of a whole-model forward
+    save(chunks, folder) -> write the chunks' model (save_pretrained) and LoRA adapters (to
+        folder/adapters); every rank calls it (for `save_under_layouts`)
     """
     build: Callable
     split: Callable[[dict, int, int], dict]
     samples: Callable[[dict], int]
     global_name: Callable
     loss: Callable = field(default=lambda model, batch: model(**batch).loss)
+    save: Optional[Callable] = None
 
 
 def full_arrays(spec: ModelSpec, chunks, topo, tensors) -> Dict[str, np.ndarray]:
@@ -187,3 +190,50 @@ def check_results(results: List[dict], cases: Dict[str, dict]) -> None:
                 names.setdefault(key, set()).update(value)
     for case in cases:
         assert names[f"{case}:names"] == names[f"{case}:reference_names"], case
+
+
+def save_under_layouts(spec: ModelSpec, path: str, out: str, layouts: Dict[str, tuple]) -> Dict[str, List[str]]:
+    """layouts: {name: (ParallelConfig kwargs, checkpoint sub-folder of path)}. For each: build
+    the model with LoRA adapters (read from the checkpoint's ``adapters``) under the layout and
+    save model and adapters to ``out/<name>`` with spec.save. Returns {name: [problems]}."""
+    import mm_parallel
+    from mm_parallel import ParallelConfig
+
+    results = {}
+    for name, (layout, folder) in layouts.items():
+        try:
+            topo = mm_parallel.initialize(ParallelConfig(**layout))
+            chunks = spec.build(os.path.join(path, folder), topo, {"lora": True})
+            spec.save(chunks, os.path.join(out, name))
+            results[name] = []
+        except Exception:
+            results[name] = [traceback.format_exc()]
+    return results
+
+
+def saved_folder_problems(original: str, saved: str, stages: int, base: str) -> List[str]:
+    """What differs between a checkpoint folder and the one saved from it under a layout with
+    ``stages`` virtual pipeline stages: tensor names and values (bit-exact), the shard files the
+    index names (one per stage), and the PEFT adapters in ``adapters/``."""
+    from safetensors.numpy import load_file
+
+    from mm_parallel.hf_checkpoint import SafetensorsFolder
+
+    problems = []
+    want, got = SafetensorsFolder(original), SafetensorsFolder(saved)
+    if sorted(got.names()) != sorted(want.names()):
+        problems.append(f"tensor names differ: {sorted(set(got.names()) ^ set(want.names()))[:5]}")
+    problems += [f"{k} differs" for k in want.names() if k in got and not np.array_equal(got.read(k), want.read(k))]
+    if stages > 1:
+        import json
+
+        with open(os.path.join(saved, base + ".index.json")) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        stem = base[: -len(".safetensors")]
+        if files != [f"{stem}-{k:05d}-of-{stages:05d}.safetensors" for k in range(1, stages + 1)]:
+            problems.append(f"index names {files}, expected one file per virtual stage")
+    adapters = load_file(os.path.join(original, "adapters", "adapter_model.safetensors"))
+    written = load_file(os.path.join(saved, "adapters", "adapter_model.safetensors"))
+    if sorted(written) != sorted(adapters) or not all(np.array_equal(written[k], adapters[k]) for k in adapters):
+        problems.append("adapters differ")
+    return problems
