@@ -17,7 +17,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mm_parallel import mappings, ops as kernels
-from mm_parallel.ops.device import tiled_to
+from mm_parallel.ops.device import as_type, tiled_to
 from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _linear, _param
 from mm_parallel.topology import Topology, get_topology
 
@@ -131,10 +131,10 @@ class RMSNorm(nn.Cell):
     def construct(self, x):
         if self.group is None:
             return kernels.rms_norm(x, self.weight, self.eps)
-        dtype, h = x.dtype, x.astype(ms.float32)
+        dtype, h = x.dtype, as_type(x, ms.float32)
         squares = ops.matmul(ops.square(h), ops.ones((h.shape[-1], 1), ms.float32))  # local row sums
         squares = mappings.copy_to_region(mappings.reduce_from_region(squares, self.group), self.group)
-        h = (h * tiled_to(ops.rsqrt(squares * (1.0 / self.hidden_size) + self.eps), h.shape)).astype(dtype)
+        h = as_type((h * tiled_to(ops.rsqrt(squares * (1.0 / self.hidden_size) + self.eps), h.shape)), dtype)
         return tiled_to(self.weight.reshape((1,) * (h.ndim - 1) + (-1,)), h.shape) * h
 
 

@@ -238,6 +238,46 @@ class DistributedOptimizer:
         """Bytes of optimizer state this rank holds (master weights, exp_avg, exp_avg_sq)."""
         return sum(t.nbytes for t in (self.master, self.exp_avg, self.exp_avg_sq))
 
+    # -- layout-independent state (checkpoints that may be resumed under another layout) ----------
+
+    STATES = ("master", "exp_avg", "exp_avg_sq")
+
+    def param_states(self) -> List[Dict[str, np.ndarray]]:
+        """Per trainable parameter, in order: its master weight, exp_avg and exp_avg_sq shaped like
+        the parameter on this rank (its tp shard). ZeRO shards are gathered over dp x cp: a
+        collective every rank of the group calls."""
+        flats = {}
+        for key in self.STATES:
+            value = getattr(self, key)
+            flats[key] = (comm.all_gather(value, self.group, 0) if self.shards > 1 else value).asnumpy()
+        return [{key: flats[key][lo:hi].reshape(p.shape) for key in self.STATES}
+                for p, lo, hi in zip(self.params, self.offsets[:-1], self.offsets[1:])]
+
+    def load_param_states(self, states: Sequence[Dict[str, np.ndarray]]):
+        """Inverse of `param_states` (this rank keeps its ZeRO range); parameters are set from
+        the master weights."""
+        if len(states) != len(self.params):
+            raise ValueError(f"{len(states)} parameter states for {len(self.params)} trainable parameters")
+        flats = {key: np.zeros(self.padded, np.float32) for key in self.STATES}
+        for p, lo, hi, state in zip(self.params, self.offsets[:-1], self.offsets[1:], states):
+            for key in self.STATES:
+                if tuple(state[key].shape) != tuple(p.shape):
+                    raise ValueError(f"{p.name}: saved {key} has shape {tuple(state[key].shape)}, the parameter "
+                                     f"{tuple(p.shape)}")
+                flats[key][lo:hi] = state[key].reshape(-1)
+        for key in self.STATES:
+            getattr(self, key).set_data(Tensor(flats[key][self.start:self.end]))
+        self._write_params()
+
+    def counters(self) -> Dict[str, float]:
+        """Step counters and loss scale: with `param_states`, everything a resume needs."""
+        return {"step_count": self.step_count, "iteration": self.iteration, "loss_scale": self.loss_scale,
+                "good_steps": self._good_steps}
+
+    def load_counters(self, counters: Dict[str, float]):
+        self.step_count, self.iteration = int(counters["step_count"]), int(counters["iteration"])
+        self.loss_scale, self._good_steps = float(counters["loss_scale"]), int(counters["good_steps"])
+
     def _file(self, folder, dp_rank) -> str:
         topo = self.topology
         return os.path.join(folder, f"optimizer_tp{topo.tp.rank:02d}_pp{topo.pp.rank:02d}_dp{dp_rank:03d}.safetensors")

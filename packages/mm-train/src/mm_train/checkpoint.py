@@ -1,0 +1,148 @@
+"""Training checkpoints: OUT/checkpoints/step_N/, layout-independent, written atomically.
+
+    step_N/model/              the model in its Hugging Face form (save_pretrained; tp gathered)
+    step_N/adapters/           PEFT adapters, when the run trains LoRA
+    step_N/optimizer.safetensors   per trainable parameter (by its name in the whole model):
+                               <name>.master, <name>.exp_avg, <name>.exp_avg_sq, full tensors
+    step_N/trainer_state.json  step, optimizer counters, the layout that wrote it
+
+Everything is stored whole (tp shards and ZeRO slices gathered), so a run resumes under any
+layout (TP2 -> TP1, DP2 -> DP1 ...): each rank cuts its shard again while loading. A checkpoint
+is written into a temporary folder, every file fsynced, and renamed to step_N only when complete:
+a step_N folder is always whole, and a crash mid-write leaves only a ``.tmp`` folder that resume
+ignores (and the next save removes). The newest ``keep`` checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from typing import Dict, List, Optional
+
+import numpy as np
+
+_STEP = re.compile(r"^step_(\d+)$")
+
+
+def _fsync_tree(folder: str) -> None:
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def latest(out: str) -> Optional[str]:
+    """The newest complete checkpoint folder under OUT/checkpoints, or None."""
+    root = os.path.join(out, "checkpoints")
+    if not os.path.isdir(root):
+        return None
+    steps = [(int(m.group(1)), name) for name in os.listdir(root) if (m := _STEP.match(name))
+             and os.path.exists(os.path.join(root, name, "trainer_state.json"))]
+    return os.path.join(root, max(steps)[1]) if steps else None
+
+
+def _owners(model) -> Dict[int, tuple]:
+    from mm_parallel.hf_checkpoint import owned_parameters
+
+    return {id(p): (name, cell, attr) for name, p, cell, attr in owned_parameters(model)}
+
+
+def _split(cell, attr):
+    dim = getattr(cell, "tp_split_dims", {}).get(attr)
+    group = getattr(cell, "group", None)
+    if group is None and hasattr(cell, "base_layer"):  # a LoRA adapter is split like its base layer
+        group = getattr(cell.base_layer, "group", None)
+    return (dim, group) if dim is not None and group is not None and group.size > 1 else (None, None)
+
+
+def save(out: str, step: int, model, optimizer, topo, lora=None, keep: int = 2) -> Optional[str]:
+    """Write step_N (every rank calls: the gathers are collectives); returns its path."""
+    from mm_models_vl.qwen2_5_vl.checkpoint import global_name
+    from mm_parallel import comm
+    from mm_parallel.tensor_parallel import unshard
+    from safetensors.numpy import save_file
+
+    root = os.path.join(out, "checkpoints")
+    final, tmp = os.path.join(root, f"step_{step}"), os.path.join(root, f".step_{step}.tmp")
+    if topo.rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    if topo.world_size > 1:
+        comm.barrier(topo.world)
+    model.save_pretrained(os.path.join(tmp, "model"))
+    if lora is not None:
+        model.save_adapter(os.path.join(tmp, "adapters"), lora)
+    owners, tensors = _owners(model), {}
+    for param, state in zip(optimizer.params, optimizer.param_states()):
+        name, cell, attr = owners[id(param)]
+        dim, group = _split(cell, attr)
+        for key, value in state.items():
+            if dim is not None:
+                from mindspore import Tensor
+
+                value = unshard(Tensor(value), group, dim).asnumpy()
+            tensors[f"{global_name(model, name)}.{key}"] = np.ascontiguousarray(value)
+    if topo.rank == 0:
+        save_file(tensors, os.path.join(tmp, "optimizer.safetensors"))
+        state = {"step": step, "optimizer": optimizer.counters(),
+                 "layout": {"world_size": topo.world_size, "tp": topo.tp.size, "dp": topo.dp.size}}
+        with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
+            json.dump(state, f, indent=2)
+        _fsync_tree(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        _prune(root, keep)
+    if topo.world_size > 1:
+        comm.barrier(topo.world)
+    return final
+
+
+def _prune(root: str, keep: int) -> None:
+    steps = sorted((int(m.group(1)), name) for name in os.listdir(root) if (m := _STEP.match(name)))
+    for _, name in steps[:-keep] if keep > 0 else []:
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    for name in os.listdir(root):  # leftovers of interrupted saves
+        if name.endswith(".tmp"):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def load_optimizer(folder: str, model, optimizer) -> int:
+    """Set the optimizer (and through its master weights the parameters) from step_N; returns
+    the step to continue from."""
+    from mm_models_vl.qwen2_5_vl.checkpoint import global_name
+    from mm_parallel.tensor_parallel import shard
+    from safetensors import safe_open
+
+    owners, states = _owners(model), []
+    with safe_open(os.path.join(folder, "optimizer.safetensors"), "np") as f:
+        available = set(f.keys())
+        for param in optimizer.params:
+            name, cell, attr = owners[id(param)]
+            dim, group = _split(cell, attr)
+            state = {}
+            for key in optimizer.STATES:
+                tensor = f"{global_name(model, name)}.{key}"
+                if tensor not in available:
+                    raise KeyError(f"{tensor} is not in {folder}: the checkpoint was written for other trainable "
+                                   "parameters (another model, LoRA or freeze setting)")
+                value = f.get_tensor(tensor)
+                state[key] = shard(value, group, dim) if dim is not None else value
+            states.append(state)
+    optimizer.load_param_states(states)
+    with open(os.path.join(folder, "trainer_state.json")) as f:
+        trainer_state = json.load(f)
+    optimizer.load_counters(trainer_state["optimizer"])
+    return int(trainer_state["step"])
+
+
+def checkpoints(out: str) -> List[str]:
+    root = os.path.join(out, "checkpoints")
+    return sorted((n for n in os.listdir(root) if _STEP.match(n)), key=lambda n: int(n.split("_")[1])) \
+        if os.path.isdir(root) else []

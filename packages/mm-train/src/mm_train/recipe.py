@@ -1,0 +1,193 @@
+"""Recipes: one YAML file per training run, typed and checked before any process starts.
+
+    model:      family (qwen2_5_vl), path (a Hugging Face folder) or config (a tiny one inline),
+                recompute, lora, freeze
+    data:       kind (tiny_vl: the built-in generated set), path, max_length
+    parallel:   the fields of mm_parallel.ParallelConfig (tp, pp, vpp, cp, cp_algo, ...)
+    optim:      the fields of mm_parallel.OptimizerConfig (lr, lr_schedule, warmup_steps, ...)
+    train:      steps, global_batch_size, micro_batch_size, seed, log_every
+    checkpoint: every, keep
+    profile:    the fields of mm_profiling.ProfileConfig (enable, start_step, end_step, ...)
+    output_dir
+
+``--set section.key=value`` overrides any field (the value read as YAML: ``--set parallel.tp=2``,
+``--set optim.betas=[0.9,0.95]``). An unknown section or key is an error naming the closest valid
+one; `check_layout` refuses a layout the world size or the batch sizes cannot hold. The global batch
+is a property of the run, not of the layout: micro-batches per step = global / (micro x dp), so the
+losses of one recipe are comparable across layouts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import yaml
+
+MODEL_FAMILIES = ("qwen2_5_vl",)
+DATA_KINDS = ("tiny_vl",)
+
+
+@dataclass
+class ModelSection:
+    family: str = "qwen2_5_vl"
+    path: Optional[str] = None  # a Hugging Face folder; None: build from ``config`` with random weights
+    config: Dict[str, Any] = field(default_factory=dict)  # the transformers config, inline
+    recompute: str = "none"
+    recompute_num_layers: Optional[int] = None
+    lora: Optional[Dict[str, Any]] = None  # {r, alpha, dropout, target_modules}
+    freeze: List[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.family not in MODEL_FAMILIES:
+            raise ValueError(f"model.family {self.family!r} is not available; choose one of {MODEL_FAMILIES}")
+        if self.path is None and not self.config:
+            raise ValueError("model needs a path (a Hugging Face folder) or an inline config")
+
+
+@dataclass
+class DataSection:
+    kind: str = "tiny_vl"
+    path: Optional[str] = None  # where the built-in set is generated (default: a cache folder)
+    samples: int = 256
+    max_length: int = 24
+
+    def __post_init__(self):
+        if self.kind not in DATA_KINDS:
+            raise ValueError(f"data.kind {self.kind!r} is not available; choose one of {DATA_KINDS}")
+
+
+@dataclass
+class TrainSection:
+    steps: int = 100
+    global_batch_size: int = 8
+    micro_batch_size: int = 4
+    seed: int = 0
+    log_every: int = 1
+
+    def __post_init__(self):
+        for name in ("steps", "global_batch_size", "micro_batch_size", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class CheckpointSection:
+    every: int = 0  # 0: no checkpoints
+    keep: int = 2
+
+
+@dataclass
+class Recipe:
+    model: ModelSection
+    data: DataSection
+    parallel: Any  # mm_parallel.ParallelConfig
+    optim: Any  # mm_parallel.OptimizerConfig
+    train: TrainSection
+    checkpoint: CheckpointSection
+    profile: Dict[str, Any]
+    output_dir: str = "runs/default"
+
+    def to_dict(self) -> dict:
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+        return out
+
+
+def _sections():
+    from mm_parallel import OptimizerConfig, ParallelConfig
+
+    return {"model": ModelSection, "data": DataSection, "parallel": ParallelConfig, "optim": OptimizerConfig,
+            "train": TrainSection, "checkpoint": CheckpointSection}
+
+
+def _unknown(kind: str, key: str, valid: Sequence[str]) -> ValueError:
+    close = difflib.get_close_matches(key, list(valid), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; valid: {', '.join(sorted(valid))}"
+    return ValueError(f"unknown {kind} {key!r}{hint}")
+
+
+def parse_override(text: str):
+    """'section.key=value' (or 'output_dir=value') -> (section or None, key, value read as YAML)."""
+    path, _, raw = text.partition("=")
+    value = yaml.safe_load(raw) if raw != "" else ""
+    if _ and path == "output_dir":
+        return None, path, str(value)
+    if not _ or "." not in path:
+        raise ValueError(f"--set takes section.key=value (e.g. parallel.tp=2) or output_dir=PATH, got {text!r}")
+    section, key = path.split(".", 1)
+    return section, key, value
+
+
+def build_recipe(values: Optional[dict] = None, overrides: Sequence[str] = ()) -> Recipe:
+    """A Recipe from a mapping (a loaded YAML file) and ``--set`` overrides."""
+    values = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (values or {}).items()}
+    sections = _sections()
+    top = set(sections) | {"profile", "output_dir"}
+    for key in values:
+        if key not in top:
+            raise _unknown("recipe section", key, top)
+    for text in overrides:
+        section, key, value = parse_override(text)
+        if section is None:
+            values[key] = value
+            continue
+        if section not in top or section == "output_dir":
+            raise _unknown("recipe section", section, top - {"output_dir"})
+        values.setdefault(section, {})[key] = value
+    built = {}
+    for name, cls in sections.items():
+        given = values.get(name) or {}
+        names = [f.name for f in fields(cls)]
+        for key in given:
+            if key not in names:
+                raise _unknown(f"{name} key", key, names)
+        if name == "optim" and "betas" in given:
+            given["betas"] = tuple(given["betas"])
+        built[name] = cls(**given)
+    profile = values.get("profile") or {}
+    if profile:  # checked now (unknown keys, bad steps), used by the trainer
+        try:
+            from mm_profiling.config import ProfileConfig
+        except ImportError as e:
+            raise ImportError("a profile section needs mm-profiling: pip install 'mm-train[profiling]'") from e
+        ProfileConfig.from_dict(profile)
+    return Recipe(profile=profile, output_dir=str(values.get("output_dir", "runs/default")), **built)
+
+
+def load_recipe(path: Optional[str] = None, overrides: Sequence[str] = ()) -> Recipe:
+    """The recipe at ``path`` (YAML, safe_load), or the built-in tiny default, with overrides."""
+    source = Path(path) if path else Path(__file__).with_name("recipes") / "qwen2_5_vl_tiny.yaml"
+    if not source.is_file():
+        raise FileNotFoundError(f"no recipe at {source}")
+    with open(source) as f:
+        values = yaml.safe_load(f) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{source} must hold a mapping of sections, got {type(values).__name__}")
+    return build_recipe(values, overrides)
+
+
+def check_layout(recipe: Recipe, world_size: int) -> int:
+    """Refuse a layout the world or the batch cannot hold, before any process starts; returns the
+    number of micro-batches each data-parallel rank runs per step."""
+    par, train = recipe.parallel, recipe.train
+    model_parallel = par.tp * par.cp * par.pp
+    if world_size % model_parallel:
+        raise ValueError(f"{world_size} processes cannot hold tp x cp x pp = {par.tp} x {par.cp} x {par.pp} = "
+                         f"{model_parallel}; use a multiple of {model_parallel} processes")
+    dp = world_size // model_parallel
+    per_step = train.micro_batch_size * dp
+    if train.global_batch_size % per_step:
+        raise ValueError(f"train.global_batch_size={train.global_batch_size} is not a multiple of micro_batch_size x "
+                         f"dp = {train.micro_batch_size} x {dp}; the global batch must split into whole micro-batches")
+    if par.pp > 1:
+        raise ValueError("pipeline parallelism (pp > 1) is not wired into mm-train yet; use tp / cp / dp")
+    if par.cp > 1:
+        raise ValueError("context parallelism needs packed sequences, which the tiny_vl data does not make yet; "
+                         "use tp / dp")
+    return train.global_batch_size // per_step

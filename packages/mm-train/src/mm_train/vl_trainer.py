@@ -1,0 +1,205 @@
+"""Vision-language SFT: a recipe's Qwen2.5-VL trained on its data under its layout.
+
+One step = the global batch of the recipe, cut into micro-batches of ``micro_batch_size``:
+micro-batch k holds samples [k m, (k + 1) m) of the step's batch and data-parallel rank r runs
+micro-batches [r n, (r + 1) n), n = global / (m dp). Each rank sums the gradients of its
+micro-batches and divides by n; the optimizer averages over dp. The loss of a step is the mean of
+its micro-batches' losses — the same numbers under any layout of the same recipe.
+
+Samples come in a fixed order per epoch (a permutation seeded by train.seed and the epoch), so a
+run is reproducible and every rank knows the whole batch without communication. Rank 0 writes
+OUT/metrics.jsonl (step, loss, grad_norm, lr, samples_per_s, tokens_per_s, mfu, mem_bytes), draws the
+progress line and, at the end, OUT/loss.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from mm_train import checkpoint
+from mm_train.recipe import Recipe, check_layout
+from mm_train.tiny_data import TinyVLDataset, collate, default_folder, generate
+
+TRAIN_FLOPS_FACTOR = 3  # forward + backward (twice the forward)
+
+
+def epoch_order(step: int, global_batch: int, samples: int, seed: int) -> np.ndarray:
+    """The sample indices of ``step``'s global batch: epochs follow each other, each a fresh
+    permutation seeded by (seed, epoch)."""
+    start = step * global_batch
+    out, position = [], start
+    while len(out) < global_batch:
+        epoch, offset = divmod(position, samples)
+        order = np.random.default_rng([seed, epoch]).permutation(samples)
+        take = order[offset: offset + global_batch - len(out)]
+        out.extend(take.tolist())
+        position += len(take)
+    return np.array(out, np.int64)
+
+
+def _build_model(recipe: Recipe, dataset: TinyVLDataset, topo, resume_from: Optional[str] = None):
+    """(model, LoRA config or None): from the checkpoint being resumed, the recipe's path, or its
+    inline config (random weights); then the plan (recompute, LoRA, freezing)."""
+    from transformers import Qwen2_5_VLConfig
+
+    from mm_models_vl import Qwen2_5_VLForConditionalGeneration
+    from mm_models_vl.qwen2_5_vl.parallel_plan import LoraConfig, parallelize
+
+    spec = recipe.model
+    source = os.path.join(resume_from, "model") if resume_from else spec.path
+    if source:
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(source, topo)
+    else:
+        values = dict(spec.config)
+        ids = dataset.model_config()
+        values["text_config"] = {**values.get("text_config", {}), "vocab_size": ids["vocab_size"],
+                                 "pad_token_id": ids["pad_token_id"], "eos_token_id": ids["eos_token_id"],
+                                 "bos_token_id": ids["eos_token_id"]}
+        media = {k: v for k, v in ids.items() if k.endswith("token_id") and k not in ("pad_token_id", "eos_token_id")}
+        config = Qwen2_5_VLConfig(**values, **media, bos_token_id=ids["eos_token_id"], eos_token_id=ids["eos_token_id"],
+                                  pad_token_id=ids["pad_token_id"])
+        model = Qwen2_5_VLForConditionalGeneration(config, topo)
+    lora = LoraConfig(**spec.lora) if spec.lora else None
+    parallelize(model, recompute=spec.recompute, recompute_num_layers=spec.recompute_num_layers, lora=lora,
+                freeze=spec.freeze)
+    if lora is not None and resume_from:
+        model.load_adapter(os.path.join(resume_from, "adapters"))
+    return model, lora
+
+
+class _Progress:
+    """One status line on stderr, redrawn in place: step, bar, loss, speed."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled, self.start = total, enabled, time.perf_counter()
+
+    def update(self, step: int, loss: float, samples_per_s: float):
+        if not self.enabled:
+            return
+        done = int(30 * step / self.total)
+        line = (f"\rstep {step:>5}/{self.total} [{'#' * done}{'.' * (30 - done)}] loss {loss:8.4f}  "
+                f"{samples_per_s:6.1f} samples/s  {time.perf_counter() - self.start:6.1f}s")
+        print(line, end="\n" if step == self.total else "", flush=True, file=__import__("sys").stderr)
+
+
+def _loss_curve(metrics: List[Dict], path: str) -> Optional[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # the curve is a convenience; metrics.jsonl has the numbers
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([m["step"] for m in metrics], [m["loss"] for m in metrics])
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("training loss")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def train(recipe: Recipe, progress: bool = True, resume: bool = False) -> List[Dict]:
+    """Run the recipe; returns the metrics of the steps run (rank 0 also writes them). With
+    ``resume``, continue from the newest complete checkpoint in output_dir (if any), whatever
+    layout wrote it."""
+    import mindspore as ms
+
+    import mm_parallel
+    from mm_parallel import comm
+
+    topo = mm_parallel.initialize(recipe.parallel)
+    per_rank = check_layout(recipe, topo.world_size)
+    ms.set_seed(recipe.train.seed)
+    folder = recipe.data.path or default_folder()
+    if topo.rank == 0:
+        generate(folder, recipe.data.samples)
+    if topo.world_size > 1:
+        comm.barrier(topo.world)  # the data exists before anyone reads it
+    dataset = TinyVLDataset(folder, recipe.data.max_length)
+    out = recipe.output_dir
+    resume_from = checkpoint.latest(out) if resume else None
+    model, lora = _build_model(recipe, dataset, topo, resume_from)
+    optimizer = mm_parallel.DistributedOptimizer(model, recipe.optim, topo)
+    first = checkpoint.load_optimizer(resume_from, model, optimizer) if resume_from else 0
+    params = model.trainable_params()
+    grad_fn = ms.value_and_grad(lambda batch: model(**batch).loss, None, params)
+    meter = _meter(model.config, dataset, topo)
+
+    writer = topo.rank == 0
+    if writer:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "recipe.json"), "w") as f:
+            json.dump(recipe.to_dict(), f, indent=2, default=str)
+    metrics, bar = [], _Progress(recipe.train.steps, progress and writer)
+    micro, global_batch = recipe.train.micro_batch_size, recipe.train.global_batch_size
+    log = _metrics_log(os.path.join(out, "metrics.jsonl"), first) if writer else None
+    every = recipe.checkpoint.every
+    try:
+        for step in range(first, recipe.train.steps):
+            start = time.perf_counter()
+            order = epoch_order(step, global_batch, len(dataset), recipe.train.seed)
+            mine = order[topo.dp.rank * per_rank * micro:(topo.dp.rank + 1) * per_rank * micro]
+            total_grads, losses, tokens = None, [], 0
+            for k in range(per_rank):
+                batch = collate([dataset[int(i)] for i in mine[k * micro:(k + 1) * micro]])
+                tokens += int(batch["attention_mask"].sum())
+                loss, grads = grad_fn(batch)
+                losses.append(float(loss.asnumpy()))
+                total_grads = list(grads) if total_grads is None else [a + b for a, b in zip(total_grads, grads)]
+            grads = [g * (1.0 / per_rank) for g in total_grads] if per_rank > 1 else total_grads
+            stats = optimizer.step(grads)
+            loss = float(np.mean(losses))
+            if topo.dp.size > 1:
+                summed = comm.all_reduce(ms.Tensor(np.array([loss, tokens], np.float32)), topo.dp).asnumpy()
+                loss, tokens = float(summed[0]) / topo.dp.size, int(summed[1])
+            seconds = time.perf_counter() - start
+            speed = meter.record(seconds, samples=global_batch // topo.dp.size, tokens=tokens // topo.dp.size)
+            from mm_profiling.throughput import memory
+
+            row = {"step": step + 1, "loss": loss, "grad_norm": stats["grad_norm"], "lr": stats["lr"],
+                   "samples_per_s": speed["cluster_samples_per_s"], "tokens_per_s": speed["cluster_tokens_per_s"],
+                   "mfu": speed["mfu"], "mem_bytes": memory()["peak_host_rss_bytes"]}
+            metrics.append(row)
+            if writer and (step + 1) % recipe.train.log_every == 0:
+                log.write(json.dumps(row) + "\n")
+                log.flush()
+            bar.update(step + 1, loss, row["samples_per_s"])
+            if every and ((step + 1) % every == 0 or step + 1 == recipe.train.steps):
+                checkpoint.save(out, step + 1, model, optimizer, topo, lora, recipe.checkpoint.keep)
+    finally:
+        if log is not None:
+            log.close()
+    if writer:
+        _loss_curve(metrics, os.path.join(out, "loss.png"))
+    return metrics
+
+
+def _metrics_log(path: str, first: int):
+    """metrics.jsonl opened for appending after the rows of steps <= ``first`` (a resumed run
+    rewrites the steps after its checkpoint)."""
+    rows = []
+    if first and os.path.exists(path):
+        with open(path) as f:
+            rows = [line for line in f if line.strip() and json.loads(line)["step"] <= first]
+    log = open(path, "w")
+    log.writelines(rows)
+    return log
+
+
+def _meter(config, dataset: TinyVLDataset, topo):
+    """Throughput with MFU against this host's measured matmul peak (CPU) per device."""
+    from mm_profiling.flops import qwen2_5_vl_flops
+    from mm_profiling.throughput import Throughput, host_peak_flops
+
+    sample = dataset[0]
+    flops = TRAIN_FLOPS_FACTOR * qwen2_5_vl_flops(config, dataset.max_length, sample["image_grid_thw"])
+    return Throughput(flops_per_sample=flops, peak_flops=host_peak_flops(), world_size=topo.world_size,
+                      dp_size=topo.dp.size)

@@ -1,0 +1,51 @@
+"""Recipes: typed sections, --set overrides read as YAML, unknown keys named with the closest
+valid one, impossible layouts refused before any process starts."""
+
+import pytest
+
+from mm_train.recipe import build_recipe, check_layout, load_recipe
+
+
+def test_the_default_recipe_loads_and_overrides_apply():
+    recipe = load_recipe(None, ["parallel.tp=2", "train.steps=4", "optim.betas=[0.9, 0.95]",
+                                "checkpoint.every=3", "output_dir=/tmp/somewhere", "parallel.sequence_parallel=true"])
+    assert recipe.parallel.tp == 2 and recipe.parallel.sequence_parallel is True
+    assert recipe.train.steps == 4 and recipe.checkpoint.every == 3
+    assert recipe.optim.betas == (0.9, 0.95) and recipe.output_dir == "/tmp/somewhere"
+    assert recipe.model.family == "qwen2_5_vl" and recipe.model.config["text_config"]["hidden_size"] == 64
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["parallel.tpp=2"], "did you mean 'tp'"),
+    (["trian.steps=2"], "did you mean 'train'"),
+    (["optim.learning_rate=1"], "unknown optim key 'learning_rate'"),
+    (["train.steps"], "section.key=value"),
+    (["train.steps=0"], "train.steps must be >= 1"),
+    (["parallel.sequence_parallel=true"], "sequence_parallel"),  # needs tp > 1: ParallelConfig's rule
+    (["profile.start_stp=2"], "did you mean 'start_step'"),
+    (["model.family=llama"], "not available"),
+])
+def test_bad_recipes_are_refused_with_a_hint(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        load_recipe(None, overrides)
+
+
+def test_unknown_section_in_a_file(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("modle: {}\n")
+    with pytest.raises(ValueError, match="did you mean 'model'"):
+        load_recipe(str(path))
+    with pytest.raises(FileNotFoundError):
+        load_recipe(str(tmp_path / "missing.yaml"))
+
+
+def test_layouts_the_world_or_the_batch_cannot_hold_are_refused():
+    recipe = load_recipe(None, ["parallel.tp=2"])
+    with pytest.raises(ValueError, match="cannot hold tp x cp x pp"):
+        check_layout(recipe, 3)
+    assert check_layout(recipe, 2) == 2  # dp 1: 8 samples = 2 micro-batches of 4
+    assert check_layout(build_recipe({**recipe.to_dict(), "parallel": {}}), 2) == 1  # dp 2
+    with pytest.raises(ValueError, match="multiple of micro_batch_size x dp"):
+        check_layout(load_recipe(None, ["train.global_batch_size=6"]), 2)
+    with pytest.raises(ValueError, match="pipeline parallelism"):
+        check_layout(load_recipe(None, ["parallel.pp=2"]), 2)

@@ -1,0 +1,58 @@
+"""Checkpoints and --resume: a resumed run continues bit for bit on the same layout; a checkpoint
+written under TP2 or DP2 ZeRO-1 resumes on one process (and one from one process under TP2) with
+the losses of the uninterrupted run; incomplete checkpoint folders are never picked."""
+
+import json
+import os
+
+import pytest
+
+from test_run import mm_train
+
+pytestmark = pytest.mark.distributed
+
+SHORT = ["--set", "data.samples=32", "--set", "checkpoint.every=3", "--no-progress"]
+
+
+def losses(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line)["loss"] for line in f]
+
+
+def run(out, steps, *extra, data):
+    result = mm_train("run", *SHORT, "--set", f"train.steps={steps}", "--set", f"output_dir={out}", *extra, data=data)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_resume_same_layout_bit_exact_and_across_layouts(tmp_path):
+    data = tmp_path / "data"
+    run(tmp_path / "whole", 6, data=data)
+    whole = losses(tmp_path / "whole")
+
+    run(tmp_path / "same", 3, data=data)
+    run(tmp_path / "same", 6, "--resume", data=data)
+    assert losses(tmp_path / "same") == whole  # bit for bit
+
+    layouts = {"tp2_to_1": (["--nproc", "2", "--set", "parallel.tp=2"], []),
+               "dp2_zero1_to_1": (["--nproc", "2", "--set", "parallel.zero_stage=1"], []),
+               "1_to_tp2": ([], ["--nproc", "2", "--set", "parallel.tp=2"])}
+    for name, (before, after) in layouts.items():
+        run(tmp_path / name, 3, *before, data=data)
+        run(tmp_path / name, 6, "--resume", *after, data=data)
+        got = losses(tmp_path / name)
+        assert got[:3] == pytest.approx(whole[:3], rel=1e-4), name
+        assert got[3:] == pytest.approx(whole[3:], rel=1e-4), name
+    state = json.loads((tmp_path / "tp2_to_1" / "checkpoints" / "step_6" / "trainer_state.json").read_text())
+    assert state["step"] == 6 and state["layout"]["tp"] == 1
+
+
+def test_incomplete_checkpoints_are_never_picked(tmp_path):
+    from mm_train.checkpoint import latest
+
+    root = tmp_path / "checkpoints"
+    (root / "step_3").mkdir(parents=True)
+    (root / "step_3" / "trainer_state.json").write_text("{}")
+    (root / ".step_9.tmp").mkdir()  # interrupted while writing
+    (root / "step_12").mkdir()  # no trainer_state.json: not complete
+    assert latest(str(tmp_path)) == str(root / "step_3")
+    assert latest(str(tmp_path / "elsewhere")) is None
