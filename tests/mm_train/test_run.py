@@ -53,3 +53,34 @@ def test_a_layout_the_processes_cannot_hold_is_refused_before_launch(tmp_path):
     result = mm_train("run", "--nproc", "3", "--set", "parallel.tp=2", data=tmp_path / "data")
     assert result.returncode == 2 and "cannot hold tp x cp x pp" in result.stderr
     assert not (tmp_path / "data").exists()  # nothing started
+
+
+def test_two_nodes_on_loopback_train_like_one_process(tmp_path):
+    """Two `mm-train launch` (node_rank 0 and 1, one worker each, one scheduler port) make a
+    data-parallel world of two; the losses equal one process's."""
+    from mm_parallel.testing import free_port
+
+    short = ["--set", "train.steps=3", "--set", "data.samples=32", "--no-progress"]
+    single = mm_train("run", *short, "--set", f"output_dir={tmp_path / 'single'}", data=tmp_path / "data")
+    assert single.returncode == 0, single.stderr[-3000:]
+    port = str(free_port())
+    command = shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
+    env = {**os.environ, "MM_TRAIN_DATA": str(tmp_path / "data")}
+    # Both "machines" are this one, so both msruns would find 127.0.0.1 among their addresses and
+    # start a scheduler; node 1 gets an `ip` that lists no address (what a second machine would
+    # report for node 0's address), so it starts only its worker, which joins node 0's scheduler.
+    other_machine = tmp_path / "node1_bin"
+    other_machine.mkdir()
+    (other_machine / "ip").write_text("#!/bin/sh\necho '[]'\n")
+    (other_machine / "ip").chmod(0o755)
+    envs = [env, {**env, "PATH": f"{other_machine}{os.pathsep}{env['PATH']}"}]
+    nodes = [subprocess.Popen([command, "launch", *short, "--set", f"output_dir={tmp_path / 'two'}", "--nnodes", "2",
+                               "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port,
+                               "--cluster-timeout", "120"],
+                              env=envs[rank], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    for node in nodes:
+        _, err = node.communicate(timeout=600)
+        assert node.returncode == 0, err[-3000:]
+    assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "single"), rel=1e-4)
+    assert (tmp_path / "two" / "logs" / "node_1").is_dir()

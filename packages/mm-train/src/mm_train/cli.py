@@ -1,6 +1,7 @@
 """The ``mm-train`` command.
 
     mm-train run [RECIPE] [--set section.key=value ...] [--nproc N] [--resume]
+    mm-train launch [RECIPE] --nnodes 2 --node-rank R --master-addr ADDR --master-port P [--nproc-per-node N]
 
 ``run`` without a recipe trains the built-in tiny default (recipes/qwen2_5_vl_tiny.yaml). With
 ``--nproc N > 1`` it checks the layout first, then starts msrun itself (N local workers on a free
@@ -29,6 +30,23 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="no progress line (metrics.jsonl is still written)")
     run.add_argument("--timeout", type=float, default=24 * 3600.0,
                      help="with --nproc > 1: stop every worker after this many seconds (default a day)")
+    launch = commands.add_parser(
+        "launch", help="one node of a multi-node run (start it on every node)",
+        description="Start this node's workers of a multi-node run: every node runs the same command with its "
+                    "own --node-rank and the same --master-addr / --master-port (passed to msrun).")
+    launch.add_argument("recipe", nargs="?", help="a recipe YAML file (default: the built-in tiny Qwen2.5-VL)")
+    launch.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a recipe field (repeatable)")
+    launch.add_argument("--nnodes", type=int, required=True, help="machines in the job")
+    launch.add_argument("--node-rank", type=int, required=True, help="this machine's index, 0 .. nnodes - 1")
+    launch.add_argument("--master-addr", required=True, help="address of node 0 (msrun's scheduler)")
+    launch.add_argument("--master-port", type=int, required=True, help="port of the scheduler on node 0")
+    launch.add_argument("--nproc-per-node", type=int, default=1, help="workers on this machine (default 1)")
+    launch.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    launch.add_argument("--no-progress", action="store_true", help="no progress line")
+    launch.add_argument("--timeout", type=float, default=24 * 3600.0, help="stop this node's workers after this long")
+    launch.add_argument("--cluster-timeout", type=int, default=600,
+                        help="seconds to wait for every node's workers to join (msrun's cluster_time_out)")
     return parser
 
 
@@ -52,16 +70,29 @@ def _run(args) -> int:
     return 0
 
 
-def _launch(args) -> int:
+def _worker_argv(args, world: int) -> List[str]:
+    """The ``run`` command every worker executes (it sees msrun's RANK_ID and trains)."""
+    argv = ["run"] + ([args.recipe] if args.recipe else [])
+    for override in args.overrides:
+        argv += ["--set", override]
+    argv += ["--nproc", str(world)] + (["--resume"] if args.resume else []) + \
+        (["--no-progress"] if args.no_progress else [])
+    return argv
+
+
+def _launch(args, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
+            master_port: Optional[int] = None, cluster_timeout: Optional[int] = None) -> int:
     from pathlib import Path
 
     from mm_parallel.testing import DistributedRunError, launch
+    from mm_train.recipe import load_recipe
 
-    argv = [a for a in sys.argv[1:]]
-    script = Path(__file__).with_name("_worker.py")
-    log_dir = Path(load_output_dir(args)) / "logs"
+    local = args.nproc if nnodes == 1 else args.nproc_per_node
+    log_dir = Path(load_recipe(args.recipe, args.overrides).output_dir) / "logs" / f"node_{node_rank}"
     try:
-        launch(script, args.nproc, argv, timeout=args.timeout, log_dir=log_dir)
+        launch(Path(__file__).with_name("_worker.py"), local, _worker_argv(args, local * nnodes),
+               timeout=args.timeout, log_dir=log_dir, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+               master_port=master_port, cluster_timeout=cluster_timeout)
     except DistributedRunError as error:
         print(f"mm-train: the run failed: {error}", file=sys.stderr)
         return 1
@@ -69,10 +100,13 @@ def _launch(args) -> int:
     return 0
 
 
-def load_output_dir(args) -> str:
-    from mm_train.recipe import load_recipe
+def _launch_node(args) -> int:
+    from mm_train.recipe import check_layout, load_recipe
 
-    return load_recipe(args.recipe, args.overrides).output_dir
+    if not 0 <= args.node_rank < args.nnodes:
+        raise ValueError(f"--node-rank {args.node_rank} is not in 0 .. {args.nnodes - 1}")
+    check_layout(load_recipe(args.recipe, args.overrides), args.nnodes * args.nproc_per_node)
+    return _launch(args, args.nnodes, args.node_rank, args.master_addr, args.master_port, args.cluster_timeout)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -80,6 +114,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if args.command == "run":
             return _run(args)
+        if args.command == "launch":
+            return _launch_node(args)
     except (ValueError, FileNotFoundError, ImportError) as error:
         print(f"mm-train: {error}", file=sys.stderr)
         return 2

@@ -91,19 +91,32 @@ def launch(
     log_dir: Optional[os.PathLike] = None,
     env: Optional[Dict[str, str]] = None,
     failed: Callable[[], bool] = lambda: False,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str = "127.0.0.1",
+    master_port: Optional[int] = None,
+    cluster_timeout: Optional[int] = None,
 ) -> Path:
     """Run ``script args`` under msrun with ``nproc`` local CPU workers; return the log folder.
 
+    With ``nnodes`` > 1 this is node ``node_rank`` of a multi-node job of nnodes x nproc workers
+    whose scheduler listens on master_addr:master_port (every node passes the same two).
+    ``cluster_timeout``: seconds msrun waits for every worker to register (its default is 600).
     Raises DistributedRunError when the launch exits non-zero, when ``failed()`` turns true and
     the workers do not exit within a short grace, or after ``timeout`` seconds.
     """
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="mm_msrun_"))
+    if nnodes > 1 and master_port is None:
+        raise ValueError("a multi-node launch needs the master_port every node shares")
     cmd = _msrun() + [
-        f"--worker_num={nproc}",
+        f"--worker_num={nproc * nnodes}",
         f"--local_worker_num={nproc}",
-        f"--master_port={free_port()}",
+        f"--master_addr={master_addr}",
+        f"--master_port={master_port or free_port()}",
+        f"--node_rank={node_rank}",
         f"--log_dir={log_dir}",
         "--join=True",
+        *([f"--cluster_time_out={cluster_timeout}"] if cluster_timeout else []),
         str(script),
         *args,
     ]
