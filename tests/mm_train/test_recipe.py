@@ -49,3 +49,12 @@ def test_layouts_the_world_or_the_batch_cannot_hold_are_refused():
         check_layout(load_recipe(None, ["train.global_batch_size=6"]), 2)
     with pytest.raises(ValueError, match="pipeline parallelism"):
         check_layout(load_recipe(None, ["parallel.pp=2"]), 2)
+
+
+def test_values_are_typed():
+    recipe = load_recipe(None, ["optim.lr=1e-3", "train.steps=1e2"])
+    assert recipe.optim.lr == 1e-3 and recipe.train.steps == 100 and isinstance(recipe.train.steps, int)
+    with pytest.raises(ValueError, match="optim.lr must be a float"):
+        load_recipe(None, ["optim.lr=fast"])
+    with pytest.raises(ValueError, match="train.steps must be a int"):
+        load_recipe(None, ["train.steps=2.5"])

@@ -56,3 +56,37 @@ def test_incomplete_checkpoints_are_never_picked(tmp_path):
     (root / "step_12").mkdir()  # no trainer_state.json: not complete
     assert latest(str(tmp_path)) == str(root / "step_3")
     assert latest(str(tmp_path / "elsewhere")) is None
+
+
+def test_a_killed_worker_stops_the_run_and_resume_continues(tmp_path):
+    """kill -9 of rank 1 mid-run: mm-train exits non-zero within a bounded time naming rank 1, no
+    worker is left; --resume continues from the last complete checkpoint to the end, with the
+    losses of an uninterrupted run."""
+    import signal
+    import subprocess
+    import time
+
+    from test_run import shutil, sys
+
+    data, out = tmp_path / "data", tmp_path / "killed"
+    command = shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
+    args = [command, "run", *SHORT, "--set", "checkpoint.every=2", "--set", "train.steps=400", "--nproc", "2",
+            "--set", f"output_dir={out}"]
+    proc = subprocess.Popen(args, env={**os.environ, "MM_TRAIN_DATA": str(data)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    pid_file = out / "logs" / "node_0" / "pids" / "rank_1.pid"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (out / "checkpoints" / "step_2").exists():
+        time.sleep(0.5)
+    assert (out / "checkpoints" / "step_2").exists(), "the run made no checkpoint"
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    killed = time.time()
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode != 0 and time.time() - killed < 120
+    assert "worker rank 1" in err and "died" in err, err[-2000:]
+
+    steps = max(int(name.split("_")[1]) for name in os.listdir(out / "checkpoints") if name.startswith("step_"))
+    run(out, steps + 2, "--resume", data=data)
+    whole = tmp_path / "whole"
+    run(whole, steps + 2, data=data)
+    assert losses(out)[-2:] == pytest.approx(losses(whole)[-2:], rel=1e-4)

@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.distributed
 
-FIELDS = {"step", "loss", "grad_norm", "lr", "samples_per_s", "tokens_per_s", "mfu", "mem_bytes"}
+FIELDS = {"step", "loss", "grad_norm", "lr", "samples_per_s", "tokens_per_s", "mfu", "mem_bytes", "skipped"}
 
 
 def mm_train(*args, data, timeout=600):

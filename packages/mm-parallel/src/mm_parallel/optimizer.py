@@ -153,6 +153,8 @@ class DistributedOptimizer:
             self._update_scale(overflow=True)
             return {"lr": lr, "grad_norm": float("nan"), "loss_scale": self.loss_scale, "skipped": True}
         norm = self._global_norm(g)
+        if not math.isfinite(norm):  # an inf / nan gradient anywhere (the norm is global): no update
+            return {"lr": lr, "grad_norm": norm, "loss_scale": self.loss_scale, "skipped": True}
         if cfg.clip_grad > 0 and norm > cfg.clip_grad:
             g = g * (cfg.clip_grad / (norm + 1e-6))
         self._adamw(g, lr)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 
@@ -82,22 +84,36 @@ def _worker_argv(args, world: int) -> List[str]:
 
 def _launch(args, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
             master_port: Optional[int] = None, cluster_timeout: Optional[int] = None) -> int:
-    from pathlib import Path
-
     from mm_parallel.testing import DistributedRunError, launch
     from mm_train.recipe import load_recipe
 
     local = args.nproc if nnodes == 1 else args.nproc_per_node
     log_dir = Path(load_recipe(args.recipe, args.overrides).output_dir) / "logs" / f"node_{node_rank}"
+    shutil.rmtree(log_dir / "pids", ignore_errors=True)
     try:
         launch(Path(__file__).with_name("_worker.py"), local, _worker_argv(args, local * nnodes),
                timeout=args.timeout, log_dir=log_dir, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-               master_port=master_port, cluster_timeout=cluster_timeout)
+               master_port=master_port, cluster_timeout=cluster_timeout, env={"MM_TRAIN_PID_DIR": str(log_dir / "pids")})
     except DistributedRunError as error:
-        print(f"mm-train: the run failed: {error}", file=sys.stderr)
+        print(f"mm-train: the run failed: {dead_workers(log_dir)}{error}", file=sys.stderr)
         return 1
     print(f"worker logs in {log_dir}", file=sys.stderr)
     return 0
+
+
+def dead_workers(log_dir) -> str:
+    """'worker rank R (pid P) died with exit code C; ' for each worker msrun reports dead."""
+    import re
+
+    out = Path(log_dir) / "msrun.out"
+    if not out.exists():
+        return ""
+    ranks = {}
+    for pid_file in (Path(log_dir) / "pids").glob("rank_*.pid"):
+        ranks[pid_file.read_text().strip()] = pid_file.stem.split("_", 1)[1]
+    found = re.findall(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)", out.read_text(errors="replace"))
+    return "".join(f"worker rank {ranks.get(pid, '?')} (pid {pid}) died with exit code {code}; every worker was "
+                   "stopped. " for pid, code in found)
 
 
 def _launch_node(args) -> int:
@@ -116,9 +132,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _run(args)
         if args.command == "launch":
             return _launch_node(args)
-    except (ValueError, FileNotFoundError, ImportError) as error:
+    except (ValueError, FileNotFoundError, ImportError) as error:  # the recipe or the command line
         print(f"mm-train: {error}", file=sys.stderr)
         return 2
+    except RuntimeError as error:  # the run itself (e.g. non-finite losses)
+        print(f"mm-train: the run stopped: {error}", file=sys.stderr)
+        return 1
     return 2
 
 

@@ -67,9 +67,10 @@ class TrainSection:
     micro_batch_size: int = 4
     seed: int = 0
     log_every: int = 1
+    max_nonfinite_steps: int = 3  # this many skipped steps in a row (nan / inf loss or gradient) stop the run
 
     def __post_init__(self):
-        for name in ("steps", "global_batch_size", "micro_batch_size", "log_every"):
+        for name in ("steps", "global_batch_size", "micro_batch_size", "log_every", "max_nonfinite_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
 
@@ -112,10 +113,34 @@ def _unknown(kind: str, key: str, valid: Sequence[str]) -> ValueError:
     return ValueError(f"unknown {kind} {key!r}{hint}")
 
 
+def _check_types(section: str, cls, given: dict) -> None:
+    """A number field given a non-number (or a flag given a non-bool) is an error naming it."""
+    defaults = {f.name: f.default for f in fields(cls) if f.default is not dataclasses.MISSING}
+    for key, value in given.items():
+        default = defaults.get(key)
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, (int, float)):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if ok and isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float):
+                ok = value.is_integer()
+                if ok:
+                    given[key] = int(value)
+        else:
+            continue
+        if not ok:
+            raise ValueError(f"{section}.{key} must be a {type(default).__name__}, got {value!r}")
+
+
 def parse_override(text: str):
     """'section.key=value' (or 'output_dir=value') -> (section or None, key, value read as YAML)."""
     path, _, raw = text.partition("=")
     value = yaml.safe_load(raw) if raw != "" else ""
+    if isinstance(value, str):  # YAML 1.1 reads 1e6 (no dot) as a string; it is meant as a number
+        try:
+            value = float(value) if any(c in value.lower() for c in ".en") else int(value)
+        except ValueError:
+            pass
     if _ and path == "output_dir":
         return None, path, str(value)
     if not _ or "." not in path:
@@ -149,6 +174,7 @@ def build_recipe(values: Optional[dict] = None, overrides: Sequence[str] = ()) -
                 raise _unknown(f"{name} key", key, names)
         if name == "optim" and "betas" in given:
             given["betas"] = tuple(given["betas"])
+        _check_types(name, cls, given)
         built[name] = cls(**given)
     profile = values.get("profile") or {}
     if profile:  # checked now (unknown keys, bad steps), used by the trainer

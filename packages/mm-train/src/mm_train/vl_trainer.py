@@ -8,8 +8,11 @@ its micro-batches' losses — the same numbers under any layout of the same reci
 
 Samples come in a fixed order per epoch (a permutation seeded by train.seed and the epoch), so a
 run is reproducible and every rank knows the whole batch without communication. Rank 0 writes
-OUT/metrics.jsonl (step, loss, grad_norm, lr, samples_per_s, tokens_per_s, mfu, mem_bytes), draws the
-progress line and, at the end, OUT/loss.png.
+OUT/metrics.jsonl (step, loss, grad_norm, lr, samples_per_s, tokens_per_s, mfu, mem_bytes, skipped),
+draws the progress line and, at the end, OUT/loss.png.
+
+A step whose loss or gradient is not finite (on any rank) is skipped — no update — and counted;
+``train.max_nonfinite_steps`` skipped steps in a row stop the run with an error.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ def _loss_curve(metrics: List[Dict], path: str) -> Optional[str]:
     except ImportError:  # the curve is a convenience; metrics.jsonl has the numbers
         return None
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([m["step"] for m in metrics], [m["loss"] for m in metrics])
+    ax.plot([m["step"] for m in metrics], [float("nan") if m["loss"] is None else m["loss"] for m in metrics])
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title("training loss")
@@ -142,6 +145,7 @@ def train(recipe: Recipe, progress: bool = True, resume: bool = False) -> List[D
     micro, global_batch = recipe.train.micro_batch_size, recipe.train.global_batch_size
     log = _metrics_log(os.path.join(out, "metrics.jsonl"), first) if writer else None
     every = recipe.checkpoint.every
+    bad_in_a_row = skipped_total = 0
     try:
         for step in range(first, recipe.train.steps):
             start = time.perf_counter()
@@ -155,23 +159,32 @@ def train(recipe: Recipe, progress: bool = True, resume: bool = False) -> List[D
                 losses.append(float(loss.asnumpy()))
                 total_grads = list(grads) if total_grads is None else [a + b for a, b in zip(total_grads, grads)]
             grads = [g * (1.0 / per_rank) for g in total_grads] if per_rank > 1 else total_grads
-            stats = optimizer.step(grads)
             loss = float(np.mean(losses))
-            if topo.dp.size > 1:
+            if topo.dp.size > 1:  # a nan on any rank makes the sum nan everywhere: every rank agrees
                 summed = comm.all_reduce(ms.Tensor(np.array([loss, tokens], np.float32)), topo.dp).asnumpy()
                 loss, tokens = float(summed[0]) / topo.dp.size, int(summed[1])
+            if np.isfinite(loss):
+                stats = optimizer.step(grads)
+            else:
+                stats = {"lr": optimizer.lr_at(optimizer.iteration), "grad_norm": float("nan"), "skipped": True}
+            bad_in_a_row = bad_in_a_row + 1 if stats["skipped"] else 0
+            skipped_total += int(stats["skipped"])
             seconds = time.perf_counter() - start
             speed = meter.record(seconds, samples=global_batch // topo.dp.size, tokens=tokens // topo.dp.size)
             from mm_profiling.throughput import memory
 
-            row = {"step": step + 1, "loss": loss, "grad_norm": stats["grad_norm"], "lr": stats["lr"],
+            row = {"step": step + 1, "loss": _finite(loss), "grad_norm": _finite(stats["grad_norm"]), "lr": stats["lr"],
                    "samples_per_s": speed["cluster_samples_per_s"], "tokens_per_s": speed["cluster_tokens_per_s"],
-                   "mfu": speed["mfu"], "mem_bytes": memory()["peak_host_rss_bytes"]}
+                   "mfu": speed["mfu"], "mem_bytes": memory()["peak_host_rss_bytes"], "skipped": stats["skipped"]}
             metrics.append(row)
             if writer and (step + 1) % recipe.train.log_every == 0:
                 log.write(json.dumps(row) + "\n")
                 log.flush()
             bar.update(step + 1, loss, row["samples_per_s"])
+            if bad_in_a_row >= recipe.train.max_nonfinite_steps:
+                raise RuntimeError(f"{bad_in_a_row} steps in a row (up to step {step + 1}) had a non-finite loss or "
+                                   f"gradient and were skipped ({skipped_total} in all); lower optim.lr, check the "
+                                   "data, or raise train.max_nonfinite_steps")
             if every and ((step + 1) % every == 0 or step + 1 == recipe.train.steps):
                 checkpoint.save(out, step + 1, model, optimizer, topo, lora, recipe.checkpoint.keep)
     finally:
@@ -180,6 +193,11 @@ def train(recipe: Recipe, progress: bool = True, resume: bool = False) -> List[D
     if writer:
         _loss_curve(metrics, os.path.join(out, "loss.png"))
     return metrics
+
+
+def _finite(value):
+    """JSON has no nan / inf: a non-finite figure is written as null."""
+    return value if value is None or np.isfinite(value) else None
 
 
 def _metrics_log(path: str, first: int):

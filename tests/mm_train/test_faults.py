@@ -1,0 +1,45 @@
+"""A step whose loss is not finite is skipped (no update) and counted; max_nonfinite_steps in a
+row stop the run with an error that says what to change. NaN pixels are injected into chosen
+steps' samples (in process, one worker)."""
+
+import json
+
+import numpy as np
+import pytest
+
+
+def poisoned_run(tmp_path, monkeypatch, bad_steps, steps):
+    from mm_train import vl_trainer
+    from mm_train.recipe import load_recipe
+
+    state = {"step": -1}
+    real_order, real_item = vl_trainer.epoch_order, vl_trainer.TinyVLDataset.__getitem__
+
+    def order(step, *args):
+        state["step"] = step
+        return real_order(step, *args)
+
+    def item(self, index):
+        sample = real_item(self, index)
+        if state["step"] in bad_steps:
+            sample["pixel_values"] = sample["pixel_values"] * np.float32("nan")
+        return sample
+
+    monkeypatch.setattr(vl_trainer, "epoch_order", order)
+    monkeypatch.setattr(vl_trainer.TinyVLDataset, "__getitem__", item)
+    recipe = load_recipe(None, [f"train.steps={steps}", "data.samples=32", f"data.path={tmp_path / 'data'}",
+                                f"output_dir={tmp_path / 'out'}"])
+    return vl_trainer.train(recipe, progress=False)
+
+
+def test_a_nan_step_is_skipped_and_training_goes_on(tmp_path, monkeypatch):
+    metrics = poisoned_run(tmp_path, monkeypatch, bad_steps={1}, steps=4)
+    assert [m["skipped"] for m in metrics] == [False, True, False, False]
+    assert metrics[1]["loss"] is None and all(m["loss"] is not None for m in metrics[2:])
+    rows = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")]
+    assert rows[1]["loss"] is None and rows[3]["loss"] < rows[0]["loss"]
+
+
+def test_too_many_nan_steps_in_a_row_stop_the_run(tmp_path, monkeypatch):
+    with pytest.raises(RuntimeError, match="3 steps in a row .* non-finite"):
+        poisoned_run(tmp_path, monkeypatch, bad_steps={2, 3, 4, 5}, steps=8)
