@@ -84,3 +84,19 @@ def test_two_nodes_on_loopback_train_like_one_process(tmp_path):
         assert node.returncode == 0, err[-3000:]
     assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "single"), rel=1e-4)
     assert (tmp_path / "two" / "logs" / "node_1").is_dir()
+
+
+def test_the_lora_recipe_trains_adapters_and_checkpoints_them(tmp_path):
+    from pathlib import Path
+
+    import mm_train as package
+
+    recipe = Path(package.__file__).with_name("recipes") / "qwen2_5_vl_tiny_lora.yaml"
+    out = tmp_path / "lora"
+    result = mm_train("run", str(recipe), "--set", "train.steps=4", "--set", "data.samples=32", "--set",
+                      "checkpoint.every=4", "--set", f"output_dir={out}", "--no-progress", data=tmp_path / "data")
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = losses(out)
+    assert got[-1] < got[0]
+    adapters = json.loads((out / "checkpoints" / "step_4" / "adapters" / "adapter_config.json").read_text())
+    assert adapters["peft_type"] == "LORA" and adapters["r"] == 8
