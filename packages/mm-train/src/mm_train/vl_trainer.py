@@ -117,6 +117,7 @@ def train(recipe: Recipe, progress: bool = True, resume: bool = False) -> List[D
 
     import mm_parallel
     from mm_parallel import comm
+    from mm_profiling.throughput import memory
 
     topo = mm_parallel.initialize(recipe.parallel)
     per_rank = check_layout(recipe, topo.world_size)
@@ -165,14 +166,13 @@ def train(recipe: Recipe, progress: bool = True, resume: bool = False) -> List[D
                 loss, tokens = float(summed[0]) / topo.dp.size, int(summed[1])
             if np.isfinite(loss):
                 stats = optimizer.step(grads)
-            else:
+            else:  # skipped like the optimizer skips a non-finite gradient: the schedule still advances
                 stats = {"lr": optimizer.lr_at(optimizer.iteration), "grad_norm": float("nan"), "skipped": True}
+                optimizer.iteration += 1
             bad_in_a_row = bad_in_a_row + 1 if stats["skipped"] else 0
             skipped_total += int(stats["skipped"])
             seconds = time.perf_counter() - start
             speed = meter.record(seconds, samples=global_batch // topo.dp.size, tokens=tokens // topo.dp.size)
-            from mm_profiling.throughput import memory
-
             row = {"step": step + 1, "loss": _finite(loss), "grad_norm": _finite(stats["grad_norm"]), "lr": stats["lr"],
                    "samples_per_s": speed["cluster_samples_per_s"], "tokens_per_s": speed["cluster_tokens_per_s"],
                    "mfu": speed["mfu"], "mem_bytes": memory()["peak_host_rss_bytes"], "skipped": stats["skipped"]}
