@@ -132,7 +132,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _run(args)
         if args.command == "launch":
             return _launch_node(args)
-    except (ValueError, FileNotFoundError, ImportError) as error:  # the recipe or the command line
+    except ImportError as error:  # a model family / data / profiling package not installed
+        print(f"mm-train: {error}; the trainer needs the extras: pip install 'mm-train[all]'", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as error:  # the recipe or the command line
         print(f"mm-train: {error}", file=sys.stderr)
         return 2
     except RuntimeError as error:  # the run itself (e.g. non-finite losses)
