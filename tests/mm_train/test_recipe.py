@@ -47,8 +47,9 @@ def test_layouts_the_world_or_the_batch_cannot_hold_are_refused():
     assert check_layout(build_recipe({**recipe.to_dict(), "parallel": {}}), 2) == 1  # dp 2
     with pytest.raises(ValueError, match="multiple of micro_batch_size x dp"):
         check_layout(load_recipe(None, ["train.global_batch_size=6"]), 2)
-    with pytest.raises(ValueError, match="pipeline parallelism"):
-        check_layout(load_recipe(None, ["parallel.pp=2"]), 2)
+    assert check_layout(load_recipe(None, ["parallel.pp=2"]), 2) == 2
+    with pytest.raises(ValueError, match="virtual pipeline stages"):
+        check_layout(load_recipe(None, ["parallel.pp=2", "parallel.vpp=2"]), 2)
 
 
 def test_values_are_typed():

@@ -35,7 +35,8 @@ def test_resume_same_layout_bit_exact_and_across_layouts(tmp_path):
 
     layouts = {"tp2_to_1": (["--nproc", "2", "--set", "parallel.tp=2"], []),
                "dp2_zero1_to_1": (["--nproc", "2", "--set", "parallel.zero_stage=1"], []),
-               "1_to_tp2": ([], ["--nproc", "2", "--set", "parallel.tp=2"])}
+               "1_to_tp2": ([], ["--nproc", "2", "--set", "parallel.tp=2"]),
+               "pp2_to_1": (["--nproc", "2", "--set", "parallel.pp=2"], [])}
     for name, (before, after) in layouts.items():
         run(tmp_path / name, 3, *before, data=data)
         run(tmp_path / name, 6, "--resume", *after, data=data)

@@ -34,9 +34,10 @@ def test_help_everywhere(tmp_path):
         assert result.returncode == 0 and "usage: mm-train" in result.stdout
 
 
-def test_the_default_trains_the_same_under_dp2_and_tp2(tmp_path):
+def test_the_default_trains_the_same_under_dp2_tp2_and_pp2(tmp_path):
     short = ["--set", "train.steps=4", "--set", "data.samples=32", "--no-progress"]
-    runs = {"single": [], "dp2": ["--nproc", "2"], "tp2": ["--nproc", "2", "--set", "parallel.tp=2"]}
+    runs = {"single": [], "dp2": ["--nproc", "2"], "tp2": ["--nproc", "2", "--set", "parallel.tp=2"],
+            "pp2": ["--nproc", "2", "--set", "parallel.pp=2"]}
     got = {}
     for name, extra in runs.items():
         out = tmp_path / name
@@ -44,7 +45,7 @@ def test_the_default_trains_the_same_under_dp2_and_tp2(tmp_path):
         assert result.returncode == 0, result.stderr[-3000:]
         got[name] = losses(out)
     assert got["single"][-1] < got["single"][0]
-    for name in ("dp2", "tp2"):
+    for name in ("dp2", "tp2", "pp2"):
         assert got[name] == pytest.approx(got["single"], rel=1e-4), (name, got)
     assert (tmp_path / "single" / "loss.png").exists()
 

@@ -2,12 +2,12 @@
 
     step_N/model/              the model in its Hugging Face form (save_pretrained; tp gathered)
     step_N/adapters/           PEFT adapters, when the run trains LoRA
-    step_N/optimizer.safetensors   per trainable parameter (by its name in the whole model):
-                               <name>.master, <name>.exp_avg, <name>.exp_avg_sq, full tensors
+    step_N/optimizer-stageK.safetensors   per trainable parameter of pipeline stage K (by its name
+                               in the whole model): <name>.master, .exp_avg, .exp_avg_sq, full tensors
     step_N/trainer_state.json  step, optimizer counters, the layout that wrote it
 
-Everything is stored whole (tp shards and ZeRO slices gathered), so a run resumes under any
-layout (TP2 -> TP1, DP2 -> DP1 ...): each rank cuts its shard again while loading. A checkpoint
+Everything is stored whole (tp shards and ZeRO slices gathered, stages by global names), so a run
+resumes under any layout (TP2 -> TP1, PP2 -> PP1, DP2 -> DP1 ...): each rank cuts its shard again while loading. A checkpoint
 is written into a temporary folder, every file fsynced, and renamed to step_N only when complete:
 a step_N folder is always whole, and a crash mid-write leaves only a ``.tmp`` folder that resume
 ignores (and the next save removes). The newest ``keep`` checkpoints are kept.
@@ -89,10 +89,13 @@ def save(out: str, step: int, model, optimizer, topo, lora=None, keep: int = 2) 
 
                 value = unshard(Tensor(value), group, dim).asnumpy()
             tensors[f"{global_name(model, name)}.{key}"] = np.ascontiguousarray(value)
+    if topo.tp.rank == 0 and topo.cp.rank == 0 and topo.dp.rank == 0:  # one writer per pipeline stage
+        save_file(tensors, os.path.join(tmp, f"optimizer-stage{topo.pp.rank:03d}.safetensors"))
+    if topo.world_size > 1:
+        comm.barrier(topo.world)  # every stage's part is written
     if topo.rank == 0:
-        save_file(tensors, os.path.join(tmp, "optimizer.safetensors"))
         state = {"step": step, "optimizer": optimizer.counters(),
-                 "layout": {"world_size": topo.world_size, "tp": topo.tp.size, "dp": topo.dp.size}}
+                 "layout": {"world_size": topo.world_size, "tp": topo.tp.size, "pp": topo.pp.size, "dp": topo.dp.size}}
         with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
             json.dump(state, f, indent=2)
         _fsync_tree(tmp)
@@ -121,20 +124,21 @@ def load_optimizer(folder: str, model, optimizer) -> int:
     from safetensors import safe_open
 
     owners, states = _owners(model), []
-    with safe_open(os.path.join(folder, "optimizer.safetensors"), "np") as f:
-        available = set(f.keys())
-        for param in optimizer.params:
-            name, cell, attr = owners[id(param)]
-            dim, group = _split(cell, attr)
-            state = {}
-            for key in optimizer.STATES:
-                tensor = f"{global_name(model, name)}.{key}"
-                if tensor not in available:
-                    raise KeyError(f"{tensor} is not in {folder}: the checkpoint was written for other trainable "
-                                   "parameters (another model, LoRA or freeze setting)")
-                value = f.get_tensor(tensor)
-                state[key] = shard(value, group, dim) if dim is not None else value
-            states.append(state)
+    files = sorted(n for n in os.listdir(folder) if n.startswith("optimizer-stage") and n.endswith(".safetensors"))
+    handles = [safe_open(os.path.join(folder, n), "np") for n in files]
+    where = {key: h for h in handles for key in h.keys()}
+    for param in optimizer.params:
+        name, cell, attr = owners[id(param)]
+        dim, group = _split(cell, attr)
+        state = {}
+        for key in optimizer.STATES:
+            tensor = f"{global_name(model, name)}.{key}"
+            if tensor not in where:
+                raise KeyError(f"{tensor} is not in {folder}: the checkpoint was written for other trainable "
+                               "parameters (another model, LoRA or freeze setting)")
+            value = where[tensor].get_tensor(tensor)
+            state[key] = shard(value, group, dim) if dim is not None else value
+        states.append(state)
     optimizer.load_param_states(states)
     with open(os.path.join(folder, "trainer_state.json")) as f:
         trainer_state = json.load(f)

@@ -211,8 +211,8 @@ def check_layout(recipe: Recipe, world_size: int) -> int:
     if train.global_batch_size % per_step:
         raise ValueError(f"train.global_batch_size={train.global_batch_size} is not a multiple of micro_batch_size x "
                          f"dp = {train.micro_batch_size} x {dp}; the global batch must split into whole micro-batches")
-    if par.pp > 1:
-        raise ValueError("pipeline parallelism (pp > 1) is not wired into mm-train yet; use tp / cp / dp")
+    if par.vpp > 1:
+        raise ValueError("virtual pipeline stages (vpp > 1) are not wired into mm-train yet; use pp with vpp=1")
     if par.cp > 1:
         raise ValueError("context parallelism needs packed sequences, which the tiny_vl data does not make yet; "
                          "use tp / dp")

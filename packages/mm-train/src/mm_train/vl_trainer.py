@@ -48,31 +48,53 @@ def epoch_order(step: int, global_batch: int, samples: int, seed: int) -> np.nda
 def _build_model(recipe: Recipe, dataset: TinyVLDataset, topo, resume_from: Optional[str] = None):
     """(model, LoRA config or None): from the checkpoint being resumed, the recipe's path, or its
     inline config (random weights); then the plan (recompute, LoRA, freezing)."""
-    from transformers import Qwen2_5_VLConfig
-
     from mm_models_vl import Qwen2_5_VLForConditionalGeneration
     from mm_models_vl.qwen2_5_vl.parallel_plan import LoraConfig, parallelize
 
     spec = recipe.model
     source = os.path.join(resume_from, "model") if resume_from else spec.path
+    if not source and topo.pp.size > 1:
+        # a pipeline stage draws only its own parameters, which would differ from the whole model's
+        # draw: rank 0 draws the whole model once, every stage loads its part of it
+        source = _initial_weights(recipe, dataset, topo)
     if source:
         model = Qwen2_5_VLForConditionalGeneration.from_pretrained(source, topo)
     else:
-        values = dict(spec.config)
-        ids = dataset.model_config()
-        values["text_config"] = {**values.get("text_config", {}), "vocab_size": ids["vocab_size"],
-                                 "pad_token_id": ids["pad_token_id"], "eos_token_id": ids["eos_token_id"],
-                                 "bos_token_id": ids["eos_token_id"]}
-        media = {k: v for k, v in ids.items() if k.endswith("token_id") and k not in ("pad_token_id", "eos_token_id")}
-        config = Qwen2_5_VLConfig(**values, **media, bos_token_id=ids["eos_token_id"], eos_token_id=ids["eos_token_id"],
-                                  pad_token_id=ids["pad_token_id"])
-        model = Qwen2_5_VLForConditionalGeneration(config, topo)
+        model = Qwen2_5_VLForConditionalGeneration(_inline_config(recipe, dataset), topo)
     lora = LoraConfig(**spec.lora) if spec.lora else None
     parallelize(model, recompute=spec.recompute, recompute_num_layers=spec.recompute_num_layers, lora=lora,
                 freeze=spec.freeze)
     if lora is not None and resume_from:
         model.load_adapter(os.path.join(resume_from, "adapters"))
     return model, lora
+
+
+def _inline_config(recipe: Recipe, dataset: TinyVLDataset):
+    """The recipe's inline transformers config with the data's vocabulary and special tokens."""
+    from transformers import Qwen2_5_VLConfig
+
+    values = dict(recipe.model.config)
+    ids = dataset.model_config()
+    values["text_config"] = {**values.get("text_config", {}), "vocab_size": ids["vocab_size"],
+                             "pad_token_id": ids["pad_token_id"], "eos_token_id": ids["eos_token_id"],
+                             "bos_token_id": ids["eos_token_id"]}
+    media = {k: v for k, v in ids.items() if k.endswith("token_id") and k not in ("pad_token_id", "eos_token_id")}
+    return Qwen2_5_VLConfig(**values, **media, bos_token_id=ids["eos_token_id"], eos_token_id=ids["eos_token_id"],
+                            pad_token_id=ids["pad_token_id"])
+
+
+def _initial_weights(recipe: Recipe, dataset: TinyVLDataset, topo) -> str:
+    """Rank 0 draws the whole model (as one process would) into output_dir/initial_weights."""
+    from mm_models_vl import Qwen2_5_VLForConditionalGeneration
+    from mm_parallel import ParallelConfig, comm
+    from mm_parallel.topology import Topology
+
+    folder = os.path.join(recipe.output_dir, "initial_weights")
+    if topo.rank == 0:
+        solo = Topology.build(ParallelConfig(), 1, 0)
+        Qwen2_5_VLForConditionalGeneration(_inline_config(recipe, dataset), solo).save_pretrained(folder)
+    comm.barrier(topo.world)
+    return folder
 
 
 class _Progress:
@@ -152,15 +174,12 @@ def train(recipe: Recipe, progress: bool = True, resume: bool = False) -> List[D
             start = time.perf_counter()
             order = epoch_order(step, global_batch, len(dataset), recipe.train.seed)
             mine = order[topo.dp.rank * per_rank * micro:(topo.dp.rank + 1) * per_rank * micro]
-            total_grads, losses, tokens = None, [], 0
-            for k in range(per_rank):
-                batch = collate([dataset[int(i)] for i in mine[k * micro:(k + 1) * micro]])
-                tokens += int(batch["attention_mask"].sum())
-                loss, grads = grad_fn(batch)
-                losses.append(float(loss.asnumpy()))
-                total_grads = list(grads) if total_grads is None else [a + b for a, b in zip(total_grads, grads)]
-            grads = [g * (1.0 / per_rank) for g in total_grads] if per_rank > 1 else total_grads
-            loss = float(np.mean(losses))
+            batches = [collate([dataset[int(i)] for i in mine[k * micro:(k + 1) * micro]]) for k in range(per_rank)]
+            tokens = sum(int(b["attention_mask"].sum()) for b in batches)
+            losses, grads = _losses_and_grads(model, params, grad_fn, batches, topo)
+            loss = float(np.mean(losses)) if losses else 0.0
+            if topo.pp.size > 1:  # only the last stage sees the loss: give it to every stage
+                loss = float(comm.all_reduce(ms.Tensor(np.array([loss], np.float32)), topo.pp).asnumpy()[0])
             if topo.dp.size > 1:  # a nan on any rank makes the sum nan everywhere: every rank agrees
                 summed = comm.all_reduce(ms.Tensor(np.array([loss, tokens], np.float32)), topo.dp).asnumpy()
                 loss, tokens = float(summed[0]) / topo.dp.size, int(summed[1])
@@ -193,6 +212,22 @@ def train(recipe: Recipe, progress: bool = True, resume: bool = False) -> List[D
     if writer:
         _loss_curve(metrics, os.path.join(out, "loss.png"))
     return metrics
+
+
+def _losses_and_grads(model, params, grad_fn, batches, topo):
+    """(micro-batch losses — on the last pipeline stage only under pp — and the gradients of
+    their mean for this rank's parameters)."""
+    if topo.pp.size > 1:
+        from mm_parallel import pipeline
+
+        return pipeline.train_step_1f1b(model.pipeline_stage, params, [(b, b) for b in batches], model.pipeline_loss,
+                                        topo, with_batch=True)
+    total, losses = None, []
+    for batch in batches:
+        loss, grads = grad_fn(batch)
+        losses.append(float(loss.asnumpy()))
+        total = list(grads) if total is None else [a + b for a, b in zip(total, grads)]
+    return losses, [g * (1.0 / len(batches)) for g in total] if len(batches) > 1 else total
 
 
 def _finite(value):
