@@ -104,10 +104,14 @@ def owned_parameters(model: nn.Cell) -> Iterator[Tuple[str, Parameter, nn.Cell, 
             yield (f"{prefix}.{attr}" if prefix else attr), param, cell, attr
 
 
-def _split(cell: nn.Cell, attr: str) -> Tuple[Optional[int], Optional[Group]]:
+def tp_split(cell: nn.Cell, attr: str) -> Tuple[Optional[int], Optional[Group]]:
+    """(dim, tp group) along which parameter ``attr`` of ``cell`` is split, or (None, None) when
+    it is whole on every rank. A LoRA adapter is split over its base layer's group."""
     dim = getattr(cell, "tp_split_dims", {}).get(attr)
-    return (dim, cell.group) if dim is not None and getattr(cell, "group", None) is not None and cell.group.size > 1 \
-        else (None, None)
+    group = getattr(cell, "group", None)
+    if group is None and hasattr(cell, "base_layer"):
+        group = getattr(cell.base_layer, "group", None)
+    return (dim, group) if dim is not None and group is not None and group.size > 1 else (None, None)
 
 
 def load_weights(model: nn.Cell, path: str, name_map: Callable[[str], Optional[str]] = lambda n: n) -> int:
@@ -128,7 +132,7 @@ def load_weights(model: nn.Cell, path: str, name_map: Callable[[str], Optional[s
         key = next((k for k in keys if k in folder), None)
         if key is None:
             raise KeyError(f"{' / '.join(keys)} (parameter {name}) is missing from the checkpoint at {path}")
-        dim, group = _split(cell, attr)
+        dim, group = tp_split(cell, attr)
         full_shape = folder.shape(key)
         if dim is None:
             value = folder.read(key)
@@ -155,7 +159,7 @@ def full_state(model: nn.Cell, name_map: Callable[[str], Optional[str]] = lambda
         key = name_map(name)
         if key is None:
             continue
-        dim, group = _split(cell, attr)
+        dim, group = tp_split(cell, attr)
         value = param if dim is None else unshard(param, group, dim)
         state[key] = value.asnumpy().astype(np.float32)
     return state

@@ -19,7 +19,7 @@ import json
 import os
 import re
 import shutil
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -54,18 +54,12 @@ def _owners(model) -> Dict[int, tuple]:
     return {id(p): (name, cell, attr) for name, p, cell, attr in owned_parameters(model)}
 
 
-def _split(cell, attr):
-    dim = getattr(cell, "tp_split_dims", {}).get(attr)
-    group = getattr(cell, "group", None)
-    if group is None and hasattr(cell, "base_layer"):  # a LoRA adapter is split like its base layer
-        group = getattr(cell.base_layer, "group", None)
-    return (dim, group) if dim is not None and group is not None and group.size > 1 else (None, None)
-
-
 def save(out: str, step: int, model, optimizer, topo, lora=None, keep: int = 2) -> Optional[str]:
     """Write step_N (every rank calls: the gathers are collectives); returns its path."""
+    from mindspore import Tensor
     from mm_models_vl.qwen2_5_vl.checkpoint import global_name
     from mm_parallel import comm
+    from mm_parallel.hf_checkpoint import tp_split
     from mm_parallel.tensor_parallel import unshard
     from safetensors.numpy import save_file
 
@@ -82,11 +76,9 @@ def save(out: str, step: int, model, optimizer, topo, lora=None, keep: int = 2) 
     owners, tensors = _owners(model), {}
     for param, state in zip(optimizer.params, optimizer.param_states()):
         name, cell, attr = owners[id(param)]
-        dim, group = _split(cell, attr)
+        dim, group = tp_split(cell, attr)
         for key, value in state.items():
             if dim is not None:
-                from mindspore import Tensor
-
                 value = unshard(Tensor(value), group, dim).asnumpy()
             tensors[f"{global_name(model, name)}.{key}"] = np.ascontiguousarray(value)
     if topo.tp.rank == 0 and topo.cp.rank == 0 and topo.dp.rank == 0:  # one writer per pipeline stage
@@ -120,6 +112,7 @@ def load_optimizer(folder: str, model, optimizer) -> int:
     """Set the optimizer (and through its master weights the parameters) from step_N; returns
     the step to continue from."""
     from mm_models_vl.qwen2_5_vl.checkpoint import global_name
+    from mm_parallel.hf_checkpoint import tp_split
     from mm_parallel.tensor_parallel import shard
     from safetensors import safe_open
 
@@ -129,7 +122,7 @@ def load_optimizer(folder: str, model, optimizer) -> int:
     where = {key: h for h in handles for key in h.keys()}
     for param in optimizer.params:
         name, cell, attr = owners[id(param)]
-        dim, group = _split(cell, attr)
+        dim, group = tp_split(cell, attr)
         state = {}
         for key in optimizer.STATES:
             tensor = f"{global_name(model, name)}.{key}"
@@ -144,9 +137,3 @@ def load_optimizer(folder: str, model, optimizer) -> int:
         trainer_state = json.load(f)
     optimizer.load_counters(trainer_state["optimizer"])
     return int(trainer_state["step"])
-
-
-def checkpoints(out: str) -> List[str]:
-    root = os.path.join(out, "checkpoints")
-    return sorted((n for n in os.listdir(root) if _STEP.match(n)), key=lambda n: int(n.split("_")[1])) \
-        if os.path.isdir(root) else []
