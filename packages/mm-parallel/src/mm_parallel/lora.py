@@ -214,3 +214,21 @@ def load_lora(model: nn.Cell, path: str, name_map: Callable[[nn.Cell, str], str]
             if tuple(local.shape) != tuple(param.shape):
                 raise ValueError(f"{name}.{which}: file shape {full.shape} does not fit {tuple(param.shape)} (rank r differs?)")
             param.set_data(Tensor(np.ascontiguousarray(local)))
+
+
+class PeftAdapters:
+    """``load_adapter`` / ``save_adapter`` in PEFT's format for a model class (mixed into it).
+    The class names its modules in the whole model through ``adapter_name(model, path)`` (a
+    pipeline stage's local layer numbers made the model's); the default keeps the path."""
+
+    def adapter_name(self, model, name: str) -> str:
+        return name
+
+    def load_adapter(self, path):
+        """Read PEFT LoRA adapters into a model `apply_lora` wrapped, this rank's shard."""
+        load_lora(self, str(path), self.adapter_name)
+
+    def save_adapter(self, path, lora: LoraConfig, chunks=None):
+        """Write the LoRA adapters (``lora``: the plan's LoraConfig); all ranks call. With virtual
+        pipeline stages pass every chunk this rank holds as ``chunks``."""
+        save_lora(chunks or self, str(path), lora.target_modules, lora.r, lora.alpha, lora.dropout, self.adapter_name)

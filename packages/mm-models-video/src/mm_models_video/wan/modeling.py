@@ -25,6 +25,7 @@ from mindspore import Tensor, nn, ops
 from mm_parallel import mappings
 from mm_parallel.blocks import LayerNorm, Linear, PatchConv, patchify
 from mm_parallel.context_parallel import gather_sequence, split_sequence
+from mm_parallel.lora import PeftAdapters
 from mm_parallel.pipeline import stage_layer_ranges
 from mm_parallel.tensor_parallel import _param
 from mm_parallel.topology import Topology, get_topology
@@ -82,7 +83,7 @@ def unpatchify(tokens, grid, patch):
     return x.reshape(b, x.shape[1], f * pt, h * ph, w * pw)
 
 
-class WanTransformer3DModel(nn.Cell):
+class WanTransformer3DModel(PeftAdapters, nn.Cell):
     """Wan2.1 DiT; see the module docstring. Under pipeline parallelism the object holds one
     virtual stage (``chunk`` c of pipeline rank s is virtual stage c * pp + s): the first holds the
     patch and condition embeddings, the last the output norm and projection."""
@@ -127,20 +128,11 @@ class WanTransformer3DModel(nn.Cell):
 
         save_pretrained(self, path)
 
-    def load_adapter(self, path):
-        """Read PEFT LoRA adapters (after `parallel_plan.parallelize(model, lora=...)`), this rank's shard."""
+    def adapter_name(self, model, name: str) -> str:
+        """A module path with the pipeline stage's layer numbers made the whole model's (PEFT names)."""
         from mm_models_video.wan.checkpoint import global_name
-        from mm_parallel.lora import load_lora
 
-        load_lora(self, str(path), global_name)
-
-    def save_adapter(self, path, lora, chunks=None):
-        """Write the LoRA adapters in PEFT's format (``lora``: the plan's LoraConfig); all ranks call.
-        With virtual pipeline stages pass every chunk this rank holds as ``chunks``."""
-        from mm_models_video.wan.checkpoint import global_name
-        from mm_parallel.lora import save_lora
-
-        save_lora(chunks or self, str(path), lora.target_modules, lora.r, lora.alpha, lora.dropout, global_name)
+        return global_name(model, name)
 
     # -- host side ---------------------------------------------------------------------------
 

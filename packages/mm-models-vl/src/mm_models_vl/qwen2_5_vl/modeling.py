@@ -22,6 +22,7 @@ from mindspore import Tensor, nn, ops
 
 from mm_parallel import mappings
 from mm_parallel.context_parallel import split_sequence
+from mm_parallel.lora import PeftAdapters
 from mm_parallel.pipeline import stage_layer_ranges
 from mm_parallel.tensor_parallel import vocab_parallel_cross_entropy
 from mm_parallel.topology import Topology, get_topology
@@ -133,7 +134,7 @@ class SequencePlan:
     rope_deltas: Optional[np.ndarray]
 
 
-class Qwen2_5_VLForConditionalGeneration(nn.Cell):
+class Qwen2_5_VLForConditionalGeneration(PeftAdapters, nn.Cell):
     """Qwen2.5-VL with its language-model head; see the module docstring.
 
     Under pipeline parallelism the object holds one virtual stage: ``chunk`` c of pipeline rank s is
@@ -179,20 +180,11 @@ class Qwen2_5_VLForConditionalGeneration(nn.Cell):
 
         save_pretrained(self, path)
 
-    def load_adapter(self, path):
-        """Read PEFT LoRA adapters (after `parallel_plan.parallelize(model, lora=...)`), this rank's shard."""
+    def adapter_name(self, model, name: str) -> str:
+        """A module path with the pipeline stage's layer numbers made the whole model's (PEFT names)."""
         from mm_models_vl.qwen2_5_vl.checkpoint import global_name
-        from mm_parallel.lora import load_lora
 
-        load_lora(self, str(path), global_name)
-
-    def save_adapter(self, path, lora, chunks=None):
-        """Write the LoRA adapters in PEFT's format (``lora``: the plan's LoraConfig); all ranks call.
-        With virtual pipeline stages pass every chunk this rank holds as ``chunks``."""
-        from mm_models_vl.qwen2_5_vl.checkpoint import global_name
-        from mm_parallel.lora import save_lora
-
-        save_lora(chunks or self, str(path), lora.target_modules, lora.r, lora.alpha, lora.dropout, global_name)
+        return global_name(model, name)
 
     # -- host side ---------------------------------------------------------------------------
 
