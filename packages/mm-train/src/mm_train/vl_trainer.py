@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Dict, List, Optional
 
@@ -109,7 +110,7 @@ class _Progress:
         done = int(30 * step / self.total)
         line = (f"\rstep {step:>5}/{self.total} [{'#' * done}{'.' * (30 - done)}] loss {loss:8.4f}  "
                 f"{samples_per_s:6.1f} samples/s  {time.perf_counter() - self.start:6.1f}s")
-        print(line, end="\n" if step == self.total else "", flush=True, file=__import__("sys").stderr)
+        print(line, end="\n" if step == self.total else "", flush=True, file=sys.stderr)
 
 
 def _loss_curve(metrics: List[Dict], path: str) -> Optional[str]:

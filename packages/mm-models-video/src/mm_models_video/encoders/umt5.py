@@ -43,8 +43,9 @@ def relative_position_buckets(query_length: int, key_length: int, num_buckets: i
     buckets = (relative > 0).astype(np.int64) * half
     distance = np.abs(relative)
     max_exact = half // 2
-    with np.errstate(divide="ignore"):
-        ratio = np.log(distance.astype(np.float32) / np.float32(max_exact)) / np.float32(math.log(max_distance / max_exact))
+    # offsets below max_exact take the exact bucket below; log of them (0 included) is never used
+    ratio = np.log(np.maximum(distance, max_exact).astype(np.float32) / np.float32(max_exact)) / \
+        np.float32(math.log(max_distance / max_exact))
     large = max_exact + (ratio * np.float32(half - max_exact)).astype(np.int64)
     large = np.minimum(large, half - 1)
     return buckets + np.where(distance < max_exact, distance, large)
