@@ -1,0 +1,140 @@
+"""Encode a data set once, train on the stored features: latents and text embeddings on disk.
+
+`build_feature_cache` runs the encoders it is given (a VAE, a text encoder — any callables from
+a batch to a batch-first numpy array, so mm-data stays framework-free) over a data set, evaluation
+style (centre crops), and writes the features per sample into safetensors shards with a JSONL
+index. Rank ``r`` of ``world_size`` encodes samples ``r, r + world_size, ...`` and writes its own
+shards and index, so ranks never touch one file. A shard is written to a temporary name and
+renamed before its index lines are appended, so the index never names a missing shard; a rerun
+skips the samples already indexed and finishes an interrupted cache. Bad samples are skipped
+through the data set's `BadInputLog`.
+
+`FeatureDataset` reads the folder back: ``get(i)`` gives the sample's feature arrays (plus its
+caption), ``keys`` the shape of each sample's features for bucketed batching.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections import defaultdict
+from typing import Callable, Dict, List, Mapping, Optional
+
+import numpy as np
+
+from mm_data.errors import BadInputLog, BadSample
+
+INDEX_PATTERN = "index-r{rank:03d}.jsonl"
+
+
+def _indexed(folder: str) -> List[dict]:
+    entries = []
+    for path in sorted(glob.glob(os.path.join(folder, "index-r*.jsonl"))):
+        with open(path, encoding="utf-8") as f:
+            entries += [json.loads(line) for line in f if line.strip()]
+    return entries
+
+
+def build_feature_cache(dataset, encoders: Mapping[str, Callable[[dict], np.ndarray]], folder: str,
+                        batch_size: int = 1, samples_per_shard: int = 64, rank: int = 0, world_size: int = 1,
+                        collate: Optional[Callable] = None) -> int:
+    """Encode this rank's share of ``dataset`` into ``folder``; returns the number of samples written."""
+    from safetensors.numpy import save_file
+
+    from mm_data.loader import Collator
+
+    collate = collate or Collator()
+    os.makedirs(folder, exist_ok=True)
+    bad_input = getattr(dataset, "bad_input", None) or BadInputLog()
+    done = {entry["index"] for entry in _indexed(folder)}
+    mine = [i for i in range(rank, len(dataset), world_size) if i not in done]
+    keys = getattr(dataset, "keys", None)
+    groups: Dict[object, List[int]] = defaultdict(list)  # equal shapes batch together
+    for index in mine:
+        groups[keys[index] if keys is not None else 0].append(index)
+    shard_number = len(glob.glob(os.path.join(folder, f"features-r{rank:03d}-*.safetensors")))
+    pending_tensors, pending_lines, written = {}, [], 0
+
+    def flush():
+        nonlocal shard_number, pending_tensors, pending_lines
+        if not pending_lines:
+            return
+        name = f"features-r{rank:03d}-{shard_number:05d}.safetensors"
+        save_file(pending_tensors, os.path.join(folder, name + ".tmp"))
+        os.replace(os.path.join(folder, name + ".tmp"), os.path.join(folder, name))
+        with open(os.path.join(folder, INDEX_PATTERN.format(rank=rank)), "a", encoding="utf-8") as f:
+            for line in pending_lines:
+                f.write(json.dumps({**line, "shard": name}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        shard_number, pending_tensors, pending_lines = shard_number + 1, {}, []
+
+    for members in groups.values():
+        for start in range(0, len(members), batch_size):
+            samples, indices = [], []
+            for index in members[start:start + batch_size]:
+                try:
+                    samples.append(dataset.get(index, 0) if hasattr(dataset, "get") else dataset[index])
+                    indices.append(index)
+                except BadSample as error:
+                    bad_input.skip(error)
+            if not samples:
+                continue
+            batch = collate(samples)
+            features = {name: np.asarray(encode(batch)) for name, encode in encoders.items()}
+            for row, index in enumerate(indices):
+                for name, values in features.items():
+                    pending_tensors[f"{index}/{name}"] = np.ascontiguousarray(values[row])
+                line = {"index": index, "features": {n: list(v.shape[1:]) for n, v in features.items()}}
+                if isinstance(samples[row].get("caption"), str):
+                    line["caption"] = samples[row]["caption"]
+                if hasattr(dataset, "source"):
+                    line["source"] = dataset.source(index)
+                pending_lines.append(line)
+                written += 1
+            if len(pending_lines) >= samples_per_shard:
+                flush()
+    flush()
+    return written
+
+
+class FeatureDataset:
+    """The features `build_feature_cache` wrote, one sample per indexed data-set entry."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self.entries = sorted(_indexed(folder), key=lambda entry: entry["index"])
+        if not self.entries:
+            raise ValueError(f"{folder} holds no feature index (index-r*.jsonl); build it with build_feature_cache")
+        self.keys = [tuple(tuple(shape) for shape in entry["features"].values()) for entry in self.entries]
+        self.bad_input = BadInputLog(total=len(self.entries))
+        self._open = {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def source(self, index: int) -> str:
+        return self.entries[index].get("source", f"sample {self.entries[index]['index']}")
+
+    def get(self, index: int, epoch: int = 0) -> dict:
+        from safetensors import safe_open
+
+        entry = self.entries[index]
+        shard = entry["shard"]
+        if shard not in self._open:
+            path = os.path.join(self.folder, shard)
+            if not os.path.isfile(path):
+                raise BadSample(path, "feature shard missing")
+            self._open[shard] = safe_open(path, framework="np")
+        sample = {name: self._open[shard].get_tensor(f"{entry['index']}/{name}") for name in entry["features"]}
+        if "caption" in entry:
+            sample["caption"] = entry["caption"]
+        sample["index"] = np.int64(entry["index"])
+        return sample
+
+    def __getitem__(self, index: int) -> dict:
+        return self.get(index)
+
+    def __getstate__(self):  # open file handles stay behind when a worker process gets a copy
+        return {**self.__dict__, "_open": {}}

@@ -1,0 +1,98 @@
+"""Deterministic, resumable, data-parallel-aware batches, grouped by shape bucket or length.
+
+A *global batch* is ``global_batch_size`` sample indices; data-parallel rank ``r`` of ``dp`` takes
+the ``r``-th contiguous share. The global batches of an epoch depend only on (seed, epoch, keys),
+never on the number of ranks, so a run resumed under another data-parallel size sees the same
+samples in the same steps — the property that makes losses comparable across layouts.
+
+With ``keys`` (one hashable per sample: a video's (frames, height, width) bucket, or a text
+length group from `length_groups`) every global batch holds one key only: indices are shuffled
+within each key, cut into global batches, and the batches of all keys shuffled together. A key's
+remainder smaller than a batch waits for the next epoch's shuffle (``drop_last``) or forms a
+short batch (one rank only). The position in the stream is two integers, (epoch, batch in epoch).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Dict, Hashable, List, Optional, Sequence
+
+import numpy as np
+
+from mm_data.errors import DataError
+
+
+def length_groups(lengths: Sequence[int], width: int = 256) -> List[int]:
+    """Keys that group samples whose lengths fall in the same ``width``-token band."""
+    return [int(math.ceil(length / width)) for length in lengths]
+
+
+class BucketBatchSampler:
+    """See the module docstring."""
+
+    def __init__(self, num_samples: int, global_batch_size: int, dp_rank: int = 0, dp_size: int = 1,
+                 keys: Optional[Sequence[Hashable]] = None, seed: int = 0, shuffle: bool = True,
+                 drop_last: bool = True):
+        if global_batch_size < 1 or global_batch_size % dp_size:
+            raise ValueError(f"global_batch_size={global_batch_size} must be a positive multiple of the "
+                             f"data-parallel size {dp_size}")
+        if not 0 <= dp_rank < dp_size:
+            raise ValueError(f"dp_rank={dp_rank} is outside [0, {dp_size})")
+        if not drop_last and dp_size > 1:
+            raise ValueError("drop_last=False makes short batches that cannot be split evenly over "
+                             f"{dp_size} data-parallel ranks; use drop_last=True (short batches are for one rank)")
+        if keys is not None and len(keys) != num_samples:
+            raise ValueError(f"{len(keys)} keys for {num_samples} samples")
+        self.num_samples, self.global_batch_size = num_samples, global_batch_size
+        self.dp_rank, self.dp_size, self.seed, self.shuffle, self.drop_last = dp_rank, dp_size, seed, shuffle, drop_last
+        self.groups: Dict[Hashable, np.ndarray] = defaultdict(list)
+        for index, key in enumerate(keys if keys is not None else [0] * num_samples):
+            self.groups[key].append(index)
+        self.groups = {key: np.asarray(members, np.int64) for key, members in self.groups.items()}
+        self.key_of = list(keys) if keys is not None else None
+        self._cached_epoch, self._cached = None, []
+        if not self.epoch_batches(0):
+            sizes = {str(k): len(v) for k, v in self.groups.items()}
+            raise DataError(f"no global batch of {global_batch_size} can be formed from {num_samples} samples "
+                            f"(samples per bucket: {sizes}); lower the batch size or add data")
+
+    @property
+    def local_batch_size(self) -> int:
+        return self.global_batch_size // self.dp_size
+
+    def epoch_batches(self, epoch: int) -> List[np.ndarray]:
+        """The global batches of ``epoch``, in order."""
+        if epoch != self._cached_epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            batches = []
+            for key in sorted(self.groups, key=repr):  # a fixed key order, whatever the insertion order
+                members = self.groups[key]
+                members = rng.permutation(members) if self.shuffle else members
+                cut = len(members) // self.global_batch_size * self.global_batch_size
+                batches += list(members[:cut].reshape(-1, self.global_batch_size))
+                if cut < len(members) and not self.drop_last:
+                    batches.append(members[cut:])
+            if self.shuffle:
+                batches = [batches[i] for i in rng.permutation(len(batches))]
+            self._cached_epoch, self._cached = epoch, batches
+        return self._cached
+
+    def local(self, batch: np.ndarray) -> np.ndarray:
+        """This rank's contiguous share of a global batch."""
+        share = len(batch) // self.dp_size
+        return batch[self.dp_rank * share:(self.dp_rank + 1) * share]
+
+    def substitute(self, index: int, epoch: int, attempt: int) -> int:
+        """Another sample with the same key, to stand in for a bad one (deterministic)."""
+        members = self.groups[self.key_of[index] if self.key_of is not None else 0]
+        rng = np.random.default_rng([self.seed, epoch, index, attempt + 1])
+        return int(members[rng.integers(len(members))])
+
+    def positions(self, epoch: int = 0, batch: int = 0):
+        """(epoch, batch in epoch, global batch) from the given position on, forever."""
+        while True:
+            batches = self.epoch_batches(epoch)
+            for position in range(batch, len(batches)):
+                yield epoch, position, batches[position]
+            epoch, batch = epoch + 1, 0

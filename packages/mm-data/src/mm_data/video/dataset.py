@@ -1,0 +1,99 @@
+"""Video-text samples for diffusion training: a clip in [-1, 1] and its tokenised caption.
+
+`VideoTextDataset.get(index, epoch)` decodes only the clip's frames (`decode.read_frames`),
+resized by swscale to cover the sample's aspect bucket and cropped to it, scaled to [-1, 1] as
+(C, T, H, W) float32. Every random choice of a sample (clip start, crop, which caption, caption
+dropout) comes from a generator seeded by (seed, epoch, index), so a sample is the same whichever
+worker makes it and whenever — which is what makes resuming and changing the worker count exact.
+Each sample's bucket (frames, height, width) is known before decoding, from the annotation's
+metadata or a header probe, so a sampler can batch equal shapes together.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from mm_data.errors import BadInputLog, BadSample
+from mm_data.video.annotations import VideoRecord, load_records
+from mm_data.video.decode import VideoInfo, probe, read_frames
+from mm_data.video.spatial import AspectBuckets, cover_size, crop_box
+from mm_data.video.temporal import FrameBuckets, clip_indices, frame_step, frames_available
+
+
+class VideoTextDataset:
+    """See the module docstring. ``tokenizer``: a transformers tokenizer (T5 / UMT5) or None."""
+
+    def __init__(self, records: Sequence[VideoRecord], frames: FrameBuckets = FrameBuckets(),
+                 buckets: AspectBuckets = AspectBuckets(), fps: Optional[float] = 16.0, speed: float = 1.0,
+                 tokenizer=None, max_text_length: int = 512, random_crop: bool = True,
+                 caption_dropout: float = 0.0, seed: int = 0, bad_input: Optional[BadInputLog] = None):
+        self.frames, self.buckets, self.fps, self.speed = frames, buckets, fps, speed
+        self.tokenizer, self.max_text_length = tokenizer, max_text_length
+        self.random_crop, self.caption_dropout, self.seed = random_crop, caption_dropout, seed
+        self.bad_input = bad_input if bad_input is not None else BadInputLog()
+        if self.bad_input.total is None:
+            self.bad_input.total = len(records)
+        self.records: List[VideoRecord] = []
+        self.infos: List[VideoInfo] = []
+        self.keys: List[Tuple[int, int, int]] = []
+        for record in records:  # buckets known up front; videos that cannot be used are skipped here
+            try:
+                info = self._info(record)
+                key = self._key(info)
+            except BadSample as bad:
+                self.bad_input.skip(bad)
+                continue
+            self.records.append(record)
+            self.infos.append(info)
+            self.keys.append(key)
+        self.bad_input.check()
+
+    @classmethod
+    def from_annotations(cls, path: str, max_bad_fraction: float = 0.05, folder: Optional[str] = None, **kwargs):
+        """Read any supported annotation layout (see `annotations.load_records`) into a data set."""
+        log = BadInputLog(max_bad_fraction)
+        return cls(load_records(path, log, folder), bad_input=log, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def source(self, index: int) -> str:
+        return self.records[index].path
+
+    @staticmethod
+    def _info(record: VideoRecord) -> VideoInfo:
+        if record.has_metadata:
+            return VideoInfo(record.path, record.num_frames, record.fps, record.height, record.width)
+        return probe(record.path)
+
+    def _key(self, info: VideoInfo) -> Tuple[int, int, int]:
+        step = frame_step(info.fps, self.fps, self.speed)
+        length = self.frames.length(frames_available(info.num_frames, step), info.path)
+        return (length,) + self.buckets.bucket(info.height, info.width, info.path)
+
+    def get(self, index: int, epoch: int = 0) -> Dict[str, np.ndarray]:
+        """Sample ``index`` as drawn in ``epoch``; raises `BadSample` if its video cannot be decoded."""
+        record, info, (length, height, width) = self.records[index], self.infos[index], self.keys[index]
+        rng = np.random.default_rng([self.seed, epoch, index])
+        indices = clip_indices(info.num_frames, length, frame_step(info.fps, self.fps, self.speed),
+                               rng if self.random_crop else None)
+        resized = cover_size(info.height, info.width, (height, width))
+        clip = read_frames(record.path, indices, size=resized)
+        top, left = crop_box(resized, (height, width), rng if self.random_crop else None)
+        clip = clip[:, top:top + height, left:left + width]
+        video = np.ascontiguousarray(clip.transpose(3, 0, 1, 2), np.float32) / np.float32(127.5) - np.float32(1.0)
+        caption = record.captions[int(rng.integers(len(record.captions)))]
+        if self.caption_dropout and rng.random() < self.caption_dropout:
+            caption = ""  # the unconditional sample classifier-free guidance learns from
+        sample = {"video": video, "caption": caption, "index": np.int64(index)}
+        if self.tokenizer is not None:
+            tokens = self.tokenizer(caption, padding="max_length", truncation=True, max_length=self.max_text_length,
+                                    return_tensors="np")
+            sample["input_ids"] = tokens["input_ids"][0].astype(np.int64)
+            sample["attention_mask"] = tokens["attention_mask"][0].astype(np.int64)
+        return sample
+
+    def __getitem__(self, index: int) -> Dict[str, np.ndarray]:
+        return self.get(index)

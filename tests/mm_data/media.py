@@ -1,0 +1,69 @@
+"""Real media files for mm-data's tests: videos written with PyAV, images with PIL, a BPE tokenizer."""
+
+from __future__ import annotations
+
+import os
+from fractions import Fraction
+
+import numpy as np
+
+
+def frame_pattern(index: int, height: int, width: int) -> np.ndarray:
+    """A frame whose content identifies its index (a moving bar and a per-frame colour)."""
+    image = np.zeros((height, width, 3), np.uint8)
+    image[..., 0] = (index * 37) % 256
+    image[..., 2] = np.linspace(0, 255, width, dtype=np.uint8)[None, :]
+    bar = (index * 3) % max(height - 4, 1)
+    image[bar:bar + 4, :, 1] = 255
+    return image
+
+
+def write_video(path: str, frames: int = 30, height: int = 48, width: int = 64, fps=24, codec: str = "libx264",
+                gop: int = 10) -> str:
+    import av
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    container = av.open(path, "w")
+    stream = container.add_stream(codec, rate=Fraction(fps).limit_denominator(100000))
+    stream.width, stream.height, stream.pix_fmt, stream.gop_size = width, height, "yuv420p", gop
+    for i in range(frames):
+        for packet in stream.encode(av.VideoFrame.from_ndarray(frame_pattern(i, height, width), format="rgb24")):
+            container.mux(packet)
+    for packet in stream.encode():
+        container.mux(packet)
+    container.close()
+    return path
+
+
+def decode_all(path: str, size=None) -> np.ndarray:
+    """Every frame, decoded one by one (the slow reference that clip reading must equal)."""
+    import av
+
+    kwargs = {"format": "rgb24"} if size is None else {"format": "rgb24", "height": size[0], "width": size[1],
+                                                        "interpolation": "BICUBIC"}
+    with av.open(path) as container:
+        return np.stack([frame.to_ndarray(**kwargs) for frame in container.decode(video=0)])
+
+
+def truncate(path: str, out: str, fraction: float = 0.5) -> str:
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(out, "wb") as f:
+        f.write(data[: int(len(data) * fraction)])
+    return out
+
+
+def bpe_tokenizer(folder: str, texts, vocab_size: int = 200):
+    """A tiny BPE tokenizer trained with `tokenizers`, loaded as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.train_from_iterator(list(texts) * 4, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<pad>", "</s>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    os.makedirs(folder, exist_ok=True)
+    tokenizer.save(os.path.join(folder, "tokenizer.json"))
+    return PreTrainedTokenizerFast(tokenizer_file=os.path.join(folder, "tokenizer.json"), pad_token="<pad>",
+                                   eos_token="</s>", unk_token="<unk>")
