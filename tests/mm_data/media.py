@@ -67,3 +67,31 @@ def bpe_tokenizer(folder: str, texts, vocab_size: int = 200):
     tokenizer.save(os.path.join(folder, "tokenizer.json"))
     return PreTrainedTokenizerFast(tokenizer_file=os.path.join(folder, "tokenizer.json"), pad_token="<pad>",
                                    eos_token="</s>", unk_token="<unk>")
+
+
+QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                "<|video_pad|>"]
+
+
+def qwen_tokenizer(folder: str, texts, vocab_size: int = 300):
+    """A tiny byte-level BPE tokenizer with Qwen2-VL's special tokens (pad = <|endoftext|>)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(list(texts) * 4, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=QWEN_SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    os.makedirs(folder, exist_ok=True)
+    tokenizer.save(os.path.join(folder, "tokenizer.json"))
+    return PreTrainedTokenizerFast(tokenizer_file=os.path.join(folder, "tokenizer.json"), pad_token="<|endoftext|>",
+                                   eos_token="<|im_end|>")
+
+
+def write_image(path: str, height: int, width: int, seed: int = 0, mode: str = "RGB") -> str:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).convert(mode).save(path)
+    return path

@@ -127,3 +127,9 @@ def test_annotation_layouts(videos, tmp_path):
     assert log.count == 1 and "no caption file" in log.skipped[0][1]
     with pytest.raises(ValueError, match="layout"):
         load_records(str(tmp_path / "data.csv"))
+    (tmp_path / "object.json").write_text('{"path": "a.mp4"}')
+    with pytest.raises(ValueError, match="one JSON dict"):
+        load_records(str(tmp_path / "object.json"))
+    (tmp_path / "broken.json").write_text('[{"path": "a.mp4"},')
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_records(str(tmp_path / "broken.json"))

@@ -20,7 +20,7 @@ import os
 import queue
 import time
 import traceback
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -32,15 +32,25 @@ class Collator:
     """Stack each field over the batch, padding ragged arrays at the end of every axis.
 
     Padding values by field name (``labels`` pads with -100, the ignored label; everything else 0
-    unless ``pad_values`` says otherwise); strings are gathered into lists.
+    unless ``pad_values`` says otherwise); strings are gathered into lists. Fields named in
+    ``concatenate`` (image patches and grids: each sample has its own number) are joined along
+    the first axis over the samples that have them.
     """
 
-    def __init__(self, pad_values: Optional[Dict[str, float]] = None):
+    def __init__(self, pad_values: Optional[Dict[str, float]] = None, concatenate: Sequence[str] = ()):
         self.pad_values = {"labels": -100, **(pad_values or {})}
+        self.concatenate = tuple(concatenate)
 
     def __call__(self, samples: List[dict]) -> dict:
         batch = {}
-        for key in samples[0]:
+        keys = list(dict.fromkeys(key for sample in samples for key in sample))
+        for key in keys:
+            if key in self.concatenate:
+                batch[key] = np.concatenate([np.asarray(sample[key]) for sample in samples if key in sample])
+                continue
+            if any(key not in sample for sample in samples):
+                raise ValueError(f"field {key!r} is missing from some samples of the batch; name it in "
+                                 f"Collator(concatenate=...) if samples may lack it")
             values = [sample[key] for sample in samples]
             if isinstance(values[0], str):
                 batch[key] = values

@@ -15,11 +15,11 @@ path, missing file, no caption) are skipped through the `BadInputLog`, never dro
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
-from typing import Iterable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
+from mm_data.entries import json_entries, parse_all
 from mm_data.errors import BadInputLog, BadSample
 
 VIDEO_EXTENSIONS = (".mp4", ".avi", ".mkv", ".mov", ".webm", ".m4v", ".mpg", ".mpeg")
@@ -70,27 +70,10 @@ def _record(entry, folder: str, source: str) -> VideoRecord:
         raise BadSample(source, f"malformed metadata: {error}") from None
 
 
-def _collect(entries: Iterable[Tuple[str, object]], folder: str, log: BadInputLog) -> List[VideoRecord]:
-    records = []
-    for source, entry in entries:
-        try:
-            records.append(_record(entry, folder, source))
-        except BadSample as bad:
-            log.skip(bad)
-    return records
-
-
 def read_data_json(path: str, folder: str = "", log: Optional[BadInputLog] = None) -> List[VideoRecord]:
     """The reference suite's data.json; video paths relative to ``folder``."""
     log = log if log is not None else BadInputLog()
-    with open(path, encoding="utf-8") as f:
-        try:
-            entries = json.load(f)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path} is not valid JSON ({error}); expected a list of video entries") from None
-    if not isinstance(entries, list):
-        raise ValueError(f"{path} must hold a JSON list of video entries, got {type(entries).__name__}")
-    return _collect(((f"{path}[{i}]", e) for i, e in enumerate(entries)), folder, log)
+    return parse_all(json_entries(path, log), lambda entry, source: _record(entry, folder, source), log)
 
 
 def read_data_txt(path: str, log: Optional[BadInputLog] = None) -> List[VideoRecord]:
@@ -110,16 +93,8 @@ def read_data_txt(path: str, log: Optional[BadInputLog] = None) -> List[VideoRec
 def read_jsonl(path: str, log: Optional[BadInputLog] = None) -> List[VideoRecord]:
     """One JSON object per line (``file`` + ``captions``); paths relative to the file's folder."""
     log = log if log is not None else BadInputLog()
-    entries = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                entries.append((f"{path}:{number}", json.loads(line)))
-            except json.JSONDecodeError as error:
-                log.skip(BadSample(f"{path}:{number}", f"malformed JSON line: {error}"))
-    return _collect(entries, os.path.dirname(os.path.abspath(path)), log)
+    folder = os.path.dirname(os.path.abspath(path))
+    return parse_all(json_entries(path, log), lambda entry, source: _record(entry, folder, source), log)
 
 
 def read_video_folder(root: str, log: Optional[BadInputLog] = None) -> List[VideoRecord]:
@@ -139,7 +114,7 @@ def read_video_folder(root: str, log: Optional[BadInputLog] = None) -> List[Vide
             continue
         with open(label, encoding="utf-8") as f:
             entries.append((label, {"path": name, "cap": f.read().strip()}))
-    return _collect(entries, videos, log)
+    return parse_all(entries, lambda entry, source: _record(entry, videos, source), log)
 
 
 def load_records(path: str, log: Optional[BadInputLog] = None, folder: Optional[str] = None) -> List[VideoRecord]:

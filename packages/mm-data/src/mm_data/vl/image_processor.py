@@ -11,7 +11,7 @@ normalised per channel in float32, then cut into merge-ordered patches with each
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -72,8 +72,10 @@ class Qwen2VLImageProcessor:
 
     preprocess = __call__
 
-    def normalized(self, image) -> np.ndarray:
-        """(C, H, W) float32: RGB, resized, rescaled and normalised as transformers does."""
+    def normalized(self, image, size: Optional[Tuple[int, int]] = None) -> np.ndarray:
+        """(C, H, W) float32: RGB, resized, rescaled and normalised as transformers does.
+
+        ``size`` = (height, width) replaces `smart_resize`'s choice (a video's frames share one)."""
         from PIL import Image
 
         pil = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image, np.uint8))
@@ -81,9 +83,10 @@ class Qwen2VLImageProcessor:
             pil = pil.convert("RGB")
         if self.do_resize:
             factor = self.patch_size * self.merge_size
-            height, width = smart_resize(pil.height, pil.width, factor, self.size["shortest_edge"],
-                                         self.size["longest_edge"])
-            pil = pil.resize((width, height), resample=Image.BICUBIC)
+            height, width = size or smart_resize(pil.height, pil.width, factor, self.size["shortest_edge"],
+                                                 self.size["longest_edge"])
+            if (height, width) != (pil.height, pil.width):  # PIL's resize to the same size is the identity too
+                pil = pil.resize((width, height), resample=Image.BICUBIC)
         array = np.moveaxis(np.array(pil), -1, 0)  # (C, H, W) uint8
         if self._lookup is not None and array.dtype == np.uint8 and array.shape[0] == len(self._lookup):
             # every output value depends only on (channel, byte): one table lookup per channel gives

@@ -1,0 +1,139 @@
+"""Vision-language SFT samples: a conversation with its images and videos, as model inputs.
+
+`VLSFTDataset.get(index)` loads the sample's images (PIL) and videos (PyAV: only the frames
+`Qwen2VLVideoProcessor.sample_frames` keeps, at ``video_fps`` within [min_frames, max_frames]),
+runs the processors, expands the placeholders by the resulting grids and tokenises with the chat
+template. Out come transformers' keyword arguments: ``input_ids``, ``attention_mask``,
+``labels``, ``mm_token_type_ids``, and when present ``pixel_values`` / ``image_grid_thw``,
+``pixel_values_videos`` / ``video_grid_thw`` / ``second_per_grid_ts``. A missing or unreadable
+medium, or a sample that cannot fit ``max_length``, raises `BadSample`.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from mm_data.errors import BadInputLog, BadSample
+from mm_data.video.decode import probe, read_frames
+from mm_data.vl.conversation import Conversation, read_conversations
+from mm_data.vl.image_processor import Qwen2VLImageProcessor, smart_resize
+from mm_data.vl.template import QwenChatTemplate
+from mm_data.vl.video_processor import Qwen2VLVideoProcessor
+
+# fields holding media patches: batches concatenate them along the first axis instead of stacking
+MEDIA_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+
+
+def load_image(path: str):
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except FileNotFoundError:
+        raise BadSample(path, "file not found") from None
+    except Exception as error:  # PIL raises several error classes for broken files
+        raise BadSample(path, f"unreadable image: {error}") from None
+
+
+class VLSFTDataset:
+    """See the module docstring."""
+
+    def __init__(self, conversations: Sequence[Conversation], tokenizer, image_processor=None, video_processor=None,
+                 max_length: Optional[int] = None, video_fps: float = 2.0, default_system: Optional[str] = None,
+                 bad_input: Optional[BadInputLog] = None):
+        self.conversations = list(conversations)
+        self.template = QwenChatTemplate(tokenizer, **({"default_system": default_system} if default_system else {}))
+        self.image_processor = image_processor or Qwen2VLImageProcessor()
+        self.video_processor = video_processor or Qwen2VLVideoProcessor()
+        self.max_length, self.video_fps = max_length, video_fps
+        self.bad_input = bad_input if bad_input is not None else BadInputLog(total=len(self.conversations))
+
+    @classmethod
+    def from_file(cls, path: str, tokenizer, media_dir: Optional[str] = None, max_bad_fraction: float = 0.05,
+                  **kwargs):
+        log = BadInputLog(max_bad_fraction)
+        return cls(read_conversations(path, media_dir, log), tokenizer, bad_input=log, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.conversations)
+
+    def source(self, index: int) -> str:
+        return self.conversations[index].source
+
+    def _video(self, path: str) -> tuple:
+        info = probe(path)
+        processor = self.video_processor
+        fps = None if processor.num_frames is not None else (processor.fps or self.video_fps)
+        try:
+            indices = processor.sample_frames(info.num_frames, info.fps, fps=fps)
+        except ValueError as error:
+            raise BadSample(path, str(error)) from None
+        frames = read_frames(path, indices)
+        sampled_fps = len(indices) / info.num_frames * info.fps
+        return frames, processor.temporal_patch_size / sampled_fps
+
+    def get(self, index: int, epoch: int = 0) -> Dict[str, np.ndarray]:
+        conversation = self.conversations[index]
+        sample: Dict[str, np.ndarray] = {}
+        merge = self.image_processor.merge_size ** 2
+        image_tokens: List[int] = []
+        if conversation.images:
+            images = self.image_processor([load_image(path) for path in conversation.images])
+            sample.update(images)
+            image_tokens = [int(np.prod(grid)) // merge for grid in images["image_grid_thw"]]
+        video_tokens: List[int] = []
+        if conversation.videos:
+            decoded = [self._video(path) for path in conversation.videos]
+            videos = self.video_processor([frames for frames, _ in decoded])
+            sample.update(videos)
+            sample["second_per_grid_ts"] = np.array([seconds for _, seconds in decoded], np.float32)
+            merge_v = self.video_processor.merge_size ** 2
+            video_tokens = [int(np.prod(grid)) // merge_v for grid in videos["video_grid_thw"]]
+        if conversation.audios:
+            raise BadSample(conversation.source, "audio inputs are not supported by this data set yet")
+        tokens = self.template.encode(conversation, image_tokens, video_tokens, max_length=self.max_length)
+        sample.update(tokens)
+        sample["attention_mask"] = np.ones_like(tokens["input_ids"])
+        return sample
+
+    def __getitem__(self, index: int) -> Dict[str, np.ndarray]:
+        return self.get(index)
+
+    def collator(self):
+        """Pads token fields (input_ids with the tokenizer's pad id), concatenates media fields."""
+        from mm_data.loader import Collator
+
+        pad_id = getattr(self.template.tokenizer, "pad_token_id", None) or 0
+        return Collator(pad_values={"input_ids": pad_id}, concatenate=MEDIA_FIELDS)
+
+    def length(self, index: int) -> int:
+        """Tokens of sample ``index``, from image headers and video probes (no pixels decoded)."""
+        from PIL import Image
+
+        conversation = self.conversations[index]
+        images, videos = self.image_processor, self.video_processor
+        image_tokens = []
+        for path in conversation.images:
+            try:
+                with Image.open(path) as image:
+                    width, height = image.size
+            except Exception as error:
+                raise BadSample(path, f"unreadable image: {error}") from None
+            h, w = smart_resize(height, width, images.patch_size * images.merge_size, images.size["shortest_edge"],
+                                images.size["longest_edge"])
+            image_tokens.append(h * w // (images.patch_size * images.merge_size) ** 2)
+        video_tokens = []
+        for path in conversation.videos:
+            info = probe(path)
+            fps = None if videos.num_frames is not None else (videos.fps or self.video_fps)
+            try:
+                count = len(videos.sample_frames(info.num_frames, info.fps, fps=fps))
+            except ValueError as error:
+                raise BadSample(path, str(error)) from None
+            factor = videos.patch_size * videos.merge_size
+            h, w = smart_resize(info.height, info.width, factor, videos.size["shortest_edge"], videos._max_pixels(count))
+            video_tokens.append(-(-count // videos.temporal_patch_size) * h * w // factor ** 2)
+        return len(self.template.encode(conversation, image_tokens, video_tokens, max_length=self.max_length)["input_ids"])

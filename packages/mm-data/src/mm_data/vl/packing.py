@@ -1,0 +1,85 @@
+"""Sequence packing: several short samples in one row of ``max_length`` tokens, kept apart.
+
+`plan_packs` bins sample lengths first-fit-decreasing (deterministic: ties keep index order).
+`pack` joins a bin's samples: token fields end to end, ``attention_mask`` holding each token's
+sample number (1, 1, 1, 2, 2, ...; 0 is padding) so varlen attention never looks across samples,
+``position_ids`` restarting at 0 per sample, ``cu_seqlens`` the sample boundaries, and media
+patches and grids concatenated in order (their placeholders appear in the same order).
+`PackedDataset` serves packs of a data set that has ``length(i)`` and ``get(i, epoch)``.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from mm_data.errors import BadInputLog, BadSample
+from mm_data.vl.dataset import MEDIA_FIELDS
+
+TOKEN_FIELDS = ("input_ids", "labels", "mm_token_type_ids")
+
+
+def plan_packs(lengths: Sequence[int], max_length: int) -> List[List[int]]:
+    """Indices grouped into bins whose total length is at most ``max_length``."""
+    too_long = [i for i, n in enumerate(lengths) if n > max_length]
+    if too_long:
+        raise ValueError(f"samples {too_long[:5]} are longer than max_length={max_length}; truncate them first")
+    bins: List[List[int]] = []
+    room: List[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for number, space in enumerate(room):
+            if lengths[index] <= space:
+                bins[number].append(index)
+                room[number] -= lengths[index]
+                break
+        else:
+            bins.append([index])
+            room.append(max_length - lengths[index])
+    return [sorted(members) for members in bins]
+
+
+def pack(samples: Sequence[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
+    """One packed row from ``samples`` (see the module docstring)."""
+    packed = {key: np.concatenate([s[key] for s in samples]) for key in TOKEN_FIELDS if key in samples[0]}
+    sizes = [len(s["input_ids"]) for s in samples]
+    packed["attention_mask"] = np.concatenate([np.full(n, k + 1, np.int64) for k, n in enumerate(sizes)])
+    packed["position_ids"] = np.concatenate([np.arange(n, dtype=np.int64) for n in sizes])
+    packed["cu_seqlens"] = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    for key in MEDIA_FIELDS:
+        parts = [s[key] for s in samples if key in s]
+        if parts:
+            packed[key] = np.concatenate(parts)
+    return packed
+
+
+class PackedDataset:
+    """Packs of ``dataset``'s samples, planned once from their lengths; bad samples are left out."""
+
+    def __init__(self, dataset, max_length: int, lengths: Optional[Sequence[int]] = None):
+        self.dataset, self.max_length = dataset, max_length
+        self.bad_input: BadInputLog = getattr(dataset, "bad_input", None) or BadInputLog(total=len(dataset))
+        if lengths is None:
+            lengths = []
+            for index in range(len(dataset)):
+                try:
+                    lengths.append(dataset.length(index))
+                except BadSample as bad:
+                    self.bad_input.skip(bad)
+                    lengths.append(max_length + 1)  # planned nowhere
+        usable = [i for i, n in enumerate(lengths) if n <= max_length]
+        plan = plan_packs([lengths[i] for i in usable], max_length)
+        self.packs = [[usable[i] for i in members] for members in plan]
+        self.lengths = [sum(lengths[i] for i in members) for members in self.packs]
+
+    def __len__(self) -> int:
+        return len(self.packs)
+
+    def source(self, index: int) -> str:
+        return ", ".join(self.dataset.source(i) for i in self.packs[index]) if hasattr(self.dataset, "source") else ""
+
+    def get(self, index: int, epoch: int = 0) -> Dict[str, np.ndarray]:
+        return pack([self.dataset.get(i, epoch) for i in self.packs[index]])
+
+    def __getitem__(self, index: int) -> Dict[str, np.ndarray]:
+        return self.get(index)

@@ -1,0 +1,109 @@
+"""The Qwen2-VL / Qwen2.5-VL chat format (ChatML) with media expansion and assistant-only labels.
+
+A conversation becomes
+
+    <|im_start|>system\\n{system}<|im_end|>\\n
+    <|im_start|>user\\n{user}<|im_end|>\\n<|im_start|>assistant\\n{assistant}<|im_end|>\\n   (per turn)
+
+with every ``<image>`` replaced by ``<|vision_start|>`` + ``<|image_pad|>`` x n + ``<|vision_end|>``,
+n = the image's patches / merge_size², and ``<video>`` likewise with ``<|video_pad|>`` (audio:
+``<|audio_bos|>`` + ``<|AUDIO|>`` x n + ``<|audio_eos|>``, Qwen2.5-Omni). Labels are the token ids
+of each assistant reply with its ``<|im_end|>\\n`` (every turn trains, as LLaMA-Factory's default),
+-100 elsewhere. Text between placeholders is tokenised piece by piece and the media ids are
+inserted directly; special tokens split a tokenizer's input anyway, so the ids equal tokenising
+the expanded string whole (tested), without building strings of thousands of pad tokens.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from mm_data.errors import BadSample
+from mm_data.vl.conversation import Conversation
+
+IGNORE_INDEX = -100
+_PLACEHOLDER = re.compile(r"(<image>|<video>|<audio>)")
+_MEDIA = {"<image>": ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),
+          "<video>": ("<|vision_start|>", "<|video_pad|>", "<|vision_end|>"),
+          "<audio>": ("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")}
+TOKEN_TYPES = {"<|image_pad|>": 1, "<|video_pad|>": 2}  # mm_token_type_ids: 0 text, 1 image, 2 video
+
+
+class QwenChatTemplate:
+    """See the module docstring. ``tokenizer``: a transformers tokenizer knowing Qwen's special tokens."""
+
+    def __init__(self, tokenizer, default_system: Optional[str] = "You are a helpful assistant."):
+        self.tokenizer, self.default_system = tokenizer, default_system
+        self.ids: Dict[str, int] = {}
+        for token in {"<|im_start|>", "<|im_end|>"} | {t for group in _MEDIA.values() for t in group}:
+            token_id = tokenizer.convert_tokens_to_ids(token)
+            if token_id is not None and token_id != getattr(tokenizer, "unk_token_id", None):
+                self.ids[token] = token_id
+        missing = [t for t in ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                               "<|video_pad|>") if t not in self.ids]
+        if missing:
+            raise ValueError(f"the tokenizer lacks Qwen's special tokens {missing}; use the model's own tokenizer")
+
+    def _text(self, text: str) -> List[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    def _expand(self, text: str, counts: Dict[str, List[int]], used: Dict[str, int], source: str) -> List[int]:
+        ids = []
+        for piece in _PLACEHOLDER.split(text):
+            if piece in _MEDIA:
+                start, pad, end = _MEDIA[piece]
+                if pad not in self.ids:
+                    raise BadSample(source, f"{piece} needs the token {pad}, which this tokenizer lacks")
+                n = counts[piece][used[piece]]
+                used[piece] += 1
+                ids += [self.ids[start]] + [self.ids[pad]] * n + [self.ids[end]]
+            else:
+                ids += self._text(piece)
+        return ids
+
+    def encode(self, conversation: Conversation, image_tokens: Sequence[int] = (), video_tokens: Sequence[int] = (),
+               audio_tokens: Sequence[int] = (), max_length: Optional[int] = None) -> Dict[str, np.ndarray]:
+        """``input_ids``, ``labels`` and ``mm_token_type_ids`` of ``conversation``; ``*_tokens`` is the
+        number of pad tokens of each image / video / audio, in placeholder order."""
+        counts = {"<image>": list(image_tokens), "<video>": list(video_tokens), "<audio>": list(audio_tokens)}
+        used = {key: 0 for key in counts}
+        start, end, newline = self.ids["<|im_start|>"], self.ids["<|im_end|>"], self._text("\n")
+        ids: List[int] = []
+        labels: List[int] = []
+
+        def add(tokens: List[int], trained: bool):
+            ids.extend(tokens)
+            labels.extend(tokens if trained else [IGNORE_INDEX] * len(tokens))
+
+        system = conversation.system if conversation.system is not None else self.default_system
+        source = conversation.source
+        if system is not None:
+            add([start] + self._text("system\n") + self._expand(system, counts, used, source) + [end] + newline, False)
+        for role, text in conversation.turns:
+            if role == "user":
+                add([start] + self._text("user\n") + self._expand(text, counts, used, source) + [end] + newline
+                    + [start] + self._text("assistant\n"), False)
+            else:
+                add(self._expand(text, counts, used, source) + [end] + newline, True)
+        for key, values in counts.items():
+            if used[key] != len(values):
+                raise BadSample(source, f"{used[key]} {key} placeholders but {len(values)} media token counts")
+        if max_length is not None and len(ids) > max_length:
+            media = {self.ids[_MEDIA[key][1]] for key in _MEDIA if _MEDIA[key][1] in self.ids}
+            if any(token in media for token in ids[max_length:]):
+                raise BadSample(source, f"{len(ids)} tokens, more than max_length={max_length}, and the cut would "
+                                        f"split its media; raise max_length or lower the media resolution")
+            ids, labels = ids[:max_length], labels[:max_length]
+        types = np.zeros(len(ids), np.int64)
+        for token, kind in TOKEN_TYPES.items():
+            types[np.asarray(ids) == self.ids[token]] = kind
+        return {"input_ids": np.asarray(ids, np.int64), "labels": np.asarray(labels, np.int64),
+                "mm_token_type_ids": types}
+
+    def render(self, conversation: Conversation, image_tokens: Sequence[int] = (),
+               video_tokens: Sequence[int] = ()) -> str:
+        """The expanded prompt as text (for reading and for checks)."""
+        return self.tokenizer.decode(self.encode(conversation, image_tokens, video_tokens)["input_ids"])

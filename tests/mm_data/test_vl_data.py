@@ -1,0 +1,206 @@
+"""LLaMA-Factory conversations, the Qwen chat template, the video processor, VL samples and packing."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from media import QWEN_SPECIAL, qwen_tokenizer, write_image, write_video
+
+from mm_data.errors import BadInputLog, BadSample
+from mm_data.loader import DataLoader
+from mm_data.sampler import BucketBatchSampler
+from mm_data.vl import (IGNORE_INDEX, PackedDataset, Qwen2VLImageProcessor, Qwen2VLVideoProcessor, QwenChatTemplate,
+                        VLSFTDataset, parse_entry, plan_packs, read_conversations)
+
+TEXTS = ["What is in the picture?", "A cat on a mat.", "Describe the video.", "A bar moves down.",
+         "system user assistant", "You are a helpful assistant.", "And the second one?", "Two dogs."]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return qwen_tokenizer(str(tmp_path_factory.mktemp("tok")), TEXTS)
+
+
+def test_both_llamafactory_layouts_parse_to_the_same_conversation(tmp_path):
+    messages = {"messages": [{"role": "system", "content": "Be brief."},
+                             {"role": "user", "content": "<image>What is it?"},
+                             {"role": "assistant", "content": "A cat."}], "images": ["a.png"]}
+    sharegpt = {"conversations": [{"from": "human", "value": "<image>What is it?"}, {"from": "gpt", "value": "A cat."}],
+                "system": "Be brief.", "images": ["a.png"]}
+    a, b = parse_entry(messages, "m", "/data"), parse_entry(sharegpt, "s", "/data")
+    assert a.turns == b.turns == (("user", "<image>What is it?"), ("assistant", "A cat."))
+    assert a.system == b.system == "Be brief." and a.images == b.images == ("/data/a.png",)
+    for bad, reason in [({"messages": [{"role": "user", "content": "<image><image>x"}, {"role": "assistant", "content": "y"}],
+                          "images": ["a.png"]}, "2 <image> placeholders but 1 images"),
+                        ({"messages": [{"role": "user", "content": "x"}]}, "end with the assistant"),
+                        ({"messages": [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}]}, "alternate"),
+                        ({"conversations": [{"from": "robot", "value": "x"}]}, "role 'robot'"),
+                        ({"text": "x"}, "no 'messages'"),
+                        ({"messages": [{"role": "user", "content": "x<video>"}, {"role": "assistant", "content": "y"}]},
+                         "1 <video> placeholders but 0 videos")]:
+        with pytest.raises(BadSample, match=reason):
+            parse_entry(bad, "entry")
+    lines = [json.dumps(messages), "{not json", json.dumps({"text": "x"}), json.dumps(sharegpt)]
+    (tmp_path / "data.jsonl").write_text("\n".join(lines))
+    log = BadInputLog(max_bad_fraction=0.5)
+    conversations = read_conversations(str(tmp_path / "data.jsonl"), log=log)
+    assert len(conversations) == 2 and log.count == 2 and log.total == 4
+    assert conversations[0].images == (str(tmp_path / "a.png"),)
+
+
+def test_chat_template_text_labels_and_token_types(tokenizer):
+    template = QwenChatTemplate(tokenizer)
+    conversation = parse_entry({"messages": [{"role": "user", "content": "<image>What is in the picture?"},
+                                             {"role": "assistant", "content": "A cat on a mat."},
+                                             {"role": "user", "content": "And the second one?<video>"},
+                                             {"role": "assistant", "content": "Two dogs."}],
+                                "images": ["a.png"], "videos": ["b.mp4"]}, "c")
+    out = template.encode(conversation, image_tokens=[3], video_tokens=[2])
+    want = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+            "<|im_start|>user\n<|vision_start|><|image_pad|><|image_pad|><|image_pad|><|vision_end|>"
+            "What is in the picture?<|im_end|>\n<|im_start|>assistant\nA cat on a mat.<|im_end|>\n"
+            "<|im_start|>user\nAnd the second one?<|vision_start|><|video_pad|><|video_pad|><|vision_end|><|im_end|>\n"
+            "<|im_start|>assistant\nTwo dogs.<|im_end|>\n")
+    assert tokenizer.decode(out["input_ids"]) == want
+    assert out["input_ids"].tolist() == tokenizer(want, add_special_tokens=False)["input_ids"]  # pieces == whole
+    trained = out["labels"] != IGNORE_INDEX
+    assert np.array_equal(out["labels"][trained], out["input_ids"][trained])
+    spans = np.split(out["labels"], np.flatnonzero(np.diff(trained.astype(int))) + 1)
+    assert [tokenizer.decode(s) for s in spans if s[0] != IGNORE_INDEX] == ["A cat on a mat.<|im_end|>\n",
+                                                                           "Two dogs.<|im_end|>\n"]
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL}
+    assert np.array_equal(out["mm_token_type_ids"], np.select([out["input_ids"] == ids["<|image_pad|>"],
+                                                                out["input_ids"] == ids["<|video_pad|>"]], [1, 2], 0))
+    with pytest.raises(BadSample, match="split its media"):
+        template.encode(conversation, [3], [2], max_length=20)
+    assert len(template.encode(conversation, [3], [2], max_length=len(out["input_ids"]) - 3)["input_ids"]) == \
+        len(out["input_ids"]) - 3
+
+
+def test_video_processor_frames_match_transformers_image_processor():
+    from PIL import Image
+    from transformers import Qwen2VLImageProcessorPil
+
+    rng = np.random.default_rng(0)
+    options = {"min_pixels": 28 * 28, "max_pixels": 64 * 28 * 28}
+    ours, images = Qwen2VLVideoProcessor(**options), Qwen2VLImageProcessorPil(**options)
+    for height, width in [(60, 90), (97, 41), (224, 224), (33, 300)]:
+        frames = rng.integers(0, 256, (3, height, width, 3), dtype=np.uint8)
+        got = ours(videos=[frames])
+        per_frame = [images([Image.fromarray(f)], return_tensors="np") for f in frames]
+        grid_h, grid_w = per_frame[0]["image_grid_thw"][0][1:]
+        assert got["video_grid_thw"].tolist() == [[2, grid_h, grid_w]]  # 3 frames padded to 4
+        patches = got["pixel_values_videos"].reshape(2, grid_h * grid_w, 3, 2, 14, 14)
+        for t in range(4):  # temporal slot t % 2 of patch t // 2 is frame t (the last one repeated)
+            want = per_frame[min(t, 2)]["pixel_values"].reshape(grid_h * grid_w, 3, 2, 14, 14)[:, :, 0]
+            assert np.array_equal(patches[t // 2, :, :, t % 2], want), (height, width, t)
+    still = rng.integers(0, 256, (50, 70, 3), dtype=np.uint8)  # two equal frames == the image, bit for bit
+    assert np.array_equal(ours(videos=[np.stack([still, still])])["pixel_values_videos"],
+                          images([Image.fromarray(still)], return_tensors="np")["pixel_values"])
+
+
+def test_video_frame_sampling():
+    import torch
+
+    processor = Qwen2VLVideoProcessor(min_frames=4, max_frames=16)
+    for total in (5, 17, 30, 61, 100, 301):
+        for num_frames in (2, 4, 6, 10):
+            if num_frames <= total:
+                want = torch.arange(0, total, total / num_frames).int().numpy()  # transformers' expression
+                assert processor.sample_frames(total, 30.0, num_frames=num_frames).tolist() == want.tolist()
+    # fps rule: total / video_fps * fps frames, within [min_frames, max_frames] and the video, floored to pairs
+    assert len(processor.sample_frames(300, 30.0, fps=1.0)) == 10
+    assert len(processor.sample_frames(300, 30.0, fps=0.1)) == 4      # min_frames
+    assert len(processor.sample_frames(300, 30.0, fps=10.0)) == 16    # max_frames
+    assert len(processor.sample_frames(9, 30.0, fps=2.0)) == 4
+    assert len(processor.sample_frames(7, 30.0, fps=30.0)) == 6       # the video's own frames, floored to pairs
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        processor.sample_frames(30, 30.0, num_frames=4, fps=2.0)
+
+
+@pytest.fixture(scope="module")
+def vl_set(tmp_path_factory, tokenizer):
+    root = tmp_path_factory.mktemp("vl")
+    write_image(str(root / "a.png"), 60, 90, 0)
+    write_image(str(root / "b.jpg"), 97, 41, 1)
+    write_image(str(root / "c.png"), 56, 56, 2, mode="L")
+    write_video(str(root / "v.mp4"), 24, 56, 84, 12, "libx264")
+    (root / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(100))
+    user = lambda text, n=1: {"role": "user", "content": text}  # noqa: E731
+    reply = lambda text: {"role": "assistant", "content": text}  # noqa: E731
+    entries = [{"messages": [user("<image>What is in the picture?"), reply("A cat on a mat.")], "images": ["a.png"]},
+               {"messages": [user("Describe the video.<video>"), reply("A bar moves down.")], "videos": ["v.mp4"]},
+               {"messages": [user("<image><image>And the second one?"), reply("Two dogs.")],
+                "images": ["b.jpg", "c.png"]},
+               {"conversations": [{"from": "human", "value": "What is in the picture?"},
+                                  {"from": "gpt", "value": "A cat."}]},
+               {"messages": [user("<image>x"), reply("y")], "images": ["broken.png"]},
+               {"messages": [user("<video>x"), reply("y")], "videos": ["missing.mp4"]}]
+    (root / "data.json").write_text(json.dumps(entries))
+    return VLSFTDataset.from_file(str(root / "data.json"), tokenizer, max_bad_fraction=0.5,
+                                  image_processor=Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=64 * 28 * 28),
+                                  video_processor=Qwen2VLVideoProcessor(min_pixels=28 * 28, max_pixels=16 * 28 * 28),
+                                  video_fps=4.0)
+
+
+def test_vl_samples_feed_transformers_qwen2_5_vl(vl_set, tokenizer):
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    samples = [vl_set.get(i) for i in range(4)]
+    for index, sample in enumerate(samples):
+        assert len(sample["input_ids"]) == vl_set.length(index)  # lengths from headers equal the real ones
+    video = samples[1]
+    assert video["video_grid_thw"].tolist() == [[4, 4, 6]]  # 24 frames at 12 fps -> 8 at 4 fps; 56 x 84 px
+    np.testing.assert_allclose(video["second_per_grid_ts"], [0.5])  # 2 frames per patch at 4 fps
+    for bad in (4, 5):
+        with pytest.raises(BadSample):
+            vl_set.get(bad)
+    batch = vl_set.collator()(samples)
+    assert batch["input_ids"].shape[0] == 4 and batch["image_grid_thw"].shape == (3, 3)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL}
+    config = Qwen2_5_VLConfig(
+        text_config=dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=64, vocab_size=len(tokenizer), rope_parameters={
+                             "rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
+                           window_size=56, fullatt_block_indexes=[0]),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+    torch.manual_seed(0)
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    with torch.no_grad():  # the reference checks that placeholders match the media features
+        out = model(**{k: torch.from_numpy(v) for k, v in batch.items()})
+    assert torch.isfinite(out.loss) and out.logits.shape[:2] == batch["input_ids"].shape
+
+
+def test_vl_loader_skips_bad_samples(vl_set):
+    loader = DataLoader(vl_set, BucketBatchSampler(len(vl_set), 2, seed=0), collate=vl_set.collator())
+    iterator = iter(loader)
+    batches = [next(iterator) for _ in range(6)]
+    iterator.close()
+    assert all(b["input_ids"].shape[0] == 2 for b in batches)
+    assert {os.path.basename(s) for s, _ in vl_set.bad_input.skipped} == {"broken.png", "missing.mp4"}
+
+
+def test_packing(vl_set):
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        lengths = rng.integers(1, 40, int(rng.integers(1, 30))).tolist()
+        packs = plan_packs(lengths, 40)
+        assert sorted(i for p in packs for i in p) == list(range(len(lengths)))
+        assert all(sum(lengths[i] for i in p) <= 40 for p in packs)
+        assert len(packs) <= 2 * -(-sum(lengths) // 40)  # first-fit: never worse than twice the optimum
+    packed = PackedDataset(vl_set, max_length=160)
+    assert vl_set.bad_input.count == 2 and sorted(i for p in packed.packs for i in p) == [0, 1, 2, 3]
+    for number in range(len(packed)):
+        row, members = packed.get(number), packed.packs[number]
+        parts = [vl_set.get(i) for i in members]
+        assert np.array_equal(row["input_ids"], np.concatenate([p["input_ids"] for p in parts]))
+        sizes = [len(p["input_ids"]) for p in parts]
+        assert row["cu_seqlens"].tolist() == np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        assert row["attention_mask"].tolist() == sum(([k + 1] * n for k, n in enumerate(sizes)), [])
+        assert row["position_ids"].tolist() == sum((list(range(n)) for n in sizes), [])
+        if any("pixel_values" in p for p in parts):
+            assert np.array_equal(row["pixel_values"], np.concatenate([p["pixel_values"] for p in parts if "pixel_values" in p]))
