@@ -10,7 +10,7 @@ def _reference(**kwargs):
     return Qwen2VLImageProcessorPil(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"min_pixels": 64 * 28 * 28, "max_pixels": 256 * 28 * 28}])
+@pytest.mark.parametrize("kwargs", [{}, {"min_pixels": 64 * 28 * 28, "max_pixels": 256 * 28 * 28}, {"do_normalize": False}])
 def test_bit_identical_to_transformers_on_many_sizes(kwargs):
     from PIL import Image
 
@@ -40,5 +40,7 @@ def test_batch_of_images_and_numpy_input():
     want = _reference()([Image.fromarray(a) for a in arrays], return_tensors="np")
     np.testing.assert_array_equal(got["image_grid_thw"], want["image_grid_thw"])
     assert np.array_equal(got["pixel_values"], want["pixel_values"])
+    threaded = Qwen2VLImageProcessor(num_threads=2)(arrays)  # threads change nothing but the speed
+    assert np.array_equal(threaded["pixel_values"], got["pixel_values"])
     with pytest.raises(ValueError, match="aspect ratio"):
         Qwen2VLImageProcessor()([np.zeros((2, 500, 3), np.uint8)])

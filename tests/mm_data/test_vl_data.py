@@ -95,6 +95,8 @@ def test_video_processor_frames_match_transformers_image_processor():
         for t in range(4):  # temporal slot t % 2 of patch t // 2 is frame t (the last one repeated)
             want = per_frame[min(t, 2)]["pixel_values"].reshape(grid_h * grid_w, 3, 2, 14, 14)[:, :, 0]
             assert np.array_equal(patches[t // 2, :, :, t % 2], want), (height, width, t)
+    threaded = Qwen2VLVideoProcessor(**options, num_threads=2)(videos=[frames, frames[:2]])
+    assert np.array_equal(threaded["pixel_values_videos"][:len(got["pixel_values_videos"])], got["pixel_values_videos"])
     still = rng.integers(0, 256, (50, 70, 3), dtype=np.uint8)  # two equal frames == the image, bit for bit
     assert np.array_equal(ours(videos=[np.stack([still, still])])["pixel_values_videos"],
                           images([Image.fromarray(still)], return_tensors="np")["pixel_values"])

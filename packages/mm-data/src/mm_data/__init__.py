@@ -1,8 +1,17 @@
 """Data sets, video decoding, preprocessing and samplers for multimodal training (framework-free: numpy out).
 
-Implemented so far: `mm_data.vl.Qwen2VLImageProcessor` (issue 7 tracks the rest).
+- `mm_data.video`: video-text annotations, clip decoding, buckets, `VideoTextDataset`
+- `mm_data.vl`: LLaMA-Factory conversations, Qwen chat template and processors, `VLSFTDataset`, packing
+- `mm_data.sampler` / `mm_data.loader`: bucketed resumable data-parallel batches, worker processes
+- `mm_data.feature_cache`: encode once (VAE latents, text embeddings), train from safetensors
+- `mm_data.errors`: bad samples skipped, counted and limited
 """
 
 from mm_data.__about__ import __version__
+from mm_data.errors import BadInputLog, BadSample, DataError
+from mm_data.feature_cache import FeatureDataset, build_feature_cache
+from mm_data.loader import Collator, DataLoader
+from mm_data.sampler import BucketBatchSampler, length_groups
 
-__all__ = ["__version__"]
+__all__ = ["BadInputLog", "BadSample", "BucketBatchSampler", "Collator", "DataError", "DataLoader", "FeatureDataset",
+           "__version__", "build_feature_cache", "length_groups"]

@@ -6,6 +6,11 @@ RGB, resized with PIL's bicubic filter to `smart_resize`'s size (multiples of pa
 count within [min_pixels, max_pixels], aspect kept), rescaled in float64 and cast to float32,
 normalised per channel in float32, then cut into merge-ordered patches with each frame repeated
 ``temporal_patch_size`` times (a still image as a clip).
+
+For RGB bytes (the usual case) the work is done on bytes: `byte_patches` moves them into patch
+order and maps each through a per-channel table of the normalised values, which gives the same
+numbers as the arithmetic (every output value depends only on the channel and the byte).
+``num_threads`` (not in transformers; default 1) spreads a batch of images over threads.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ class Qwen2VLImageProcessor:
                  max_pixels: Optional[int] = None, do_rescale: bool = True, rescale_factor: float = 1 / 255,
                  do_normalize: bool = True, image_mean: Sequence[float] = CLIP_MEAN,
                  image_std: Sequence[float] = CLIP_STD, do_convert_rgb: bool = True, patch_size: int = 14,
-                 temporal_patch_size: int = 2, merge_size: int = 2):
+                 temporal_patch_size: int = 2, merge_size: int = 2, num_threads: int = 1):
         size = dict(size or {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280})
         if min_pixels is not None:
             size["shortest_edge"] = min_pixels
@@ -57,42 +62,62 @@ class Qwen2VLImageProcessor:
         self.do_normalize, self.do_convert_rgb = do_normalize, do_convert_rgb
         self.image_mean, self.image_std = tuple(image_mean), tuple(image_std)
         self.patch_size, self.temporal_patch_size, self.merge_size = patch_size, temporal_patch_size, merge_size
+        self.num_threads = num_threads
         # byte v of channel c after rescale and normalise, by the same arithmetic as a whole image
         bytes_per_channel = np.broadcast_to(np.arange(256, dtype=np.uint8), (len(self.image_mean), 256))
-        self._lookup = self._rescale_normalize(bytes_per_channel) if do_rescale and do_normalize else None
+        lookup = self._rescale_normalize(bytes_per_channel) if do_rescale and do_normalize else None
+        self._tables = None if lookup is None else [row.tolist() for row in lookup]
 
     def __call__(self, images, **_) -> Dict[str, np.ndarray]:
-        images = images if isinstance(images, (list, tuple)) else [images]
-        patches, grids = [], []
-        for image in images:
-            pixels, grid_h, grid_w = self.patchify(self.normalized(image))
-            patches.append(pixels)
-            grids.append([1, grid_h, grid_w])
-        return {"pixel_values": np.concatenate(patches, 0), "image_grid_thw": np.array(grids, np.int64)}
+        images = [self._pil(image) for image in (images if isinstance(images, (list, tuple)) else [images])]
+        t, p = self.temporal_patch_size, self.patch_size
+        sizes = [self.target_size(pil) for pil in images]
+        grids = np.array([[1, h // p, w // p] for h, w in sizes], np.int64)
+        rows = [int(h * w) for _, h, w in grids]
+        if self._tables is None or len(self.image_mean) != 3 or not self.do_convert_rgb:
+            patches = [self.patchify(self.normalized(pil, size))[0] for pil, size in zip(images, sizes)]
+            return {"pixel_values": np.concatenate(patches, 0), "image_grid_thw": grids}
+        pixel_values = np.empty((sum(rows), 3 * t * p * p), np.float32)
+        starts = np.cumsum([0] + rows)
+
+        def fill(i):
+            pixels = np.asarray(self.resized(images[i], sizes[i]))[None]
+            byte_patches(pixels, self._tables, p, self.merge_size, t, pixel_values[starts[i]:starts[i] + rows[i]])
+
+        _for_each(fill, len(images), self.num_threads)
+        return {"pixel_values": pixel_values, "image_grid_thw": grids}
 
     preprocess = __call__
 
-    def normalized(self, image, size: Optional[Tuple[int, int]] = None) -> np.ndarray:
-        """(C, H, W) float32: RGB, resized, rescaled and normalised as transformers does.
-
-        ``size`` = (height, width) replaces `smart_resize`'s choice (a video's frames share one)."""
+    @staticmethod
+    def _pil(image):
         from PIL import Image
 
-        pil = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image, np.uint8))
-        if self.do_convert_rgb:
+        return image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image, np.uint8))
+
+    def target_size(self, image) -> Tuple[int, int]:
+        """(height, width) the image is resized to."""
+        height, width = (image.height, image.width) if hasattr(image, "height") else np.asarray(image).shape[:2]
+        if not self.do_resize:
+            return height, width
+        return smart_resize(height, width, self.patch_size * self.merge_size, self.size["shortest_edge"],
+                            self.size["longest_edge"])
+
+    def resized(self, image, size: Optional[Tuple[int, int]] = None):
+        """The PIL image converted to RGB and resized to `target_size` (or ``size`` = (h, w))."""
+        from PIL import Image
+
+        pil = self._pil(image)
+        if self.do_convert_rgb and pil.mode != "RGB":
             pil = pil.convert("RGB")
         if self.do_resize:
-            factor = self.patch_size * self.merge_size
-            height, width = size or smart_resize(pil.height, pil.width, factor, self.size["shortest_edge"],
-                                                 self.size["longest_edge"])
-            if (height, width) != (pil.height, pil.width):  # PIL's resize to the same size is the identity too
-                pil = pil.resize((width, height), resample=Image.BICUBIC)
-        array = np.moveaxis(np.array(pil), -1, 0)  # (C, H, W) uint8
-        if self._lookup is not None and array.dtype == np.uint8 and array.shape[0] == len(self._lookup):
-            # every output value depends only on (channel, byte): one table lookup per channel gives
-            # the same float32 numbers as rescaling and normalising the whole image, in one pass
-            return np.stack([np.take(self._lookup[c], array[c]) for c in range(array.shape[0])])
-        return self._rescale_normalize(array)
+            height, width = size or self.target_size(pil)
+            pil = pil.resize((width, height), resample=Image.BICUBIC)
+        return pil
+
+    def normalized(self, image, size: Optional[Tuple[int, int]] = None) -> np.ndarray:
+        """(C, H, W) float32: RGB, resized, rescaled and normalised as transformers does."""
+        return self._rescale_normalize(np.moveaxis(np.asarray(self.resized(image, size)), -1, 0))
 
     def _rescale_normalize(self, array: np.ndarray) -> np.ndarray:
         """(C, ...) pixels rescaled in float64 then cast to float32, normalised per channel in float32."""
@@ -115,3 +140,36 @@ class Qwen2VLImageProcessor:
         blocks = image.reshape(channels, grid_h // m, m, p, grid_w // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
         clip = np.broadcast_to(blocks[:, :, :, :, :, None], blocks.shape[:5] + (t,) + blocks.shape[5:])
         return clip.reshape(grid_h * grid_w, channels * t * p * p), grid_h, grid_w
+
+
+def _for_each(work, count: int, threads: int) -> None:
+    """work(0..count-1), on ``threads`` threads (PIL's resize and point release the GIL)."""
+    if threads <= 1 or count <= 1:
+        for i in range(count):
+            work(i)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(threads, count)) as pool:
+        list(pool.map(work, range(count)))
+
+
+def byte_patches(frames: np.ndarray, tables, patch: int, merge: int, temporal: int, out: np.ndarray) -> None:
+    """Write the normalised patches of uint8 ``frames`` (F, H, W, 3) into ``out`` (rows, 3 t P P).
+
+    ``F`` is a multiple of ``temporal`` (a clip) or 1 (a still image, repeated over the temporal
+    patch). The bytes are put in patch order first (a quarter of the memory traffic of moving
+    floats), then each channel goes through its 256-entry table of normalised values with PIL's
+    ``point`` (a C loop): the same float32 numbers as rescaling and normalising every pixel.
+    """
+    from PIL import Image
+
+    count, height, width, channels = frames.shape
+    per_patch = 1 if count == 1 else temporal
+    grid_t, grid_h, grid_w = count // per_patch, height // patch, width // patch
+    blocks = frames.reshape(grid_t, per_patch, grid_h // merge, merge, patch, grid_w // merge, merge, patch, channels)
+    blocks = blocks.transpose(8, 0, 2, 5, 3, 6, 1, 4, 7).reshape(channels, grid_t * grid_h * grid_w, -1)
+    view = out.reshape(len(out), channels, temporal, patch * patch)
+    for c in range(channels):
+        values = np.asarray(Image.fromarray(np.ascontiguousarray(blocks[c])).point(tables[c], "F"))
+        view[:, c] = values.reshape(len(out), per_patch, patch * patch)

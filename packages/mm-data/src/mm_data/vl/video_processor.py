@@ -22,7 +22,8 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from mm_data.vl.image_processor import CLIP_MEAN, CLIP_STD, Qwen2VLImageProcessor, smart_resize
+from mm_data.vl.image_processor import (CLIP_MEAN, CLIP_STD, Qwen2VLImageProcessor, _for_each, byte_patches,
+                                        smart_resize)
 
 
 class Qwen2VLVideoProcessor:
@@ -36,13 +37,14 @@ class Qwen2VLVideoProcessor:
                  image_std: Sequence[float] = CLIP_STD, do_convert_rgb: bool = True, patch_size: int = 14,
                  temporal_patch_size: int = 2, merge_size: int = 2, min_frames: int = 4, max_frames: int = 768,
                  do_sample_frames: bool = False, fps: Optional[float] = None, num_frames: Optional[int] = None,
-                 cap_pixels_per_frame: Optional[bool] = None, max_video_tokens: int = 128000):
+                 cap_pixels_per_frame: Optional[bool] = None, max_video_tokens: int = 128000, num_threads: int = 1):
         size = dict(size or {"shortest_edge": 128 * 28 * 28, "longest_edge": 28 * 28 * 768})
         self.frames = Qwen2VLImageProcessor(do_resize=do_resize, size=size, min_pixels=min_pixels,
                                             max_pixels=max_pixels, do_rescale=do_rescale,
                                             rescale_factor=rescale_factor, do_normalize=do_normalize,
                                             image_mean=image_mean, image_std=image_std, do_convert_rgb=do_convert_rgb,
-                                            patch_size=patch_size, temporal_patch_size=1, merge_size=merge_size)
+                                            patch_size=patch_size, temporal_patch_size=1, merge_size=merge_size,
+                                            num_threads=num_threads)
         self.size, self.do_resize = self.frames.size, do_resize
         self.patch_size, self.temporal_patch_size, self.merge_size = patch_size, temporal_patch_size, merge_size
         self.min_frames, self.max_frames, self.do_sample_frames = min_frames, max_frames, do_sample_frames
@@ -92,28 +94,57 @@ class Qwen2VLVideoProcessor:
 
     def __call__(self, videos, **_) -> Dict[str, np.ndarray]:
         videos = [videos] if isinstance(videos, np.ndarray) and videos.ndim == 4 else videos
-        patches, grids = [], []
+        t, p, m = self.temporal_patch_size, self.patch_size, self.merge_size
+        clips, grids = [], []
         for video in videos:
             frames = list(video)
             if not frames:
                 raise ValueError("a video has no frames")
-            pixels = self._resized(frames)
-            patch, grid = self.patchify(pixels)
-            patches.append(patch)
-            grids.append(grid)
-        return {"pixel_values_videos": np.concatenate(patches, 0), "video_grid_thw": np.array(grids, np.int64)}
+            clip = self._resized(frames)
+            if len(clip) % t:  # pad to whole temporal patches with the last frame
+                clip = np.concatenate([clip, np.repeat(clip[-1:], t - len(clip) % t, 0)])
+            clips.append(clip)
+            grids.append([len(clip) // t, clip.shape[1] // p, clip.shape[2] // p])
+        rows = [int(np.prod(grid)) for grid in grids]
+        tables = self.frames._tables
+        if tables is None or any(clip.shape[-1] != 3 for clip in clips):
+            normalized = [self.frames._rescale_normalize(np.moveaxis(clip, -1, 0)).swapaxes(0, 1) for clip in clips]
+            patches = [self.patchify(np.asarray(clip, np.float32))[0] for clip in normalized]
+            return {"pixel_values_videos": np.concatenate(patches, 0), "video_grid_thw": np.array(grids, np.int64)}
+        pixel_values = np.empty((sum(rows), 3 * t * p * p), np.float32)
+        pieces = []  # (clip, first temporal patch, how many, first output row): a few per clip, for the threads
+        for clip, start, (grid_t, grid_h, grid_w) in zip(clips, np.cumsum([0] + rows), grids):
+            step = -(-grid_t // max(self.frames.num_threads, 1))
+            pieces += [(clip, first, min(step, grid_t - first), start + first * grid_h * grid_w)
+                       for first in range(0, grid_t, step)]
+
+        def fill(i):
+            clip, first, count, row = pieces[i]
+            patches_per_t = (clip.shape[1] // p) * (clip.shape[2] // p)
+            byte_patches(clip[first * t:(first + count) * t], tables, p, m, t,
+                         pixel_values[row:row + count * patches_per_t])
+
+        _for_each(fill, len(pieces), self.frames.num_threads)
+        return {"pixel_values_videos": pixel_values, "video_grid_thw": np.array(grids, np.int64)}
 
     preprocess = __call__
 
     def _resized(self, frames) -> np.ndarray:
-        """(T, C, H, W) float32: every frame resized to the first frame's target size, normalised like an image."""
+        """(T, H, W, C) uint8: every frame converted and resized to the first frame's target size."""
         from PIL import Image
 
         first = frames[0] if isinstance(frames[0], Image.Image) else Image.fromarray(np.asarray(frames[0], np.uint8))
         factor = self.patch_size * self.merge_size
         size = smart_resize(first.height, first.width, factor, self.size["shortest_edge"],
-                            self._max_pixels(len(frames))) if self.do_resize else None
-        return np.stack([self.frames.normalized(frame, size) for frame in frames])
+                            self._max_pixels(len(frames))) if self.do_resize else (first.height, first.width)
+        channels = 3 if self.frames.do_convert_rgb else len(first.getbands())
+        clip = np.empty((len(frames),) + tuple(size) + (channels,), np.uint8)
+
+        def fill(i):
+            clip[i] = np.asarray(self.frames.resized(frames[i], size)).reshape(clip.shape[1:])
+
+        _for_each(fill, len(frames), self.frames.num_threads)
+        return clip
 
     def patchify(self, video: np.ndarray):
         """(T, C, H, W) -> (T/t * H/P * W/P, C t P P) patches in transformers' order, [grid t, h, w]."""
