@@ -1,6 +1,6 @@
 """A step whose loss is not finite is skipped (no update) and counted; max_nonfinite_steps in a
 row stop the run with an error that says what to change. NaN pixels are injected into chosen
-steps' samples (in process, one worker)."""
+steps' batches (in process, one worker)."""
 
 import json
 
@@ -11,22 +11,18 @@ import pytest
 def poisoned_run(tmp_path, monkeypatch, bad_steps, steps):
     from mm_train import vl_trainer
     from mm_train.recipe import load_recipe
+    from mm_train.vl_data import VLTrainData
 
-    state = {"step": -1}
-    real_order, real_item = vl_trainer.epoch_order, vl_trainer.TinyVLDataset.__getitem__
+    real_stream = VLTrainData.stream
 
-    def order(step, *args):
-        state["step"] = step
-        return real_order(step, *args)
+    def stream(self, first_step):
+        for step, batches in enumerate(real_stream(self, first_step), first_step):
+            if step in bad_steps:
+                for batch in batches:
+                    batch["pixel_values"] = batch["pixel_values"] * np.float32("nan")
+            yield batches
 
-    def item(self, index):
-        sample = real_item(self, index)
-        if state["step"] in bad_steps:
-            sample["pixel_values"] = sample["pixel_values"] * np.float32("nan")
-        return sample
-
-    monkeypatch.setattr(vl_trainer, "epoch_order", order)
-    monkeypatch.setattr(vl_trainer.TinyVLDataset, "__getitem__", item)
+    monkeypatch.setattr(VLTrainData, "stream", stream)
     recipe = load_recipe(None, [f"train.steps={steps}", "data.samples=32", f"data.path={tmp_path / 'data'}",
                                 f"output_dir={tmp_path / 'out'}"])
     return vl_trainer.train(recipe, progress=False)

@@ -4,7 +4,8 @@
     step_N/adapters/           PEFT adapters, when the run trains LoRA
     step_N/optimizer-stageK.safetensors   per trainable parameter of pipeline stage K (by its name
                                in the whole model): <name>.master, .exp_avg, .exp_avg_sq, full tensors
-    step_N/trainer_state.json  step, optimizer counters, the layout that wrote it
+    step_N/trainer_state.json  step, optimizer counters, the data position (epoch, batch), the layout
+                               that wrote it (parameter names: the whole model's, ``model.adapter_name``)
 
 Everything is stored whole (tp shards and ZeRO slices gathered, stages by global names), so a run
 resumes under any layout (TP2 -> TP1, PP2 -> PP1, DP2 -> DP1 ...): each rank cuts its shard again while loading. A checkpoint
@@ -54,10 +55,10 @@ def _owners(model) -> Dict[int, tuple]:
     return {id(p): (name, cell, attr) for name, p, cell, attr in owned_parameters(model)}
 
 
-def save(out: str, step: int, model, optimizer, topo, lora=None, keep: int = 2) -> Optional[str]:
+def save(out: str, step: int, model, optimizer, topo, lora=None, keep: int = 2,
+         data_state: Optional[dict] = None) -> Optional[str]:
     """Write step_N (every rank calls: the gathers are collectives); returns its path."""
     from mindspore import Tensor
-    from mm_models_vl.qwen2_5_vl.checkpoint import global_name
     from mm_parallel import comm
     from mm_parallel.hf_checkpoint import tp_split
     from mm_parallel.tensor_parallel import unshard
@@ -80,13 +81,13 @@ def save(out: str, step: int, model, optimizer, topo, lora=None, keep: int = 2) 
         for key, value in state.items():
             if dim is not None:
                 value = unshard(Tensor(value), group, dim).asnumpy()
-            tensors[f"{global_name(model, name)}.{key}"] = np.ascontiguousarray(value)
+            tensors[f"{model.adapter_name(model, name)}.{key}"] = np.ascontiguousarray(value)
     if topo.tp.rank == 0 and topo.cp.rank == 0 and topo.dp.rank == 0:  # one writer per pipeline stage
         save_file(tensors, os.path.join(tmp, f"optimizer-stage{topo.pp.rank:03d}.safetensors"))
     if topo.world_size > 1:
         comm.barrier(topo.world)  # every stage's part is written
     if topo.rank == 0:
-        state = {"step": step, "optimizer": optimizer.counters(),
+        state = {"step": step, "optimizer": optimizer.counters(), "data": data_state,
                  "layout": {"world_size": topo.world_size, "tp": topo.tp.size, "pp": topo.pp.size, "dp": topo.dp.size}}
         with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
             json.dump(state, f, indent=2)
@@ -111,7 +112,6 @@ def _prune(root: str, keep: int) -> None:
 def load_optimizer(folder: str, model, optimizer) -> int:
     """Set the optimizer (and through its master weights the parameters) from step_N; returns
     the step to continue from."""
-    from mm_models_vl.qwen2_5_vl.checkpoint import global_name
     from mm_parallel.hf_checkpoint import tp_split
     from mm_parallel.tensor_parallel import shard
     from safetensors import safe_open
@@ -125,7 +125,7 @@ def load_optimizer(folder: str, model, optimizer) -> int:
         dim, group = tp_split(cell, attr)
         state = {}
         for key in optimizer.STATES:
-            tensor = f"{global_name(model, name)}.{key}"
+            tensor = f"{model.adapter_name(model, name)}.{key}"
             if tensor not in where:
                 raise KeyError(f"{tensor} is not in {folder}: the checkpoint was written for other trainable "
                                "parameters (another model, LoRA or freeze setting)")

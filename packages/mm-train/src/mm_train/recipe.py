@@ -2,7 +2,9 @@
 
     model:      family (qwen2_5_vl), path (a Hugging Face folder) or config (a tiny one inline),
                 recompute, lora, freeze
-    data:       kind (tiny_vl: the built-in generated set), path, max_length
+    data:       kind (tiny_vl: the built-in generated set; llamafactory: a LLaMA-Factory JSON / JSONL),
+                path, media_dir, tokenizer, max_length, system, min/max_pixels, video_fps,
+                num_workers, max_bad_fraction
     parallel:   the fields of mm_parallel.ParallelConfig (tp, pp, vpp, cp, cp_algo, ...)
     optim:      the fields of mm_parallel.OptimizerConfig (lr, lr_schedule, warmup_steps, ...)
     train:      steps, global_batch_size, micro_batch_size, seed, log_every
@@ -28,7 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import yaml
 
 MODEL_FAMILIES = ("qwen2_5_vl",)
-DATA_KINDS = ("tiny_vl",)
+DATA_KINDS = ("tiny_vl", "llamafactory")
 
 
 @dataclass
@@ -50,14 +52,24 @@ class ModelSection:
 
 @dataclass
 class DataSection:
-    kind: str = "tiny_vl"
-    path: Optional[str] = None  # where the built-in set is generated (default: a cache folder)
-    samples: int = 256
-    max_length: int = 24
+    kind: str = "tiny_vl"  # tiny_vl: the built-in generated set; llamafactory: your own JSON / JSONL
+    path: Optional[str] = None  # tiny_vl: where the set is generated (default: a cache folder); else the file
+    media_dir: Optional[str] = None  # where image / video paths start (default: the file's folder)
+    tokenizer: Optional[str] = None  # a folder or tokenizer.json (default: model.path)
+    samples: int = 256  # tiny_vl only
+    max_length: int = 2048
+    system: Optional[str] = "You are a helpful assistant."  # the default system turn; "" or null: none
+    min_pixels: Optional[int] = None  # image / video frame pixel bounds (default: the processors')
+    max_pixels: Optional[int] = None
+    video_fps: float = 2.0
+    num_workers: int = 0  # data worker processes
+    max_bad_fraction: float = 0.01  # skipped bad samples beyond this share of the data set stop the run
 
     def __post_init__(self):
         if self.kind not in DATA_KINDS:
             raise ValueError(f"data.kind {self.kind!r} is not available; choose one of {DATA_KINDS}")
+        if self.kind == "llamafactory" and not self.path:
+            raise ValueError("data.kind llamafactory needs data.path: a LLaMA-Factory JSON / JSONL file")
 
 
 @dataclass

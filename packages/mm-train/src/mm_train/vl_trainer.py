@@ -6,8 +6,9 @@ micro-batches [r n, (r + 1) n), n = global / (m dp). Each rank sums the gradient
 micro-batches and divides by n; the optimizer averages over dp. The loss of a step is the mean of
 its micro-batches' losses — the same numbers under any layout of the same recipe.
 
-Samples come in a fixed order per epoch (a permutation seeded by train.seed and the epoch), so a
-run is reproducible and every rank knows the whole batch without communication. Rank 0 writes
+Data is a LLaMA-Factory set read through mm-data (`vl_data.VLTrainData`): global batches in a
+fixed order per epoch (seeded by train.seed and the epoch), each rank taking its share, so a run
+is reproducible and every layout sees the same samples in the same steps. Rank 0 writes
 OUT/metrics.jsonl (step, loss, grad_norm, lr, samples_per_s, tokens_per_s, mfu, mem_bytes, skipped),
 draws the progress line and, at the end, OUT/loss.png.
 
@@ -27,26 +28,12 @@ import numpy as np
 
 from mm_train import checkpoint
 from mm_train.recipe import Recipe, check_layout
-from mm_train.tiny_data import TinyVLDataset, collate, default_folder, generate
+from mm_train.vl_data import VLTrainData
 
 TRAIN_FLOPS_FACTOR = 3  # forward + backward (twice the forward)
 
 
-def epoch_order(step: int, global_batch: int, samples: int, seed: int) -> np.ndarray:
-    """The sample indices of ``step``'s global batch: epochs follow each other, each a fresh
-    permutation seeded by (seed, epoch)."""
-    start = step * global_batch
-    out, position = [], start
-    while len(out) < global_batch:
-        epoch, offset = divmod(position, samples)
-        order = np.random.default_rng([seed, epoch]).permutation(samples)
-        take = order[offset: offset + global_batch - len(out)]
-        out.extend(take.tolist())
-        position += len(take)
-    return np.array(out, np.int64)
-
-
-def _build_model(recipe: Recipe, dataset: TinyVLDataset, topo, resume_from: Optional[str] = None):
+def _build_model(recipe: Recipe, data: VLTrainData, topo, resume_from: Optional[str] = None):
     """(model, LoRA config or None): from the checkpoint being resumed, the recipe's path, or its
     inline config (random weights); then the plan (recompute, LoRA, freezing)."""
     from mm_models_vl import Qwen2_5_VLForConditionalGeneration
@@ -57,11 +44,11 @@ def _build_model(recipe: Recipe, dataset: TinyVLDataset, topo, resume_from: Opti
     if not source and topo.pp.size > 1:
         # a pipeline stage draws only its own parameters, which would differ from the whole model's
         # draw: rank 0 draws the whole model once, every stage loads its part of it
-        source = _initial_weights(recipe, dataset, topo)
+        source = _initial_weights(recipe, data, topo)
     if source:
         model = Qwen2_5_VLForConditionalGeneration.from_pretrained(source, topo)
     else:
-        model = Qwen2_5_VLForConditionalGeneration(_inline_config(recipe, dataset), topo)
+        model = Qwen2_5_VLForConditionalGeneration(_inline_config(recipe, data), topo)
     lora = LoraConfig(**spec.lora) if spec.lora else None
     parallelize(model, recompute=spec.recompute, recompute_num_layers=spec.recompute_num_layers, lora=lora,
                 freeze=spec.freeze)
@@ -70,12 +57,12 @@ def _build_model(recipe: Recipe, dataset: TinyVLDataset, topo, resume_from: Opti
     return model, lora
 
 
-def _inline_config(recipe: Recipe, dataset: TinyVLDataset):
-    """The recipe's inline transformers config with the data's vocabulary and special tokens."""
+def _inline_config(recipe: Recipe, data: VLTrainData):
+    """The recipe's inline transformers config with the tokenizer's vocabulary and special tokens."""
     from transformers import Qwen2_5_VLConfig
 
     values = dict(recipe.model.config)
-    ids = dataset.model_config()
+    ids = data.token_ids()
     values["text_config"] = {**values.get("text_config", {}), "vocab_size": ids["vocab_size"],
                              "pad_token_id": ids["pad_token_id"], "eos_token_id": ids["eos_token_id"],
                              "bos_token_id": ids["eos_token_id"]}
@@ -84,7 +71,7 @@ def _inline_config(recipe: Recipe, dataset: TinyVLDataset):
                             pad_token_id=ids["pad_token_id"])
 
 
-def _initial_weights(recipe: Recipe, dataset: TinyVLDataset, topo) -> str:
+def _initial_weights(recipe: Recipe, data: VLTrainData, topo) -> str:
     """Rank 0 draws the whole model (as one process would) into output_dir/initial_weights."""
     from mm_models_vl import Qwen2_5_VLForConditionalGeneration
     from mm_parallel import ParallelConfig, comm
@@ -93,7 +80,7 @@ def _initial_weights(recipe: Recipe, dataset: TinyVLDataset, topo) -> str:
     folder = os.path.join(recipe.output_dir, "initial_weights")
     if topo.rank == 0:
         solo = Topology.build(ParallelConfig(), 1, 0)
-        Qwen2_5_VLForConditionalGeneration(_inline_config(recipe, dataset), solo).save_pretrained(folder)
+        Qwen2_5_VLForConditionalGeneration(_inline_config(recipe, data), solo).save_pretrained(folder)
     comm.barrier(topo.world)
     return folder
 
@@ -143,22 +130,17 @@ def train(recipe: Recipe, progress: bool = True, resume: bool = False) -> List[D
     from mm_profiling.throughput import memory
 
     topo = mm_parallel.initialize(recipe.parallel)
-    per_rank = check_layout(recipe, topo.world_size)
+    check_layout(recipe, topo.world_size)
     ms.set_seed(recipe.train.seed)
-    folder = recipe.data.path or default_folder()
-    if topo.rank == 0:
-        generate(folder, recipe.data.samples)
-    if topo.world_size > 1:
-        comm.barrier(topo.world)  # the data exists before anyone reads it
-    dataset = TinyVLDataset(folder, recipe.data.max_length)
+    data = VLTrainData(recipe, topo)
     out = recipe.output_dir
     resume_from = checkpoint.latest(out) if resume else None
-    model, lora = _build_model(recipe, dataset, topo, resume_from)
+    model, lora = _build_model(recipe, data, topo, resume_from)
     optimizer = mm_parallel.DistributedOptimizer(model, recipe.optim, topo)
     first = checkpoint.load_optimizer(resume_from, model, optimizer) if resume_from else 0
     params = model.trainable_params()
     grad_fn = ms.value_and_grad(lambda batch: model(**batch).loss, None, params)
-    meter = _meter(model.config, dataset, topo)
+    meter = _meter(model.config, data, topo)
 
     writer = topo.rank == 0
     if writer:
@@ -166,16 +148,15 @@ def train(recipe: Recipe, progress: bool = True, resume: bool = False) -> List[D
         with open(os.path.join(out, "recipe.json"), "w") as f:
             json.dump(recipe.to_dict(), f, indent=2, default=str)
     metrics, bar = [], _Progress(recipe.train.steps, progress and writer)
-    micro, global_batch = recipe.train.micro_batch_size, recipe.train.global_batch_size
+    global_batch = recipe.train.global_batch_size
     log = _metrics_log(os.path.join(out, "metrics.jsonl"), first) if writer else None
     every = recipe.checkpoint.every
     bad_in_a_row = skipped_total = 0
+    stream = data.stream(first)
     try:
         for step in range(first, recipe.train.steps):
             start = time.perf_counter()
-            order = epoch_order(step, global_batch, len(dataset), recipe.train.seed)
-            mine = order[topo.dp.rank * per_rank * micro:(topo.dp.rank + 1) * per_rank * micro]
-            batches = [collate([dataset[int(i)] for i in mine[k * micro:(k + 1) * micro]]) for k in range(per_rank)]
+            batches = next(stream)
             tokens = sum(int(b["attention_mask"].sum()) for b in batches)
             losses, grads = _losses_and_grads(model, params, grad_fn, batches, topo)
             loss = float(np.mean(losses)) if losses else 0.0
@@ -206,8 +187,10 @@ def train(recipe: Recipe, progress: bool = True, resume: bool = False) -> List[D
                                    f"gradient and were skipped ({skipped_total} in all); lower optim.lr, check the "
                                    "data, or raise train.max_nonfinite_steps")
             if every and ((step + 1) % every == 0 or step + 1 == recipe.train.steps):
-                checkpoint.save(out, step + 1, model, optimizer, topo, lora, recipe.checkpoint.keep)
+                checkpoint.save(out, step + 1, model, optimizer, topo, lora, recipe.checkpoint.keep,
+                                data_state=data.position(step + 1))
     finally:
+        stream.close()
         if log is not None:
             log.close()
     if writer:
@@ -248,12 +231,14 @@ def _metrics_log(path: str, first: int):
     return log
 
 
-def _meter(config, dataset: TinyVLDataset, topo):
-    """Throughput with MFU against this host's measured matmul peak (CPU) per device."""
+def _meter(config, data: VLTrainData, topo):
+    """Throughput with MFU against this host's measured matmul peak (CPU) per device; the FLOPs
+    of a sample are those of the data set's first (samples differ in length)."""
     from mm_profiling.flops import qwen2_5_vl_flops
     from mm_profiling.throughput import Throughput, host_peak_flops
 
-    sample = dataset[0]
-    flops = TRAIN_FLOPS_FACTOR * qwen2_5_vl_flops(config, dataset.max_length, sample["image_grid_thw"])
+    sample = data.dataset.get(0)
+    grid = sample.get("image_grid_thw", np.zeros((0, 3), np.int64))
+    flops = TRAIN_FLOPS_FACTOR * qwen2_5_vl_flops(config, len(sample["input_ids"]), grid)
     return Throughput(flops_per_sample=flops, peak_flops=host_peak_flops(), world_size=topo.world_size,
                       dp_size=topo.dp.size)

@@ -42,10 +42,11 @@ class VLSFTDataset:
     """See the module docstring."""
 
     def __init__(self, conversations: Sequence[Conversation], tokenizer, image_processor=None, video_processor=None,
-                 max_length: Optional[int] = None, video_fps: float = 2.0, default_system: Optional[str] = None,
+                 max_length: Optional[int] = None, video_fps: float = 2.0,
+                 default_system: Optional[str] = "You are a helpful assistant.",
                  bad_input: Optional[BadInputLog] = None):
         self.conversations = list(conversations)
-        self.template = QwenChatTemplate(tokenizer, **({"default_system": default_system} if default_system else {}))
+        self.template = QwenChatTemplate(tokenizer, default_system)  # None or "": no system turn unless the data has one
         self.image_processor = image_processor or Qwen2VLImageProcessor()
         self.video_processor = video_processor or Qwen2VLVideoProcessor()
         self.max_length, self.video_fps = max_length, video_fps

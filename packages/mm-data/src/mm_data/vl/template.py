@@ -80,7 +80,7 @@ class QwenChatTemplate:
 
         system = conversation.system if conversation.system is not None else self.default_system
         source = conversation.source
-        if system is not None:
+        if system:  # None or "": no system turn
             add([start] + self._text("system\n") + self._expand(system, counts, used, source) + [end] + newline, False)
         for role, text in conversation.turns:
             if role == "user":
