@@ -139,6 +139,8 @@ def test_collator_pads_ragged_fields():
                         {"input_ids": np.array([4]), "labels": np.array([8]), "caption": "b"}])
     assert batch["input_ids"].tolist() == [[1, 2, 3], [4, 0, 0]] and batch["labels"].tolist() == [[5, 6, 7], [8, -100, -100]]
     assert batch["caption"] == ["a", "b"]
+    padded = Collator(pad_to_multiple_of=4)([{"input_ids": np.array([1, 2, 3]), "labels": np.array([5, 6, 7])}])
+    assert padded["input_ids"].tolist() == [[1, 2, 3, 0]] and padded["labels"].tolist() == [[5, 6, 7, -100]]
 
 
 def test_bad_videos_are_replaced_counted_and_limited(data, tmp_path):

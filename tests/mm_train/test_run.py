@@ -34,10 +34,12 @@ def test_help_everywhere(tmp_path):
         assert result.returncode == 0 and "usage: mm-train" in result.stdout
 
 
-def test_the_default_trains_the_same_under_dp2_tp2_and_pp2(tmp_path):
+def test_the_default_trains_the_same_under_dp2_tp2_pp2_and_cp2(tmp_path):
     short = ["--set", "train.steps=4", "--set", "data.samples=32", "--no-progress"]
+    cp2 = ["--nproc", "2", "--set", "parallel.cp=2", "--set"]
     runs = {"single": [], "dp2": ["--nproc", "2"], "tp2": ["--nproc", "2", "--set", "parallel.tp=2"],
-            "pp2": ["--nproc", "2", "--set", "parallel.pp=2"]}
+            "pp2": ["--nproc", "2", "--set", "parallel.pp=2"], "cp2_ulysses": cp2 + ["parallel.cp_algo=ulysses"],
+            "cp2_ring": cp2 + ["parallel.cp_algo=ring"]}
     got = {}
     for name, extra in runs.items():
         out = tmp_path / name
@@ -45,7 +47,7 @@ def test_the_default_trains_the_same_under_dp2_tp2_and_pp2(tmp_path):
         assert result.returncode == 0, result.stderr[-3000:]
         got[name] = losses(out)
     assert got["single"][-1] < got["single"][0]
-    for name in ("dp2", "tp2", "pp2"):
+    for name in runs:
         assert got[name] == pytest.approx(got["single"], rel=1e-4), (name, got)
     assert (tmp_path / "single" / "loss.png").exists()
 

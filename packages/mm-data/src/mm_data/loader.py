@@ -34,12 +34,16 @@ class Collator:
     Padding values by field name (``labels`` pads with -100, the ignored label; everything else 0
     unless ``pad_values`` says otherwise); strings are gathered into lists. Fields named in
     ``concatenate`` (image patches and grids: each sample has its own number) are joined along
-    the first axis over the samples that have them.
+    the first axis over the samples that have them. ``pad_to_multiple_of`` pads the last axis of
+    the ``sequence_fields`` further, to a multiple (context / sequence parallelism cut sequences
+    into equal parts).
     """
 
-    def __init__(self, pad_values: Optional[Dict[str, float]] = None, concatenate: Sequence[str] = ()):
+    def __init__(self, pad_values: Optional[Dict[str, float]] = None, concatenate: Sequence[str] = (),
+                 pad_to_multiple_of: int = 1,
+                 sequence_fields: Sequence[str] = ("input_ids", "labels", "attention_mask", "mm_token_type_ids")):
         self.pad_values = {"labels": -100, **(pad_values or {})}
-        self.concatenate = tuple(concatenate)
+        self.concatenate, self.multiple, self.sequence_fields = tuple(concatenate), pad_to_multiple_of, sequence_fields
 
     def __call__(self, samples: List[dict]) -> dict:
         batch = {}
@@ -57,6 +61,8 @@ class Collator:
                 continue
             arrays = [np.asarray(value) for value in values]
             shape = tuple(max(sizes) for sizes in zip(*(a.shape for a in arrays)))
+            if key in self.sequence_fields and shape and self.multiple > 1:
+                shape = shape[:-1] + (-(-shape[-1] // self.multiple) * self.multiple,)
             if any(a.shape != shape for a in arrays):
                 fill = self.pad_values.get(key, 0)
                 arrays = [np.pad(a, [(0, s - n) for s, n in zip(shape, a.shape)], constant_values=fill) for a in arrays]

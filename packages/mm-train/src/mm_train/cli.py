@@ -62,7 +62,10 @@ def _run(args) -> int:
         return _launch(args)
     if args.nproc == 1 and not in_launch:
         check_layout(recipe, 1)
-    from mm_train.vl_trainer import train
+    if recipe.model.family == "wan":
+        from mm_train.video_trainer import train
+    else:
+        from mm_train.vl_trainer import train
 
     metrics = train(recipe, progress=not args.no_progress, resume=args.resume)
     if metrics and os.environ.get("RANK_ID", "0") == "0":

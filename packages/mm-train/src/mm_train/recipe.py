@@ -1,14 +1,15 @@
 """Recipes: one YAML file per training run, typed and checked before any process starts.
 
-    model:      family (qwen2_5_vl), path (a Hugging Face folder) or config (a tiny one inline),
+    model:      family (qwen2_5_vl | wan), path (a Hugging Face folder) or config (a tiny one inline),
                 recompute, lora, freeze
-    data:       kind (tiny_vl: the built-in generated set; llamafactory: a LLaMA-Factory JSON / JSONL),
-                path, media_dir, tokenizer, max_length, system, min/max_pixels, video_fps,
-                num_workers, max_bad_fraction
+    data:       kind (vl: tiny_vl, the built-in set | llamafactory, a LLaMA-Factory JSON / JSONL;
+                wan: tiny_video, the built-in set | video, annotations + encoders | video_features,
+                a feature cache), path, tokenizer, max_length, ..., num_workers, max_bad_fraction
     parallel:   the fields of mm_parallel.ParallelConfig (tp, pp, vpp, cp, cp_algo, ...)
     optim:      the fields of mm_parallel.OptimizerConfig (lr, lr_schedule, warmup_steps, ...)
     train:      steps, global_batch_size, micro_batch_size, seed, log_every
     checkpoint: every, keep
+    diffusion:  shift, num_train_timesteps, density, weighting (flow matching; video models)
     profile:    the fields of mm_profiling.ProfileConfig (enable, start_step, end_step, ...)
     output_dir
 
@@ -29,8 +30,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
-MODEL_FAMILIES = ("qwen2_5_vl",)
-DATA_KINDS = ("tiny_vl", "llamafactory")
+MODEL_FAMILIES = ("qwen2_5_vl", "wan")
+DATA_KINDS = {"qwen2_5_vl": ("tiny_vl", "llamafactory"), "wan": ("tiny_video", "video", "video_features")}
 
 
 @dataclass
@@ -52,8 +53,8 @@ class ModelSection:
 
 @dataclass
 class DataSection:
-    kind: str = "tiny_vl"  # tiny_vl: the built-in generated set; llamafactory: your own JSON / JSONL
-    path: Optional[str] = None  # tiny_vl: where the set is generated (default: a cache folder); else the file
+    kind: str = "tiny_vl"  # vl: tiny_vl (built in) | llamafactory; wan: tiny_video (built in) | video | video_features
+    path: Optional[str] = None  # tiny_*: where the set is generated (default: a cache folder); else the file / folder
     media_dir: Optional[str] = None  # where image / video paths start (default: the file's folder)
     tokenizer: Optional[str] = None  # a folder or tokenizer.json (default: model.path)
     samples: int = 256  # tiny_vl only
@@ -64,12 +65,43 @@ class DataSection:
     video_fps: float = 2.0
     num_workers: int = 0  # data worker processes
     max_bad_fraction: float = 0.01  # skipped bad samples beyond this share of the data set stop the run
+    # video (wan): clips decoded from annotations (data.json / data.txt / data.jsonl / videos+labels),
+    # encoded once by the VAE and text encoder into a feature cache, trained from the cache
+    vae: Optional[str] = None  # a diffusers AutoencoderKLWan folder
+    text_encoder: Optional[str] = None  # a transformers UMT5 encoder folder
+    features_dir: Optional[str] = None  # the feature cache (default: output_dir/features)
+    num_frames: int = 81  # clip length, 1 + 4n
+    fps: float = 16.0
+    max_area: int = 480 * 832
+    text_max_length: int = 512
+    caption_dropout: float = 0.0
 
     def __post_init__(self):
-        if self.kind not in DATA_KINDS:
-            raise ValueError(f"data.kind {self.kind!r} is not available; choose one of {DATA_KINDS}")
-        if self.kind == "llamafactory" and not self.path:
-            raise ValueError("data.kind llamafactory needs data.path: a LLaMA-Factory JSON / JSONL file")
+        kinds = sorted({k for family in DATA_KINDS.values() for k in family})
+        if self.kind not in kinds:
+            raise ValueError(f"data.kind {self.kind!r} is not available; choose one of {kinds}")
+        if self.kind in ("llamafactory", "video", "video_features") and not self.path:
+            what = {"llamafactory": "a LLaMA-Factory JSON / JSONL file", "video": "video annotations",
+                    "video_features": "a feature cache folder"}[self.kind]
+            raise ValueError(f"data.kind {self.kind} needs data.path: {what}")
+        if self.kind == "video" and not (self.vae and self.text_encoder):
+            raise ValueError("data.kind video needs data.vae and data.text_encoder (the encoders of the feature cache)")
+
+
+@dataclass
+class DiffusionSection:
+    """Flow matching for the video DiTs (mm_models_video.flow_matching)."""
+
+    shift: float = 3.0
+    num_train_timesteps: int = 1000
+    density: str = "uniform"  # uniform | logit_normal | mode
+    weighting: str = "none"  # none | sigma_sqrt | cosmap
+
+    def __post_init__(self):
+        from_choices = {"density": ("uniform", "logit_normal", "mode"), "weighting": ("none", "sigma_sqrt", "cosmap")}
+        for name, choices in from_choices.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"diffusion.{name} {getattr(self, name)!r} is not one of {choices}")
 
 
 @dataclass
@@ -102,7 +134,14 @@ class Recipe:
     train: TrainSection
     checkpoint: CheckpointSection
     profile: Dict[str, Any]
+    diffusion: DiffusionSection = field(default_factory=DiffusionSection)
     output_dir: str = "runs/default"
+
+    def __post_init__(self):
+        kinds = DATA_KINDS[self.model.family]
+        if self.data.kind not in kinds:
+            raise ValueError(f"data.kind {self.data.kind!r} does not feed model.family {self.model.family}; "
+                             f"choose one of {kinds}")
 
     def to_dict(self) -> dict:
         out = {}
@@ -116,7 +155,7 @@ def _sections():
     from mm_parallel import OptimizerConfig, ParallelConfig
 
     return {"model": ModelSection, "data": DataSection, "parallel": ParallelConfig, "optim": OptimizerConfig,
-            "train": TrainSection, "checkpoint": CheckpointSection}
+            "train": TrainSection, "checkpoint": CheckpointSection, "diffusion": DiffusionSection}
 
 
 def _unknown(kind: str, key: str, valid: Sequence[str]) -> ValueError:
@@ -225,7 +264,4 @@ def check_layout(recipe: Recipe, world_size: int) -> int:
                          f"dp = {train.micro_batch_size} x {dp}; the global batch must split into whole micro-batches")
     if par.vpp > 1:
         raise ValueError("virtual pipeline stages (vpp > 1) are not wired into mm-train yet; use pp with vpp=1")
-    if par.cp > 1:
-        raise ValueError("context parallelism needs packed sequences, which the tiny_vl data does not make yet; "
-                         "use tp / dp")
     return train.global_batch_size // per_step

@@ -6,7 +6,9 @@ set is generated first), a `BucketBatchSampler` over global batches (seed = trai
 a step, already split into ``micro_batch_size`` micro-batches. Step ``s`` is global batch
 ``s mod B`` of epoch ``s div B`` (B batches an epoch), so the stream is a function of the step:
 resuming at any step, under any layout, continues it exactly. Bad samples are replaced by mm-data
-and counted; past ``data.max_bad_fraction`` the run stops naming them.
+and counted; past ``data.max_bad_fraction`` the run stops naming them. Micro-batches are padded
+to a length every layout can cut: a multiple of 2 cp (and of tp under sequence parallelism), so
+the padding — ignored by the loss — is the same for one process as for the layout.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ class VLTrainData:
         self.sampler = BucketBatchSampler(len(self.dataset), train.global_batch_size, topo.dp.rank, topo.dp.size,
                                           seed=train.seed)
         self.micro_batch_size, self.num_workers = train.micro_batch_size, data.num_workers
+        par = recipe.parallel  # sequences cut into equal parts: 2 per cp rank (load-balanced ring), tp under sp
+        self.pad_to = (2 * par.cp if par.cp > 1 else 1) * (par.tp if par.sequence_parallel else 1)
 
     def token_ids(self) -> dict:
         """Vocabulary size (rounded up to 64, so any tp up to 64 divides it) and special-token ids
@@ -88,7 +92,7 @@ class VLTrainData:
         """This rank's micro-batches of every step from ``first_step`` on."""
         from mm_data import DataLoader
 
-        loader = DataLoader(self.dataset, self.sampler, MicroBatches(self.dataset.collator(), self.micro_batch_size),
-                            num_workers=self.num_workers)
+        collate = MicroBatches(self.dataset.collator(self.pad_to), self.micro_batch_size)
+        loader = DataLoader(self.dataset, self.sampler, collate, num_workers=self.num_workers)
         loader.load_state_dict(self.position(first_step))
         return iter(loader)

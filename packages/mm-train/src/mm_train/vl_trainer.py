@@ -1,244 +1,83 @@
-"""Vision-language SFT: a recipe's Qwen2.5-VL trained on its data under its layout.
+"""Vision-language SFT: a recipe's Qwen2.5-VL on LLaMA-Factory data, run by the shared loop.
 
-One step = the global batch of the recipe, cut into micro-batches of ``micro_batch_size``:
-micro-batch k holds samples [k m, (k + 1) m) of the step's batch and data-parallel rank r runs
-micro-batches [r n, (r + 1) n), n = global / (m dp). Each rank sums the gradients of its
-micro-batches and divides by n; the optimizer averages over dp. The loss of a step is the mean of
-its micro-batches' losses — the same numbers under any layout of the same recipe.
-
-Data is a LLaMA-Factory set read through mm-data (`vl_data.VLTrainData`): global batches in a
-fixed order per epoch (seeded by train.seed and the epoch), each rank taking its share, so a run
-is reproducible and every layout sees the same samples in the same steps. Rank 0 writes
-OUT/metrics.jsonl (step, loss, grad_norm, lr, samples_per_s, tokens_per_s, mfu, mem_bytes, skipped),
-draws the progress line and, at the end, OUT/loss.png.
-
-A step whose loss or gradient is not finite (on any rank) is skipped — no update — and counted;
-``train.max_nonfinite_steps`` skipped steps in a row stop the run with an error.
+`VLTask` supplies the model (Qwen2.5-VL from a Hugging Face folder, or an inline config with the
+tokenizer's vocabulary and special tokens; the plan's recompute, LoRA and freezing) and the data
+(`vl_data.VLTrainData`: mm-data's VLSFTDataset in global batches, this rank's micro-batches).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 
-from mm_train import checkpoint
-from mm_train.recipe import Recipe, check_layout
+from mm_train import loop
+from mm_train.recipe import Recipe
 from mm_train.vl_data import VLTrainData
 
-TRAIN_FLOPS_FACTOR = 3  # forward + backward (twice the forward)
 
+class VLTask:
+    """See the module docstring and `loop`."""
 
-def _build_model(recipe: Recipe, data: VLTrainData, topo, resume_from: Optional[str] = None):
-    """(model, LoRA config or None): from the checkpoint being resumed, the recipe's path, or its
-    inline config (random weights); then the plan (recompute, LoRA, freezing)."""
-    from mm_models_vl import Qwen2_5_VLForConditionalGeneration
-    from mm_models_vl.qwen2_5_vl.parallel_plan import LoraConfig, parallelize
+    def __init__(self, recipe: Recipe, topo):
+        from mm_models_vl import Qwen2_5_VLForConditionalGeneration
 
-    spec = recipe.model
-    source = os.path.join(resume_from, "model") if resume_from else spec.path
-    if not source and topo.pp.size > 1:
-        # a pipeline stage draws only its own parameters, which would differ from the whole model's
-        # draw: rank 0 draws the whole model once, every stage loads its part of it
-        source = _initial_weights(recipe, data, topo)
-    if source:
-        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(source, topo)
-    else:
-        model = Qwen2_5_VLForConditionalGeneration(_inline_config(recipe, data), topo)
-    lora = LoraConfig(**spec.lora) if spec.lora else None
-    parallelize(model, recompute=spec.recompute, recompute_num_layers=spec.recompute_num_layers, lora=lora,
-                freeze=spec.freeze)
-    if lora is not None and resume_from:
-        model.load_adapter(os.path.join(resume_from, "adapters"))
-    return model, lora
+        self.recipe, self.topo = recipe, topo
+        self.data = VLTrainData(recipe, topo)
+        self.model_class = Qwen2_5_VLForConditionalGeneration
 
+    def inline_config(self):
+        """The recipe's inline transformers config with the tokenizer's vocabulary and special tokens."""
+        from transformers import Qwen2_5_VLConfig
 
-def _inline_config(recipe: Recipe, data: VLTrainData):
-    """The recipe's inline transformers config with the tokenizer's vocabulary and special tokens."""
-    from transformers import Qwen2_5_VLConfig
+        values = dict(self.recipe.model.config)
+        ids = self.data.token_ids()
+        values["text_config"] = {**values.get("text_config", {}), "vocab_size": ids["vocab_size"],
+                                 "pad_token_id": ids["pad_token_id"], "eos_token_id": ids["eos_token_id"],
+                                 "bos_token_id": ids["eos_token_id"]}
+        media = {k: v for k, v in ids.items() if k.endswith("token_id") and k not in ("pad_token_id", "eos_token_id")}
+        return Qwen2_5_VLConfig(**values, **media, bos_token_id=ids["eos_token_id"], eos_token_id=ids["eos_token_id"],
+                                pad_token_id=ids["pad_token_id"])
 
-    values = dict(recipe.model.config)
-    ids = data.token_ids()
-    values["text_config"] = {**values.get("text_config", {}), "vocab_size": ids["vocab_size"],
-                             "pad_token_id": ids["pad_token_id"], "eos_token_id": ids["eos_token_id"],
-                             "bos_token_id": ids["eos_token_id"]}
-    media = {k: v for k, v in ids.items() if k.endswith("token_id") and k not in ("pad_token_id", "eos_token_id")}
-    return Qwen2_5_VLConfig(**values, **media, bos_token_id=ids["eos_token_id"], eos_token_id=ids["eos_token_id"],
-                            pad_token_id=ids["pad_token_id"])
+    @staticmethod
+    def lora_config(**options):
+        from mm_models_vl.qwen2_5_vl.parallel_plan import LoraConfig
 
+        return LoraConfig(**options)
 
-def _initial_weights(recipe: Recipe, data: VLTrainData, topo) -> str:
-    """Rank 0 draws the whole model (as one process would) into output_dir/initial_weights."""
-    from mm_models_vl import Qwen2_5_VLForConditionalGeneration
-    from mm_parallel import ParallelConfig, comm
-    from mm_parallel.topology import Topology
+    def plan(self, model, lora) -> None:
+        from mm_models_vl.qwen2_5_vl.parallel_plan import parallelize
 
-    folder = os.path.join(recipe.output_dir, "initial_weights")
-    if topo.rank == 0:
-        solo = Topology.build(ParallelConfig(), 1, 0)
-        Qwen2_5_VLForConditionalGeneration(_inline_config(recipe, data), solo).save_pretrained(folder)
-    comm.barrier(topo.world)
-    return folder
+        spec = self.recipe.model
+        parallelize(model, recompute=spec.recompute, recompute_num_layers=spec.recompute_num_layers, lora=lora,
+                    freeze=spec.freeze)
 
+    def stream(self, first_step: int):
+        return self.data.stream(first_step)
 
-class _Progress:
-    """One status line on stderr, redrawn in place: step, bar, loss, speed."""
+    def position(self, step: int) -> dict:
+        return self.data.position(step)
 
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled, self.start = total, enabled, time.perf_counter()
+    @staticmethod
+    def tokens(batch: Dict) -> int:
+        return int(batch["attention_mask"].sum())
 
-    def update(self, step: int, loss: float, samples_per_s: float):
-        if not self.enabled:
-            return
-        done = int(30 * step / self.total)
-        line = (f"\rstep {step:>5}/{self.total} [{'#' * done}{'.' * (30 - done)}] loss {loss:8.4f}  "
-                f"{samples_per_s:6.1f} samples/s  {time.perf_counter() - self.start:6.1f}s")
-        print(line, end="\n" if step == self.total else "", flush=True, file=sys.stderr)
+    def model_inputs(self, batch: Dict) -> Dict:
+        if self.topo.cp.size > 1:
+            # the model takes whole unpadded rows under cp; right padding is harmless without the
+            # mask: causal attention keeps real tokens from seeing it and its labels are -100
+            return {k: v for k, v in batch.items() if k != "attention_mask"}
+        return batch
 
+    def flops_per_sample(self, config) -> float:
+        """The FLOPs of the data set's first sample (samples differ in length)."""
+        from mm_profiling.flops import qwen2_5_vl_flops
 
-def _loss_curve(metrics: List[Dict], path: str) -> Optional[str]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # the curve is a convenience; metrics.jsonl has the numbers
-        return None
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([m["step"] for m in metrics], [float("nan") if m["loss"] is None else m["loss"] for m in metrics])
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title("training loss")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+        sample = self.data.dataset.get(0)
+        grid = sample.get("image_grid_thw", np.zeros((0, 3), np.int64))
+        return qwen2_5_vl_flops(config, len(sample["input_ids"]), grid)
 
 
 def train(recipe: Recipe, progress: bool = True, resume: bool = False) -> List[Dict]:
-    """Run the recipe; returns the metrics of the steps run (rank 0 also writes them). With
-    ``resume``, continue from the newest complete checkpoint in output_dir (if any), whatever
-    layout wrote it."""
-    import mindspore as ms
-
-    import mm_parallel
-    from mm_parallel import comm
-    from mm_profiling.throughput import memory
-
-    topo = mm_parallel.initialize(recipe.parallel)
-    check_layout(recipe, topo.world_size)
-    ms.set_seed(recipe.train.seed)
-    data = VLTrainData(recipe, topo)
-    out = recipe.output_dir
-    resume_from = checkpoint.latest(out) if resume else None
-    model, lora = _build_model(recipe, data, topo, resume_from)
-    optimizer = mm_parallel.DistributedOptimizer(model, recipe.optim, topo)
-    first = checkpoint.load_optimizer(resume_from, model, optimizer) if resume_from else 0
-    params = model.trainable_params()
-    grad_fn = ms.value_and_grad(lambda batch: model(**batch).loss, None, params)
-    meter = _meter(model.config, data, topo)
-
-    writer = topo.rank == 0
-    if writer:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "recipe.json"), "w") as f:
-            json.dump(recipe.to_dict(), f, indent=2, default=str)
-    metrics, bar = [], _Progress(recipe.train.steps, progress and writer)
-    global_batch = recipe.train.global_batch_size
-    log = _metrics_log(os.path.join(out, "metrics.jsonl"), first) if writer else None
-    every = recipe.checkpoint.every
-    bad_in_a_row = skipped_total = 0
-    stream = data.stream(first)
-    try:
-        for step in range(first, recipe.train.steps):
-            start = time.perf_counter()
-            batches = next(stream)
-            tokens = sum(int(b["attention_mask"].sum()) for b in batches)
-            losses, grads = _losses_and_grads(model, params, grad_fn, batches, topo)
-            loss = float(np.mean(losses)) if losses else 0.0
-            if topo.pp.size > 1:  # only the last stage sees the loss: give it to every stage
-                loss = float(comm.all_reduce(ms.Tensor(np.array([loss], np.float32)), topo.pp).asnumpy()[0])
-            if topo.dp.size > 1:  # a nan on any rank makes the sum nan everywhere: every rank agrees
-                summed = comm.all_reduce(ms.Tensor(np.array([loss, tokens], np.float32)), topo.dp).asnumpy()
-                loss, tokens = float(summed[0]) / topo.dp.size, int(summed[1])
-            if np.isfinite(loss):
-                stats = optimizer.step(grads)
-            else:  # skipped like the optimizer skips a non-finite gradient: the schedule still advances
-                stats = {"lr": optimizer.lr_at(optimizer.iteration), "grad_norm": float("nan"), "skipped": True}
-                optimizer.iteration += 1
-            bad_in_a_row = bad_in_a_row + 1 if stats["skipped"] else 0
-            skipped_total += int(stats["skipped"])
-            seconds = time.perf_counter() - start
-            speed = meter.record(seconds, samples=global_batch // topo.dp.size, tokens=tokens // topo.dp.size)
-            row = {"step": step + 1, "loss": _finite(loss), "grad_norm": _finite(stats["grad_norm"]), "lr": stats["lr"],
-                   "samples_per_s": speed["cluster_samples_per_s"], "tokens_per_s": speed["cluster_tokens_per_s"],
-                   "mfu": speed["mfu"], "mem_bytes": memory()["peak_host_rss_bytes"], "skipped": stats["skipped"]}
-            metrics.append(row)
-            if writer and (step + 1) % recipe.train.log_every == 0:
-                log.write(json.dumps(row) + "\n")
-                log.flush()
-            bar.update(step + 1, loss, row["samples_per_s"])
-            if bad_in_a_row >= recipe.train.max_nonfinite_steps:
-                raise RuntimeError(f"{bad_in_a_row} steps in a row (up to step {step + 1}) had a non-finite loss or "
-                                   f"gradient and were skipped ({skipped_total} in all); lower optim.lr, check the "
-                                   "data, or raise train.max_nonfinite_steps")
-            if every and ((step + 1) % every == 0 or step + 1 == recipe.train.steps):
-                checkpoint.save(out, step + 1, model, optimizer, topo, lora, recipe.checkpoint.keep,
-                                data_state=data.position(step + 1))
-    finally:
-        stream.close()
-        if log is not None:
-            log.close()
-    if writer:
-        _loss_curve(metrics, os.path.join(out, "loss.png"))
-    return metrics
-
-
-def _losses_and_grads(model, params, grad_fn, batches, topo):
-    """(micro-batch losses — on the last pipeline stage only under pp — and the gradients of
-    their mean for this rank's parameters)."""
-    if topo.pp.size > 1:
-        from mm_parallel import pipeline
-
-        return pipeline.train_step_1f1b(model.pipeline_stage, params, [(b, b) for b in batches], model.pipeline_loss,
-                                        topo, with_batch=True)
-    total, losses = None, []
-    for batch in batches:
-        loss, grads = grad_fn(batch)
-        losses.append(float(loss.asnumpy()))
-        total = list(grads) if total is None else [a + b for a, b in zip(total, grads)]
-    return losses, [g * (1.0 / len(batches)) for g in total] if len(batches) > 1 else total
-
-
-def _finite(value):
-    """JSON has no nan / inf: a non-finite figure is written as null."""
-    return value if value is None or np.isfinite(value) else None
-
-
-def _metrics_log(path: str, first: int):
-    """metrics.jsonl opened for appending after the rows of steps <= ``first`` (a resumed run
-    rewrites the steps after its checkpoint)."""
-    rows = []
-    if first and os.path.exists(path):
-        with open(path) as f:
-            rows = [line for line in f if line.strip() and json.loads(line)["step"] <= first]
-    log = open(path, "w")
-    log.writelines(rows)
-    return log
-
-
-def _meter(config, data: VLTrainData, topo):
-    """Throughput with MFU against this host's measured matmul peak (CPU) per device; the FLOPs
-    of a sample are those of the data set's first (samples differ in length)."""
-    from mm_profiling.flops import qwen2_5_vl_flops
-    from mm_profiling.throughput import Throughput, host_peak_flops
-
-    sample = data.dataset.get(0)
-    grid = sample.get("image_grid_thw", np.zeros((0, 3), np.int64))
-    flops = TRAIN_FLOPS_FACTOR * qwen2_5_vl_flops(config, len(sample["input_ids"]), grid)
-    return Throughput(flops_per_sample=flops, peak_flops=host_peak_flops(), world_size=topo.world_size,
-                      dp_size=topo.dp.size)
+    """Run a VL recipe (see `loop.train`)."""
+    return loop.train(recipe, VLTask, progress=progress, resume=resume)

@@ -103,12 +103,13 @@ class VLSFTDataset:
     def __getitem__(self, index: int) -> Dict[str, np.ndarray]:
         return self.get(index)
 
-    def collator(self):
-        """Pads token fields (input_ids with the tokenizer's pad id), concatenates media fields."""
+    def collator(self, pad_to_multiple_of: int = 1):
+        """Pads token fields (input_ids with the tokenizer's pad id, to a multiple of
+        ``pad_to_multiple_of``), concatenates media fields."""
         from mm_data.loader import Collator
 
         pad_id = getattr(self.template.tokenizer, "pad_token_id", None) or 0
-        return Collator(pad_values={"input_ids": pad_id}, concatenate=MEDIA_FIELDS)
+        return Collator(pad_values={"input_ids": pad_id}, concatenate=MEDIA_FIELDS, pad_to_multiple_of=pad_to_multiple_of)
 
     def length(self, index: int) -> int:
         """Tokens of sample ``index``, from image headers and video probes (no pixels decoded)."""

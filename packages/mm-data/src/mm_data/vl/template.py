@@ -17,7 +17,7 @@ the expanded string whole (tested), without building strings of thousands of pad
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 

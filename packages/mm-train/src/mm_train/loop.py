@@ -1,0 +1,218 @@
+"""The training loop every recipe family shares; a *task* supplies its model and data.
+
+One step = the global batch of the recipe, cut into micro-batches of ``micro_batch_size``:
+micro-batch k holds samples [k m, (k + 1) m) of the step's batch and data-parallel rank r runs
+micro-batches [r n, (r + 1) n), n = global / (m dp). Each rank sums the gradients of its
+micro-batches and divides by n; the optimizer averages over dp. The loss of a step is the mean of
+its micro-batches' losses — the same numbers under any layout of the same recipe. Under pp the
+micro-batches run through the 1F1B schedule; context-parallel ranks share their micro-batches
+(the models cut the sequence themselves).
+
+Rank 0 writes OUT/metrics.jsonl (step, loss, grad_norm, lr, samples_per_s, tokens_per_s, mfu,
+mem_bytes, skipped), draws the progress line and, at the end, OUT/loss.png. A step whose loss or
+gradient is not finite (on any rank) is skipped — no update — and counted;
+``train.max_nonfinite_steps`` skipped steps in a row stop the run with an error.
+
+A task (`vl_trainer.VLTask`, `video_trainer.WanTask`) has: ``model_class``, ``inline_config()``,
+``lora_config(**options)``, ``plan(model, lora)`` (recompute, LoRA, freezing), ``stream(first_step)``
+(this rank's micro-batches of every step), ``position(step)`` (the data position saved with
+checkpoints), ``tokens(batch)``, ``model_inputs(batch)`` and ``flops_per_sample(config)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from mm_train import checkpoint
+from mm_train.recipe import Recipe, check_layout
+
+TRAIN_FLOPS_FACTOR = 3  # forward + backward (twice the forward)
+
+
+def build_model(task, recipe: Recipe, topo, resume_from: Optional[str] = None):
+    """(model, LoRA config or None): from the checkpoint being resumed, the recipe's path, or its
+    inline config (random weights); then the task's plan (recompute, LoRA, freezing)."""
+    spec = recipe.model
+    source = os.path.join(resume_from, "model") if resume_from else spec.path
+    if not source and topo.pp.size > 1:
+        # a pipeline stage draws only its own parameters, which would differ from the whole model's
+        # draw: rank 0 draws the whole model once, every stage loads its part of it
+        source = _initial_weights(task, recipe, topo)
+    if source:
+        model = task.model_class.from_pretrained(source, topo)
+    else:
+        model = task.model_class(task.inline_config(), topo)
+    lora = task.lora_config(**spec.lora) if spec.lora else None
+    task.plan(model, lora)
+    if lora is not None and resume_from:
+        model.load_adapter(os.path.join(resume_from, "adapters"))
+    return model, lora
+
+
+def _initial_weights(task, recipe: Recipe, topo) -> str:
+    """Rank 0 draws the whole model (as one process would) into output_dir/initial_weights."""
+    from mm_parallel import ParallelConfig, comm
+    from mm_parallel.topology import Topology
+
+    folder = os.path.join(recipe.output_dir, "initial_weights")
+    if topo.rank == 0:
+        solo = Topology.build(ParallelConfig(), 1, 0)
+        task.model_class(task.inline_config(), solo).save_pretrained(folder)
+    comm.barrier(topo.world)
+    return folder
+
+
+class _Progress:
+    """One status line on stderr, redrawn in place: step, bar, loss, speed."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled, self.start = total, enabled, time.perf_counter()
+
+    def update(self, step: int, loss: float, samples_per_s: float):
+        if not self.enabled:
+            return
+        done = int(30 * step / self.total)
+        line = (f"\rstep {step:>5}/{self.total} [{'#' * done}{'.' * (30 - done)}] loss {loss:8.4f}  "
+                f"{samples_per_s:6.1f} samples/s  {time.perf_counter() - self.start:6.1f}s")
+        print(line, end="\n" if step == self.total else "", flush=True, file=sys.stderr)
+
+
+def _loss_curve(metrics: List[Dict], path: str) -> Optional[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # the curve is a convenience; metrics.jsonl has the numbers
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([m["step"] for m in metrics], [float("nan") if m["loss"] is None else m["loss"] for m in metrics])
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("training loss")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def train(recipe: Recipe, make_task: Callable, progress: bool = True, resume: bool = False) -> List[Dict]:
+    """Run the recipe's task (``make_task(recipe, topology)``); returns the metrics of the steps
+    run (rank 0 also writes them). With ``resume``, continue from the newest complete checkpoint in
+    output_dir (if any), whatever layout wrote it."""
+    import mindspore as ms
+
+    import mm_parallel
+    from mm_parallel import comm
+    from mm_profiling.throughput import Throughput, host_peak_flops, memory
+
+    topo = mm_parallel.initialize(recipe.parallel)
+    check_layout(recipe, topo.world_size)
+    ms.set_seed(recipe.train.seed)
+    task = make_task(recipe, topo)
+    out = recipe.output_dir
+    resume_from = checkpoint.latest(out) if resume else None
+    model, lora = build_model(task, recipe, topo, resume_from)
+    optimizer = mm_parallel.DistributedOptimizer(model, recipe.optim, topo)
+    first = checkpoint.load_optimizer(resume_from, model, optimizer) if resume_from else 0
+    params = model.trainable_params()
+    grad_fn = ms.value_and_grad(lambda batch: model(**batch).loss, None, params)
+    meter = Throughput(flops_per_sample=TRAIN_FLOPS_FACTOR * task.flops_per_sample(model.config),
+                       peak_flops=host_peak_flops(), world_size=topo.world_size, dp_size=topo.dp.size)
+
+    writer = topo.rank == 0
+    if writer:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "recipe.json"), "w") as f:
+            json.dump(recipe.to_dict(), f, indent=2, default=str)
+    metrics, bar = [], _Progress(recipe.train.steps, progress and writer)
+    global_batch = recipe.train.global_batch_size
+    log = _metrics_log(os.path.join(out, "metrics.jsonl"), first) if writer else None
+    every = recipe.checkpoint.every
+    bad_in_a_row = skipped_total = 0
+    stream = task.stream(first)
+    try:
+        for step in range(first, recipe.train.steps):
+            start = time.perf_counter()
+            batches = next(stream)
+            tokens = sum(task.tokens(b) for b in batches)
+            batches = [task.model_inputs(b) for b in batches]
+            losses, grads = _losses_and_grads(model, params, grad_fn, batches, topo)
+            loss = float(np.mean(losses)) if losses else 0.0
+            if topo.pp.size > 1:  # only the last stage sees the loss: give it to every stage
+                loss = float(comm.all_reduce(ms.Tensor(np.array([loss], np.float32)), topo.pp).asnumpy()[0])
+            if topo.dp.size > 1:  # a nan on any rank makes the sum nan everywhere: every rank agrees
+                summed = comm.all_reduce(ms.Tensor(np.array([loss, tokens], np.float32)), topo.dp).asnumpy()
+                loss, tokens = float(summed[0]) / topo.dp.size, int(summed[1])
+            if np.isfinite(loss):
+                stats = optimizer.step(grads)
+            else:  # skipped like the optimizer skips a non-finite gradient: the schedule still advances
+                stats = {"lr": optimizer.lr_at(optimizer.iteration), "grad_norm": float("nan"), "skipped": True}
+                optimizer.iteration += 1
+            bad_in_a_row = bad_in_a_row + 1 if stats["skipped"] else 0
+            skipped_total += int(stats["skipped"])
+            seconds = time.perf_counter() - start
+            speed = meter.record(seconds, samples=global_batch // topo.dp.size, tokens=tokens // topo.dp.size)
+            row = {"step": step + 1, "loss": _finite(loss), "grad_norm": _finite(stats["grad_norm"]), "lr": stats["lr"],
+                   "samples_per_s": speed["cluster_samples_per_s"], "tokens_per_s": speed["cluster_tokens_per_s"],
+                   "mfu": speed["mfu"], "mem_bytes": memory()["peak_host_rss_bytes"], "skipped": stats["skipped"]}
+            metrics.append(row)
+            if writer and (step + 1) % recipe.train.log_every == 0:
+                log.write(json.dumps(row) + "\n")
+                log.flush()
+            bar.update(step + 1, loss, row["samples_per_s"])
+            if bad_in_a_row >= recipe.train.max_nonfinite_steps:
+                raise RuntimeError(f"{bad_in_a_row} steps in a row (up to step {step + 1}) had a non-finite loss or "
+                                   f"gradient and were skipped ({skipped_total} in all); lower optim.lr, check the "
+                                   "data, or raise train.max_nonfinite_steps")
+            if every and ((step + 1) % every == 0 or step + 1 == recipe.train.steps):
+                checkpoint.save(out, step + 1, model, optimizer, topo, lora, recipe.checkpoint.keep,
+                                data_state=task.position(step + 1))
+    finally:
+        stream.close()
+        if log is not None:
+            log.close()
+    if writer:
+        _loss_curve(metrics, os.path.join(out, "loss.png"))
+    return metrics
+
+
+def _losses_and_grads(model, params, grad_fn, batches, topo):
+    """(micro-batch losses — on the last pipeline stage only under pp — and the gradients of
+    their mean for this rank's parameters)."""
+    if topo.pp.size > 1:
+        from mm_parallel import pipeline
+
+        return pipeline.train_step_1f1b(model.pipeline_stage, params, [(b, b) for b in batches], model.pipeline_loss,
+                                        topo, with_batch=True)
+    total, losses = None, []
+    for batch in batches:
+        loss, grads = grad_fn(batch)
+        losses.append(float(loss.asnumpy()))
+        total = list(grads) if total is None else [a + b for a, b in zip(total, grads)]
+    return losses, [g * (1.0 / len(batches)) for g in total] if len(batches) > 1 else total
+
+
+def _finite(value):
+    """JSON has no nan / inf: a non-finite figure is written as null."""
+    return value if value is None or np.isfinite(value) else None
+
+
+def _metrics_log(path: str, first: int):
+    """metrics.jsonl opened for appending after the rows of steps <= ``first`` (a resumed run
+    rewrites the steps after its checkpoint)."""
+    rows = []
+    if first and os.path.exists(path):
+        with open(path) as f:
+            rows = [line for line in f if line.strip() and json.loads(line)["step"] <= first]
+    log = open(path, "w")
+    log.writelines(rows)
+    return log
+
+

@@ -1,0 +1,111 @@
+"""The built-in tiny video-caption set of the Wan recipes, and its tiny random encoders.
+
+Each clip is 9 frames of 32 x 32 pixels (H.264, written with PyAV): a coloured square moving in
+one of four directions over a coloured background, captioned "a red square moving left on blue".
+The set is written as the reference suite's data.json (path, cap, num_frames, fps, resolution)
+beside a byte-level BPE tokenizer (tokenizer.json). The encoders are a tiny Wan2.1 VAE (z 4,
+8 x spatial and 4 x temporal compression: a clip is 3 x 4 x 4 latents) and a tiny UMT5 (width
+32), their weights drawn with numpy from a fixed seed so that every process builds the same ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 70, 220), "yellow": (230, 210, 40),
+           "white": (245, 245, 245), "black": (15, 15, 15)}
+MOVES = {"left": (0, -2), "right": (0, 2), "up": (-2, 0), "down": (2, 0)}
+SIZE, FRAMES, FPS = 32, 9, 8
+SPECIAL = ["<pad>", "</s>", "<unk>"]
+VAE_CONFIG = dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True],
+                  latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
+TEXT_CONFIG = dict(vocab_size=320, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
+                   relative_attention_num_buckets=16, relative_attention_max_distance=20,
+                   feed_forward_proj="gated-gelu", dropout_rate=0.0)
+
+
+def _clip(colour, background, move, rng: np.random.Generator) -> np.ndarray:
+    frames = np.empty((FRAMES, SIZE, SIZE, 3), np.uint8)
+    y, x = (int(v) for v in rng.integers(8, 16, 2))
+    for t in range(FRAMES):
+        frame = frames[t]
+        frame[:] = background
+        cy, cx = y + move[0] * t, x + move[1] * t
+        frame[max(cy, 0):cy + 8, max(cx, 0):cx + 8] = colour
+    return frames
+
+
+def generate(folder: str, samples: int = 64, seed: int = 0) -> Path:
+    """Write the set into ``folder`` (clips/*.mp4, data.json, tokenizer.json) unless complete."""
+    import av
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    folder = Path(folder)
+    done = folder / ".complete"
+    if done.exists() and json.loads(done.read_text()) == {"samples": samples}:
+        return folder
+    rng = np.random.default_rng(seed)
+    (folder / "clips").mkdir(parents=True, exist_ok=True)
+    names, entries = list(COLOURS), []
+    for i in range(samples):
+        colour, background = rng.choice(len(names), 2, replace=False)
+        move = list(MOVES)[int(rng.integers(len(MOVES)))]
+        frames = _clip(COLOURS[names[colour]], COLOURS[names[background]], MOVES[move], rng)
+        path = f"clips/{i:05d}.mp4"
+        with av.open(str(folder / path), "w") as container:
+            stream = container.add_stream("libx264", rate=FPS)
+            stream.width = stream.height = SIZE
+            stream.pix_fmt = "yuv420p"
+            for frame in frames:
+                for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                    container.mux(packet)
+            for packet in stream.encode():
+                container.mux(packet)
+        entries.append({"path": path, "cap": f"a {names[colour]} square moving {move} on {names[background]}",
+                        "num_frames": FRAMES, "fps": FPS, "resolution": {"height": SIZE, "width": SIZE}})
+    (folder / "data.json").write_text(json.dumps(entries, indent=1))
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator([e["cap"] for e in entries], trainers.BpeTrainer(
+        vocab_size=TEXT_CONFIG["vocab_size"], special_tokens=SPECIAL, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.save(str(folder / "tokenizer.json"))
+    done.write_text(json.dumps({"samples": samples}))
+    return folder
+
+
+def tokenizer(folder: str):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_file=os.path.join(folder, "tokenizer.json"), pad_token="<pad>",
+                                   eos_token="</s>", unk_token="<unk>")
+
+
+def _randomise(model, seed: int) -> None:
+    """Weights from numpy (the same in every process): norms near 1, the rest scaled by fan-in."""
+    from mindspore import Tensor
+
+    rng = np.random.default_rng(seed)
+    for param in sorted(model.get_parameters(), key=lambda p: p.name):
+        shape = tuple(param.shape)
+        if "norm" in param.name or "gamma" in param.name:
+            value = 1.0 + 0.1 * rng.standard_normal(shape)
+        else:
+            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            value = rng.standard_normal(shape) * (0.5 / fan_in ** 0.5 if len(shape) > 1 else 0.05)
+        param.set_data(Tensor(value.astype(np.float32)))
+
+
+def encoders(seed: int = 0):
+    """(VAE, UMT5 text encoder): the tiny set's random encoders."""
+    from mm_models_video import AutoencoderKLWan, UMT5EncoderModel
+
+    vae, text = AutoencoderKLWan(VAE_CONFIG), UMT5EncoderModel(dict(TEXT_CONFIG))
+    _randomise(vae, seed)
+    _randomise(text, seed + 1)
+    return vae, text

@@ -1,0 +1,158 @@
+"""A video recipe's data: clips encoded once into a feature cache, then flow-matching micro-batches.
+
+`WanTrainData` makes sure a feature cache exists — for ``tiny_video`` (the built-in set, encoded
+by its tiny random VAE and UMT5) and ``video`` (the user's annotations, encoded by the recipe's
+VAE and text encoder), every rank encodes its share (mm-data's `build_feature_cache`: centre
+crops, VAE latent means normalised by the VAE's latents_mean / std, text embeddings zeroed past
+the caption) — or uses a ready one (``video_features``). Training then reads `FeatureDataset`
+in global batches of one latent shape (`BucketBatchSampler` keyed by feature shapes), this rank's
+share split into micro-batches, and turns each sample into flow-matching inputs: u, noise and
+caption dropout drawn from a generator seeded by (train.seed, step, sample), so a step's inputs
+are the same under every layout and after resuming.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, List
+
+import numpy as np
+
+from mm_train.recipe import Recipe
+from mm_train.vl_data import MicroBatches
+
+NULL_CAPTION = "null_prompt_embeds.npy"  # the empty caption's embedding, for caption dropout
+
+
+def default_folder() -> str:
+    """Where the tiny video set lives unless the recipe says: $MM_TRAIN_VIDEO_DATA or ~/.cache/mm-train/tiny_video."""
+    return os.environ.get("MM_TRAIN_VIDEO_DATA",
+                          os.path.join(os.path.expanduser("~"), ".cache", "mm-train", "tiny_video"))
+
+
+def _encoders(vae, text):
+    """Feature-cache encoders from a MindSpore VAE and UMT5 (numpy in, numpy out)."""
+    import mindspore as ms
+
+    def latents(batch):
+        return vae.normalize_latents(vae.encode(ms.Tensor(batch["video"])).mean).asnumpy()
+
+    def prompt_embeds(batch):
+        mask = batch["attention_mask"]
+        hidden = text(ms.Tensor(batch["input_ids"]), ms.Tensor(mask)).last_hidden_state.asnumpy()
+        return hidden * mask[..., None]  # as the Wan pipelines: nothing past the caption
+
+    return {"latents": latents, "prompt_embeds": prompt_embeds}
+
+
+class WanTrainData:
+    """See the module docstring."""
+
+    def __init__(self, recipe: Recipe, topo):
+        from mm_data import BucketBatchSampler, FeatureDataset
+        from mm_models_video.flow_matching import FlowMatchingSchedule
+
+        self.recipe, self.topo = recipe, topo
+        data = recipe.data
+        if data.kind == "video_features":
+            folder = data.path
+        else:
+            folder = self._encode(recipe, topo)
+        self.features = FeatureDataset(folder)
+        null = os.path.join(folder, NULL_CAPTION)
+        self.null_embeds = np.load(null) if os.path.exists(null) else None
+        if data.caption_dropout and self.null_embeds is None:
+            raise ValueError(f"data.caption_dropout needs the empty caption's embedding {null}; "
+                             "rebuild the cache with mm-train (it writes one)")
+        train = recipe.train
+        self.sampler = BucketBatchSampler(len(self.features), train.global_batch_size, topo.dp.rank, topo.dp.size,
+                                          keys=self.features.keys, seed=train.seed)
+        d = recipe.diffusion
+        self.schedule = FlowMatchingSchedule(d.num_train_timesteps, d.shift)
+        self.micro_batch_size = train.micro_batch_size
+
+    @staticmethod
+    def _encode(recipe: Recipe, topo) -> str:
+        """Build (or finish) the feature cache, every rank its share; returns its folder."""
+        from mm_data.video import AspectBuckets, FrameBuckets, VideoTextDataset
+        from mm_parallel import comm
+
+        from mm_train import tiny_video
+
+        data = recipe.data
+        if data.kind == "tiny_video":
+            source = data.path or default_folder()
+            if topo.rank == 0:
+                tiny_video.generate(source, data.samples)
+            if topo.world_size > 1:
+                comm.barrier(topo.world)
+            annotations, tokenizer = os.path.join(source, "data.json"), tiny_video.tokenizer(source)
+            folder = data.features_dir or os.path.join(source, "features")
+            frames = FrameBuckets(num_frames=tiny_video.FRAMES)
+            buckets = AspectBuckets(max_area=tiny_video.SIZE ** 2, stride=16)
+            fps, text_length = tiny_video.FPS, 16
+            make_encoders = tiny_video.encoders
+        else:
+            from mm_models_video import AutoencoderKLWan, UMT5EncoderModel
+
+            from mm_train.vl_data import load_tokenizer
+
+            annotations, tokenizer = data.path, load_tokenizer(data.tokenizer or data.text_encoder)
+            folder = data.features_dir or os.path.join(recipe.output_dir, "features")
+            frames, buckets = FrameBuckets(num_frames=data.num_frames), AspectBuckets(max_area=data.max_area, stride=16)
+            fps, text_length = data.fps, data.text_max_length
+            make_encoders = lambda: (AutoencoderKLWan.from_pretrained(data.vae),  # noqa: E731
+                                     UMT5EncoderModel.from_pretrained(data.text_encoder))
+        from mm_data import build_feature_cache
+
+        dataset = VideoTextDataset.from_annotations(annotations, max_bad_fraction=data.max_bad_fraction, frames=frames,
+                                                    buckets=buckets, fps=fps, tokenizer=tokenizer,
+                                                    max_text_length=text_length, random_crop=False)
+        vae, text = make_encoders()
+        encoders = _encoders(vae, text)
+        build_feature_cache(dataset, encoders, folder, batch_size=1, rank=topo.rank, world_size=topo.world_size)
+        if topo.rank == 0 and not os.path.exists(os.path.join(folder, NULL_CAPTION)):
+            empty = tokenizer("", padding="max_length", max_length=text_length, return_tensors="np")
+            null = encoders["prompt_embeds"]({k: v.astype(np.int64) for k, v in empty.items()})[0]
+            np.save(os.path.join(folder, NULL_CAPTION), null.astype(np.float32))
+        if topo.world_size > 1:
+            comm.barrier(topo.world)  # every rank's shards are written
+        return folder
+
+    def position(self, step: int) -> dict:
+        epoch, batch = divmod(step, len(self.sampler.epoch_batches(0)))
+        return {"epoch": epoch, "position": batch, "seed": self.sampler.seed,
+                "global_batch_size": self.sampler.global_batch_size}
+
+    def flow_inputs(self, step: int, batch: Dict) -> Dict[str, np.ndarray]:
+        """The model's keywords for a micro-batch of cached features at ``step``."""
+        d, dropout = self.recipe.diffusion, self.recipe.data.caption_dropout
+        rows, texts = [], []
+        for row, index in enumerate(batch["index"]):
+            rng = np.random.default_rng([self.recipe.train.seed, step, int(index)])
+            rows.append(self.schedule.training_batch(batch["latents"][row:row + 1], rng, d.density, d.weighting))
+            dropped = dropout and rng.random() < dropout
+            texts.append(self.null_embeds if dropped else batch["prompt_embeds"][row])
+        out = {key: np.concatenate([r[key] for r in rows]) for key in ("hidden_states", "timestep", "target")}
+        out["encoder_hidden_states"] = np.stack(texts).astype(np.float32)
+        if d.weighting != "none":
+            out["loss_weights"] = np.concatenate([r["loss_weights"] for r in rows])
+        return out
+
+    def stream(self, first_step: int):
+        """This rank's flow-matching micro-batches of every step from ``first_step`` on."""
+        from mm_data import Collator, DataLoader
+
+        loader = DataLoader(self.features, self.sampler, MicroBatches(Collator(), self.micro_batch_size),
+                            num_workers=self.recipe.data.num_workers)
+        loader.load_state_dict(self.position(first_step))
+        for step, batches in enumerate(loader, first_step):
+            yield [self.flow_inputs(step, batch) for batch in batches]
+
+
+def latent_tokens(batch: Dict, patch_size) -> int:
+    _, _, frames, height, width = batch["hidden_states"].shape
+    return len(batch["hidden_states"]) * (frames // patch_size[0]) * (height // patch_size[1]) * (width // patch_size[2])
+
+
+__all__: List[str] = ["WanTrainData", "default_folder", "latent_tokens"]
