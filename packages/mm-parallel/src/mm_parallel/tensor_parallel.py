@@ -93,6 +93,15 @@ def init_rng() -> np.random.Generator:
     return np.random.default_rng([0 if seed is None else seed, next(_init_count)])
 
 
+def seed_parameters(seed: int) -> None:
+    """Start parameter initialisation afresh: MindSpore's global seed set and the count of
+    parameters drawn so far reset, so the next model is drawn as in a fresh process whatever
+    this process built before (encoders, other models)."""
+    global _init_count
+    ms.set_seed(seed)
+    _init_count = itertools.count()
+
+
 def _param(full_shape, name, init_std: Optional[float], group: Group, split_dim: Optional[int] = None,
            zeros: bool = False):
     """A parameter drawn whole (normal(0, init_std or 0.02), or zeros) and cut to this rank's shard."""

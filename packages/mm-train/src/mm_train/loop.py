@@ -47,12 +47,19 @@ def build_model(task, recipe: Recipe, topo, resume_from: Optional[str] = None):
     if source:
         model = task.model_class.from_pretrained(source, topo)
     else:
+        _seed(recipe)  # the draw depends on the seed only, not on what the data preparation drew
         model = task.model_class(task.inline_config(), topo)
     lora = task.lora_config(**spec.lora) if spec.lora else None
     task.plan(model, lora)
     if lora is not None and resume_from:
         model.load_adapter(os.path.join(resume_from, "adapters"))
     return model, lora
+
+
+def _seed(recipe: Recipe) -> None:
+    from mm_parallel.tensor_parallel import seed_parameters
+
+    seed_parameters(recipe.train.seed)
 
 
 def _initial_weights(task, recipe: Recipe, topo) -> str:
@@ -63,6 +70,7 @@ def _initial_weights(task, recipe: Recipe, topo) -> str:
     folder = os.path.join(recipe.output_dir, "initial_weights")
     if topo.rank == 0:
         solo = Topology.build(ParallelConfig(), 1, 0)
+        _seed(recipe)
         task.model_class(task.inline_config(), solo).save_pretrained(folder)
     comm.barrier(topo.world)
     return folder
