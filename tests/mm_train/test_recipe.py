@@ -59,3 +59,22 @@ def test_values_are_typed():
         load_recipe(None, ["optim.lr=fast"])
     with pytest.raises(ValueError, match="train.steps must be a int"):
         load_recipe(None, ["train.steps=2.5"])
+
+
+SHIPPED = {"qwen2_5_vl_tiny.yaml": [1, 2], "qwen2_5_vl_tiny_lora.yaml": [1, 2], "wan2_1_t2v_tiny.yaml": [1, 2],
+           "qwen2_5_vl_7b_sft.yaml": [8, 16], "qwen2_5_vl_72b_sft.yaml": [16, 32],
+           "wan2_1_t2v_1_3b.yaml": [8, 16], "wan2_1_t2v_14b.yaml": [8, 16]}
+
+
+@pytest.mark.parametrize("name, worlds", sorted(SHIPPED.items()))
+def test_every_shipped_recipe_loads_and_fits_the_machines_it_is_written_for(name, worlds):
+    from pathlib import Path
+
+    import mm_train
+    from mm_train.recipe import check_layout, load_recipe
+
+    path = Path(mm_train.__file__).with_name("recipes") / name
+    recipe = load_recipe(str(path))
+    for world in worlds:
+        assert check_layout(recipe, world) >= 1, (name, world)
+    assert {p.name for p in path.parent.glob("*.yaml")} == set(SHIPPED)  # each shipped recipe is checked
