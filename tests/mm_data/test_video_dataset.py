@@ -12,7 +12,7 @@ from mm_data.errors import BadSample, DataError
 from mm_data.feature_cache import FeatureDataset, build_feature_cache
 from mm_data.loader import Collator, DataLoader
 from mm_data.sampler import BucketBatchSampler, length_groups
-from mm_data.video import AspectBuckets, FrameBuckets, VideoTextDataset, load_records
+from mm_data.video import AspectBuckets, FrameBuckets, VideoTextDataset
 from mm_data.video.spatial import cover_size
 
 CAPTIONS = ["a red bar moves down", "blue fades to the right", "a green line on red", "frames count up",

@@ -4,7 +4,6 @@ position, and resumes to the same losses."""
 
 import json
 
-import numpy as np
 import pytest
 from media import write_image, write_video
 
@@ -25,7 +24,7 @@ def make_user_data(root):
     for i, (h, w) in enumerate([(56, 56), (60, 90), (84, 56), (70, 70)]):
         write_image(str(root / f"img{i}.png"), h, w, seed=i)
     write_video(str(root / "clip.mp4"), 12, 56, 84, 6, "libx264")
-    entries = [{"messages": [{"role": "user", "content": f"<image>Describe the picture."},
+    entries = [{"messages": [{"role": "user", "content": "<image>Describe the picture."},
                              {"role": "assistant", "content": "A noisy square."}], "images": [f"img{i % 4}.png"]}
                for i in range(10)]
     entries += [{"conversations": [{"from": "system", "value": "Be brief."},

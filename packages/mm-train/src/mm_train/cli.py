@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--timeout", type=float, default=24 * 3600.0, help="stop this node's workers after this long")
     launch.add_argument("--cluster-timeout", type=int, default=600,
                         help="seconds to wait for every node's workers to join (msrun's cluster_time_out)")
+    from mm_train import convert
+
+    convert.add_parser(commands)
     return parser
 
 
@@ -135,6 +138,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _run(args)
         if args.command == "launch":
             return _launch_node(args)
+        if args.command == "convert":
+            from mm_train import convert
+
+            return convert.run(args)
     except ImportError as error:  # a model family / data / profiling package not installed
         print(f"mm-train: {error}; the trainer needs the extras: pip install 'mm-train[all]'", file=sys.stderr)
         return 2

@@ -1,0 +1,113 @@
+"""`mm-train convert`: checkpoints to Hugging Face folders, LoRA adapters merged into their base.
+
+- ``merge-lora BASE ADAPTERS OUT``: the base model (a transformers Qwen2.5-VL folder or a diffusers
+  Wan transformer folder) with PEFT adapters folded into its weights (W + alpha / r * B A), written
+  as a folder of the same format; the base's other files (tokenizer, processor, generation config)
+  are copied along.
+- ``checkpoint STEP_DIR OUT``: a training checkpoint (OUT/checkpoints/step_N) as a standalone
+  folder, its LoRA adapters merged if the run trained some.
+
+Why there is no "sharded checkpoint of a layout": every checkpoint here is a whole Hugging Face
+folder and `from_pretrained(path, topology)` cuts each rank's shard while reading, so any layout
+loads any checkpoint directly (resuming TP2 -> 1, PP2 -> 1, DP2 -> 1, 1 -> TP2 is tested); a
+per-layout copy would only be a second format to keep in step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+WEIGHT_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth", ".ckpt")
+
+
+def family_of(folder: str) -> str:
+    """qwen2_5_vl or wan, from the folder's config.json."""
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{folder} has no config.json: give a Hugging Face / diffusers model folder")
+    with open(path) as f:
+        config = json.load(f)
+    if config.get("_class_name") == "WanTransformer3DModel":
+        return "wan"
+    if config.get("model_type") == "qwen2_5_vl":
+        return "qwen2_5_vl"
+    raise ValueError(f"{path} describes {config.get('_class_name') or config.get('model_type')!r}; convert knows "
+                     "Qwen2.5-VL (model_type qwen2_5_vl) and Wan2.1 (_class_name WanTransformer3DModel)")
+
+
+def _model_class(family: str):
+    if family == "wan":
+        from mm_models_video import WanTransformer3DModel
+
+        return WanTransformer3DModel
+    from mm_models_vl import Qwen2_5_VLForConditionalGeneration
+
+    return Qwen2_5_VLForConditionalGeneration
+
+
+def merge_lora(base: str, adapters: str, out: str) -> str:
+    """Write ``base`` with the PEFT ``adapters`` merged into ``out``; returns ``out``."""
+    import mm_parallel
+    from mm_parallel.lora import apply_lora, merge_lora as fold
+
+    with open(os.path.join(adapters, "adapter_config.json")) as f:
+        config = json.load(f)
+    if config.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"{adapters} holds {config.get('peft_type')} adapters; only LoRA can be merged")
+    topo = mm_parallel.initialize(mm_parallel.ParallelConfig())  # one process holds the whole model
+    model = _model_class(family_of(base)).from_pretrained(base, topo)
+    targets = config["target_modules"]
+    apply_lora(model, [targets] if isinstance(targets, str) else list(targets), int(config["r"]),
+               float(config.get("lora_alpha", config["r"])), float(config.get("lora_dropout", 0.0)))
+    model.load_adapter(adapters)
+    fold(model)
+    model.save_pretrained(out)
+    _copy_side_files(base, out)
+    return out
+
+
+def _copy_side_files(source: str, out: str) -> None:
+    """The files beside the weights (tokenizer, processor, generation config), not config.json."""
+    for name in os.listdir(source):
+        path = os.path.join(source, name)
+        if os.path.isfile(path) and name != "config.json" and not name.endswith(WEIGHT_FILES) \
+                and not os.path.exists(os.path.join(out, name)):
+            shutil.copy2(path, os.path.join(out, name))
+
+
+def export_checkpoint(step_dir: str, out: str) -> str:
+    """A training checkpoint's model as a standalone folder (LoRA merged when present)."""
+    model, adapters = os.path.join(step_dir, "model"), os.path.join(step_dir, "adapters")
+    if not os.path.isfile(os.path.join(step_dir, "trainer_state.json")) or not os.path.isdir(model):
+        raise FileNotFoundError(f"{step_dir} is not a complete training checkpoint (model/ and trainer_state.json)")
+    if os.path.isdir(adapters):
+        return merge_lora(model, adapters, out)
+    shutil.copytree(model, out, dirs_exist_ok=True)
+    return out
+
+
+def add_parser(commands) -> None:
+    convert = commands.add_parser(
+        "convert", help="checkpoints to Hugging Face folders; merge LoRA adapters",
+        description=__doc__.split("\n\n")[0] + " Layout changes need no conversion: any layout loads any checkpoint.")
+    which = convert.add_subparsers(dest="conversion", required=True)
+    merge = which.add_parser("merge-lora", help="fold PEFT LoRA adapters into their base model",
+                             description="Write BASE with ADAPTERS merged (W + alpha / r * B A) into OUT.")
+    merge.add_argument("base", help="the base model folder (transformers Qwen2.5-VL or diffusers Wan transformer)")
+    merge.add_argument("adapters", help="a PEFT adapter folder (adapter_config.json, adapter_model.safetensors)")
+    merge.add_argument("out", help="the merged model folder to write")
+    export = which.add_parser("checkpoint", help="a training checkpoint as a standalone model folder",
+                              description="Write the model of OUT/checkpoints/step_N into OUT, LoRA merged.")
+    export.add_argument("step_dir", help="a checkpoint folder, e.g. runs/x/checkpoints/step_100")
+    export.add_argument("out", help="the model folder to write")
+
+
+def run(args) -> int:
+    if args.conversion == "merge-lora":
+        out = merge_lora(args.base, args.adapters, args.out)
+    else:
+        out = export_checkpoint(args.step_dir, args.out)
+    print(f"wrote {out}")
+    return 0
