@@ -48,8 +48,18 @@ def test_layouts_the_world_or_the_batch_cannot_hold_are_refused():
     with pytest.raises(ValueError, match="multiple of micro_batch_size x dp"):
         check_layout(load_recipe(None, ["train.global_batch_size=6"]), 2)
     assert check_layout(load_recipe(None, ["parallel.pp=2"]), 2) == 2
-    with pytest.raises(ValueError, match="virtual pipeline stages"):
-        check_layout(load_recipe(None, ["parallel.pp=2", "parallel.vpp=2"]), 2)
+    assert check_layout(load_recipe(None, ["parallel.pp=2", "parallel.vpp=2"]), 2) == 2
+    with pytest.raises(ValueError, match="multiple of pp=2"):
+        check_layout(load_recipe(None, ["parallel.pp=2", "parallel.vpp=2", "train.global_batch_size=4"]), 2)
+
+
+def test_nested_overrides_reach_into_mapping_fields():
+    recipe = load_recipe(None, ["model.config.text_config.num_hidden_layers=4", "model.lora.r=4"])
+    assert recipe.model.config["text_config"]["num_hidden_layers"] == 4
+    assert recipe.model.config["text_config"]["hidden_size"] == 64  # the rest of the mapping stays
+    assert recipe.model.lora == {"r": 4}
+    with pytest.raises(ValueError, match="train.steps is not a mapping"):
+        load_recipe(None, ["train.steps.x=4"])
 
 
 def test_values_are_typed():
@@ -62,6 +72,7 @@ def test_values_are_typed():
 
 
 SHIPPED = {"qwen2_5_vl_tiny.yaml": [1, 2], "qwen2_5_vl_tiny_lora.yaml": [1, 2], "wan2_1_t2v_tiny.yaml": [1, 2],
+           "wan2_1_i2v_tiny.yaml": [1, 2],
            "qwen2_5_vl_7b_sft.yaml": [8, 16], "qwen2_5_vl_72b_sft.yaml": [16, 32],
            "wan2_1_t2v_1_3b.yaml": [8, 16], "wan2_1_t2v_14b.yaml": [8, 16]}
 

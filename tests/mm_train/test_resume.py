@@ -91,3 +91,14 @@ def test_a_killed_worker_stops_the_run_and_resume_continues(tmp_path):
     whole = tmp_path / "whole"
     run(whole, steps + 2, data=data)
     assert losses(out)[-2:] == pytest.approx(losses(whole)[-2:], rel=1e-4)
+
+
+def test_virtual_pipeline_stages_train_like_one_process_and_resume_on_one(tmp_path):
+    """PP2 x VPP2 (4 decoder layers, one per virtual stage; the interleaved schedule) gives the
+    losses of one process, and its checkpoint (one model file per virtual stage) resumes there."""
+    data, deep = tmp_path / "data", ["--set", "model.config.text_config.num_hidden_layers=4"]
+    run(tmp_path / "single", 6, *deep, data=data)
+    run(tmp_path / "vpp", 3, *deep, "--nproc", "2", "--set", "parallel.pp=2", "--set", "parallel.vpp=2", data=data)
+    assert losses(tmp_path / "vpp") == pytest.approx(losses(tmp_path / "single")[:3], rel=1e-4)
+    run(tmp_path / "vpp", 6, *deep, "--resume", data=data)
+    assert losses(tmp_path / "vpp") == pytest.approx(losses(tmp_path / "single"), rel=1e-4)

@@ -13,11 +13,12 @@ from test_run import losses, mm_train
 
 pytestmark = pytest.mark.distributed
 
-RECIPE = str(Path(__file__).resolve().parents[2] / "packages/mm-train/src/mm_train/recipes/wan2_1_t2v_tiny.yaml")
+RECIPES = Path(__file__).resolve().parents[2] / "packages/mm-train/src/mm_train/recipes"
+RECIPE = str(RECIPES / "wan2_1_t2v_tiny.yaml")
 
 
-def run(tmp, out, *extra, data):
-    result = mm_train("run", RECIPE, "--set", f"data.path={data}", "--set", f"output_dir={out}", "--no-progress",
+def run(tmp, out, *extra, data, recipe=RECIPE):
+    result = mm_train("run", recipe, "--set", f"data.path={data}", "--set", f"output_dir={out}", "--no-progress",
                       *extra, data=tmp / "unused")
     assert result.returncode == 0, result.stderr[-3000:]
     return losses(out), result.stderr
@@ -39,6 +40,20 @@ def test_tiny_t2v_same_losses_under_every_layout_and_resume(tmp_path):
     assert resumed == pytest.approx(single, rel=1e-4)
     state = json.loads((tmp_path / "resumed" / "checkpoints" / "step_4" / "trainer_state.json").read_text())
     assert state["step"] == 4 and state["data"] == {"epoch": 0, "position": 4, "seed": 0, "global_batch_size": 8}
+
+
+def test_tiny_i2v_same_losses_under_tp_sp_pp_and_ulysses(tmp_path):
+    """The I2V DiT (image tokens through the added key / value projections, the image's latents
+    and mask beside the noise) trains alike on one process, TP2+SP, PP2 and CP2 Ulysses."""
+    data, four, recipe = tmp_path / "tiny_video", ["--set", "train.steps=4"], str(RECIPES / "wan2_1_i2v_tiny.yaml")
+    single, _ = run(tmp_path, tmp_path / "single", *four, data=data, recipe=recipe)
+    index = (data / "features-i2v" / "index-r000.jsonl").read_text().splitlines()
+    assert set(json.loads(index[0])["features"]) == {"latents", "prompt_embeds", "image_embeds", "condition"}
+    layouts = {"tp2_sp": ["--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"],
+               "pp2": ["--set", "parallel.pp=2"], "cp2_ulysses": ["--set", "parallel.cp=2"]}
+    for name, extra in layouts.items():
+        got, _ = run(tmp_path, tmp_path / name, "--nproc", "2", *four, *extra, data=data, recipe=recipe)
+        assert got == pytest.approx(single, rel=1e-4), (name, got, single)
 
 
 def _encoder_folders(root):

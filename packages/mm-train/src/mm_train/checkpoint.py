@@ -49,15 +49,18 @@ def latest(out: str) -> Optional[str]:
     return os.path.join(root, max(steps)[1]) if steps else None
 
 
-def _owners(model) -> Dict[int, tuple]:
+def _owners(chunks) -> Dict[int, tuple]:
+    """id(parameter) -> (its name in the whole model, owning cell, attribute) over every chunk."""
     from mm_parallel.hf_checkpoint import owned_parameters
 
-    return {id(p): (name, cell, attr) for name, p, cell, attr in owned_parameters(model)}
+    return {id(p): (chunk.adapter_name(chunk, name), cell, attr)
+            for chunk in chunks for name, p, cell, attr in owned_parameters(chunk)}
 
 
-def save(out: str, step: int, model, optimizer, topo, lora=None, keep: int = 2,
+def save(out: str, step: int, chunks, optimizer, topo, lora=None, keep: int = 2,
          data_state: Optional[dict] = None) -> Optional[str]:
-    """Write step_N (every rank calls: the gathers are collectives); returns its path."""
+    """Write step_N (every rank calls: the gathers are collectives); returns its path.
+    ``chunks``: the model chunks (virtual pipeline stages) this rank holds, usually one."""
     from mindspore import Tensor
     from mm_parallel import comm
     from mm_parallel.hf_checkpoint import tp_split
@@ -71,17 +74,17 @@ def save(out: str, step: int, model, optimizer, topo, lora=None, keep: int = 2,
         os.makedirs(tmp)
     if topo.world_size > 1:
         comm.barrier(topo.world)
-    model.save_pretrained(os.path.join(tmp, "model"))
+    chunks[0].save_pretrained(os.path.join(tmp, "model"), chunks)
     if lora is not None:
-        model.save_adapter(os.path.join(tmp, "adapters"), lora)
-    owners, tensors = _owners(model), {}
+        chunks[0].save_adapter(os.path.join(tmp, "adapters"), lora, chunks)
+    owners, tensors = _owners(chunks), {}
     for param, state in zip(optimizer.params, optimizer.param_states()):
         name, cell, attr = owners[id(param)]
         dim, group = tp_split(cell, attr)
         for key, value in state.items():
             if dim is not None:
                 value = unshard(Tensor(value), group, dim).asnumpy()
-            tensors[f"{model.adapter_name(model, name)}.{key}"] = np.ascontiguousarray(value)
+            tensors[f"{name}.{key}"] = np.ascontiguousarray(value)
     if topo.tp.rank == 0 and topo.cp.rank == 0 and topo.dp.rank == 0:  # one writer per pipeline stage
         save_file(tensors, os.path.join(tmp, f"optimizer-stage{topo.pp.rank:03d}.safetensors"))
     if topo.world_size > 1:
@@ -109,14 +112,14 @@ def _prune(root: str, keep: int) -> None:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
-def load_optimizer(folder: str, model, optimizer) -> int:
+def load_optimizer(folder: str, chunks, optimizer) -> int:
     """Set the optimizer (and through its master weights the parameters) from step_N; returns
     the step to continue from."""
     from mm_parallel.hf_checkpoint import tp_split
     from mm_parallel.tensor_parallel import shard
     from safetensors import safe_open
 
-    owners, states = _owners(model), []
+    owners, states = _owners(chunks), []
     files = sorted(n for n in os.listdir(folder) if n.startswith("optimizer-stage") and n.endswith(".safetensors"))
     handles = [safe_open(os.path.join(folder, n), "np") for n in files]
     where = {key: h for h in handles for key in h.keys()}
@@ -125,7 +128,7 @@ def load_optimizer(folder: str, model, optimizer) -> int:
         dim, group = tp_split(cell, attr)
         state = {}
         for key in optimizer.STATES:
-            tensor = f"{model.adapter_name(model, name)}.{key}"
+            tensor = f"{name}.{key}"
             if tensor not in where:
                 raise KeyError(f"{tensor} is not in {folder}: the checkpoint was written for other trainable "
                                "parameters (another model, LoRA or freeze setting)")

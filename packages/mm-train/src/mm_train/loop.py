@@ -6,7 +6,8 @@ micro-batches [r n, (r + 1) n), n = global / (m dp). Each rank sums the gradient
 micro-batches and divides by n; the optimizer averages over dp. The loss of a step is the mean of
 its micro-batches' losses — the same numbers under any layout of the same recipe. Under pp the
 micro-batches run through the 1F1B schedule; context-parallel ranks share their micro-batches
-(the models cut the sequence themselves).
+(the models cut the sequence themselves). With virtual pipeline stages (vpp > 1) a rank holds one
+model chunk per virtual stage and the step runs the interleaved 1F1B schedule.
 
 Rank 0 writes OUT/metrics.jsonl (step, loss, grad_norm, lr, samples_per_s, tokens_per_s, mfu,
 mem_bytes, skipped), draws the progress line and, at the end, OUT/loss.png. A step whose loss or
@@ -36,8 +37,9 @@ TRAIN_FLOPS_FACTOR = 3  # forward + backward (twice the forward)
 
 
 def build_model(task, recipe: Recipe, topo, resume_from: Optional[str] = None):
-    """(model, LoRA config or None): from the checkpoint being resumed, the recipe's path, or its
-    inline config (random weights); then the task's plan (recompute, LoRA, freezing)."""
+    """(the model chunks this rank holds — one per virtual pipeline stage, usually one — and the
+    LoRA config or None): from the checkpoint being resumed, the recipe's path, or its inline
+    config (random weights); then the task's plan (recompute, LoRA, freezing) on each chunk."""
     spec = recipe.model
     source = os.path.join(resume_from, "model") if resume_from else spec.path
     if not source and topo.pp.size > 1:
@@ -45,15 +47,16 @@ def build_model(task, recipe: Recipe, topo, resume_from: Optional[str] = None):
         # draw: rank 0 draws the whole model once, every stage loads its part of it
         source = _initial_weights(task, recipe, topo)
     if source:
-        model = task.model_class.from_pretrained(source, topo)
+        chunks = [task.model_class.from_pretrained(source, topo, chunk=c) for c in range(topo.config.vpp)]
     else:
         _seed(recipe)  # the draw depends on the seed only, not on what the data preparation drew
-        model = task.model_class(task.inline_config(), topo)
+        chunks = [task.model_class(task.inline_config(), topo)]
     lora = task.lora_config(**spec.lora) if spec.lora else None
-    task.plan(model, lora)
-    if lora is not None and resume_from:
-        model.load_adapter(os.path.join(resume_from, "adapters"))
-    return model, lora
+    for chunk in chunks:
+        task.plan(chunk, lora)
+        if lora is not None and resume_from:
+            chunk.load_adapter(os.path.join(resume_from, "adapters"))
+    return chunks, lora
 
 
 def _seed(recipe: Recipe) -> None:
@@ -126,12 +129,12 @@ def train(recipe: Recipe, make_task: Callable, progress: bool = True, resume: bo
     task = make_task(recipe, topo)
     out = recipe.output_dir
     resume_from = checkpoint.latest(out) if resume else None
-    model, lora = build_model(task, recipe, topo, resume_from)
-    optimizer = mm_parallel.DistributedOptimizer(model, recipe.optim, topo)
-    first = checkpoint.load_optimizer(resume_from, model, optimizer) if resume_from else 0
-    params = model.trainable_params()
-    grad_fn = ms.value_and_grad(lambda batch: model(**batch).loss, None, params)
-    meter = Throughput(flops_per_sample=TRAIN_FLOPS_FACTOR * task.flops_per_sample(model.config),
+    chunks, lora = build_model(task, recipe, topo, resume_from)
+    optimizer = mm_parallel.DistributedOptimizer(chunks[0] if len(chunks) == 1 else chunks, recipe.optim, topo)
+    first = checkpoint.load_optimizer(resume_from, chunks, optimizer) if resume_from else 0
+    params = [p for chunk in chunks for p in chunk.trainable_params()]
+    grad_fn = ms.value_and_grad(lambda batch: chunks[0](**batch).loss, None, params)
+    meter = Throughput(flops_per_sample=TRAIN_FLOPS_FACTOR * task.flops_per_sample(chunks[0].config),
                        peak_flops=host_peak_flops(), world_size=topo.world_size, dp_size=topo.dp.size)
 
     writer = topo.rank == 0
@@ -151,7 +154,7 @@ def train(recipe: Recipe, make_task: Callable, progress: bool = True, resume: bo
             batches = next(stream)
             tokens = sum(task.tokens(b) for b in batches)
             batches = [task.model_inputs(b) for b in batches]
-            losses, grads = _losses_and_grads(model, params, grad_fn, batches, topo)
+            losses, grads = _losses_and_grads(chunks, params, grad_fn, batches, topo)
             loss = float(np.mean(losses)) if losses else 0.0
             if topo.pp.size > 1:  # only the last stage sees the loss: give it to every stage
                 loss = float(comm.all_reduce(ms.Tensor(np.array([loss], np.float32)), topo.pp).asnumpy()[0])
@@ -180,7 +183,7 @@ def train(recipe: Recipe, make_task: Callable, progress: bool = True, resume: bo
                                    f"gradient and were skipped ({skipped_total} in all); lower optim.lr, check the "
                                    "data, or raise train.max_nonfinite_steps")
             if every and ((step + 1) % every == 0 or step + 1 == recipe.train.steps):
-                checkpoint.save(out, step + 1, model, optimizer, topo, lora, recipe.checkpoint.keep,
+                checkpoint.save(out, step + 1, chunks, optimizer, topo, lora, recipe.checkpoint.keep,
                                 data_state=task.position(step + 1))
     finally:
         stream.close()
@@ -191,14 +194,20 @@ def train(recipe: Recipe, make_task: Callable, progress: bool = True, resume: bo
     return metrics
 
 
-def _losses_and_grads(model, params, grad_fn, batches, topo):
+def _losses_and_grads(chunks, params, grad_fn, batches, topo):
     """(micro-batch losses — on the last pipeline stage only under pp — and the gradients of
-    their mean for this rank's parameters)."""
+    their mean for this rank's parameters, in ``params`` order)."""
     if topo.pp.size > 1:
         from mm_parallel import pipeline
 
-        return pipeline.train_step_1f1b(model.pipeline_stage, params, [(b, b) for b in batches], model.pipeline_loss,
-                                        topo, with_batch=True)
+        micro, last = [(b, b) for b in batches], chunks[-1]
+        if len(chunks) == 1:
+            return pipeline.train_step_1f1b(last.pipeline_stage, params, micro, last.pipeline_loss, topo,
+                                            with_batch=True)
+        losses, per_chunk = pipeline.train_step_interleaved(
+            [c.pipeline_stage for c in chunks], [c.trainable_params() for c in chunks], micro, last.pipeline_loss,
+            topo, with_batch=True)
+        return losses, [g for chunk in per_chunk for g in chunk]
     total, losses = None, []
     for batch in batches:
         loss, grads = grad_fn(batch)

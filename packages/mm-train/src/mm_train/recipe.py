@@ -14,7 +14,8 @@
     output_dir
 
 ``--set section.key=value`` overrides any field (the value read as YAML: ``--set parallel.tp=2``,
-``--set optim.betas=[0.9,0.95]``). An unknown section or key is an error naming the closest valid
+``--set optim.betas=[0.9,0.95]``); a longer path reaches into a mapping field
+(``--set model.config.text_config.num_hidden_layers=4``). An unknown section or key is an error naming the closest valid
 one; `check_layout` refuses a layout the world size or the batch sizes cannot hold. The global batch
 is a property of the run, not of the layout: micro-batches per step = global / (micro x dp), so the
 losses of one recipe are comparable across layouts.
@@ -69,6 +70,8 @@ class DataSection:
     # encoded once by the VAE and text encoder into a feature cache, trained from the cache
     vae: Optional[str] = None  # a diffusers AutoencoderKLWan folder
     text_encoder: Optional[str] = None  # a transformers UMT5 encoder folder
+    image_encoder: Optional[str] = None  # I2V: a transformers CLIP vision folder
+    image_processor: Optional[str] = None  # I2V: its preprocessor_config.json folder (default: image_encoder)
     features_dir: Optional[str] = None  # the feature cache (default: output_dir/features)
     num_frames: int = 81  # clip length, 1 + 4n
     fps: float = 16.0
@@ -183,6 +186,17 @@ def _check_types(section: str, cls, given: dict) -> None:
             raise ValueError(f"{section}.{key} must be a {type(default).__name__}, got {value!r}")
 
 
+def _default(cls, name: str):
+    """A dataclass field's default value (None if it has none or no such field)."""
+    for f in fields(cls):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+    return None
+
+
 def parse_override(text: str):
     """'section.key=value' (or 'output_dir=value') -> (section or None, key, value read as YAML)."""
     path, _, raw = text.partition("=")
@@ -215,7 +229,19 @@ def build_recipe(values: Optional[dict] = None, overrides: Sequence[str] = ()) -
             continue
         if section not in top or section == "output_dir":
             raise _unknown("recipe section", section, top - {"output_dir"})
-        values.setdefault(section, {})[key] = value
+        target = values.setdefault(section, {})
+        *parents, leaf = key.split(".")  # model.config.text_config.num_hidden_layers=4 reaches into mappings
+        for depth, part in enumerate(parents):
+            inner = target.get(part)
+            if inner is None and depth == 0 and section in sections:
+                inner = _default(sections[section], part)
+            if inner is None:
+                inner = {}
+            if not isinstance(inner, dict):
+                raise ValueError(f"{section}.{'.'.join(parents[:depth + 1])} is not a mapping; cannot set {text!r}")
+            target[part] = inner = dict(inner)
+            target = inner
+        target[leaf] = value
     built = {}
     for name, cls in sections.items():
         given = values.get(name) or {}
@@ -262,6 +288,8 @@ def check_layout(recipe: Recipe, world_size: int) -> int:
     if train.global_batch_size % per_step:
         raise ValueError(f"train.global_batch_size={train.global_batch_size} is not a multiple of micro_batch_size x "
                          f"dp = {train.micro_batch_size} x {dp}; the global batch must split into whole micro-batches")
-    if par.vpp > 1:
-        raise ValueError("virtual pipeline stages (vpp > 1) are not wired into mm-train yet; use pp with vpp=1")
+    if par.vpp > 1 and (train.global_batch_size // per_step) % par.pp:
+        raise ValueError(f"with vpp > 1 the micro-batches per step and rank ({train.global_batch_size // per_step}) "
+                         f"must be a multiple of pp={par.pp} (the interleaved schedule's rule); change "
+                         "global_batch_size or micro_batch_size")
     return train.global_batch_size // per_step

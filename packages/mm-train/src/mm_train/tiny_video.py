@@ -5,7 +5,8 @@ one of four directions over a coloured background, captioned "a red square movin
 The set is written as the reference suite's data.json (path, cap, num_frames, fps, resolution)
 beside a byte-level BPE tokenizer (tokenizer.json). The encoders are a tiny Wan2.1 VAE (z 4,
 8 x spatial and 4 x temporal compression: a clip is 3 x 4 x 4 latents) and a tiny UMT5 (width
-32), their weights drawn with numpy from a fixed seed so that every process builds the same ones.
+32) — and for I2V a tiny CLIP vision tower (width 48, 32 px) — their weights drawn with numpy
+from a fixed seed so that every process builds the same ones.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ VAE_CONFIG = dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, 
 TEXT_CONFIG = dict(vocab_size=320, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
                    relative_attention_num_buckets=16, relative_attention_max_distance=20,
                    feed_forward_proj="gated-gelu", dropout_rate=0.0)
+# I2V's image encoder: a tiny CLIP vision tower (width 48 = the tiny I2V DiT's image_dim) on 32 px
+IMAGE_CONFIG = dict(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+                    patch_size=8, hidden_act="quick_gelu")
 
 
 def _clip(colour, background, move, rng: np.random.Generator) -> np.ndarray:
@@ -101,11 +105,19 @@ def _randomise(model, seed: int) -> None:
         param.set_data(Tensor(value.astype(np.float32)))
 
 
-def encoders(seed: int = 0):
-    """(VAE, UMT5 text encoder): the tiny set's random encoders."""
-    from mm_models_video import AutoencoderKLWan, UMT5EncoderModel
+def encoders(seed: int = 0, image: bool = False):
+    """(VAE, UMT5 text encoder, CLIP image encoder or None, its image processor or None): the
+    tiny set's random encoders; the image pair only for I2V (``image``)."""
+    from mm_models_video import AutoencoderKLWan, CLIPVisionModel, UMT5EncoderModel
 
     vae, text = AutoencoderKLWan(VAE_CONFIG), UMT5EncoderModel(dict(TEXT_CONFIG))
     _randomise(vae, seed)
     _randomise(text, seed + 1)
-    return vae, text
+    if not image:
+        return vae, text, None, None
+    from transformers import CLIPImageProcessorPil
+
+    clip = CLIPVisionModel(dict(IMAGE_CONFIG))
+    _randomise(clip, seed + 2)
+    size = IMAGE_CONFIG["image_size"]
+    return vae, text, clip, CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size={"height": size, "width": size})

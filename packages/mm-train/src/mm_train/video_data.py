@@ -8,7 +8,10 @@ the caption) — or uses a ready one (``video_features``). Training then reads `
 in global batches of one latent shape (`BucketBatchSampler` keyed by feature shapes), this rank's
 share split into micro-batches, and turns each sample into flow-matching inputs: u, noise and
 caption dropout drawn from a generator seeded by (train.seed, step, sample), so a step's inputs
-are the same under every layout and after resuming.
+are the same under every layout and after resuming. For an I2V DiT (config ``image_dim``) the
+cache also holds the first frame's CLIP features (penultimate layer) and the VAE latents of the
+first frame followed by black frames; the model's input is [noisy latents | 4 mask channels (1 on
+the first latent frame) | those latents], as diffusers' Wan I2V pipeline builds it.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ def default_folder() -> str:
                           os.path.join(os.path.expanduser("~"), ".cache", "mm-train", "tiny_video"))
 
 
-def _encoders(vae, text):
-    """Feature-cache encoders from a MindSpore VAE and UMT5 (numpy in, numpy out)."""
+def _encoders(vae, text, image_encoder=None, image_processor=None):
+    """Feature-cache encoders from a MindSpore VAE and UMT5 (numpy in, numpy out); for I2V also
+    the first frame's CLIP features and the VAE latents of [first frame, black frames...]."""
     import mindspore as ms
 
     def latents(batch):
@@ -42,7 +46,33 @@ def _encoders(vae, text):
         hidden = text(ms.Tensor(batch["input_ids"]), ms.Tensor(mask)).last_hidden_state.asnumpy()
         return hidden * mask[..., None]  # as the Wan pipelines: nothing past the caption
 
-    return {"latents": latents, "prompt_embeds": prompt_embeds}
+    encoders = {"latents": latents, "prompt_embeds": prompt_embeds}
+    if image_encoder is None:
+        return encoders
+
+    def image_embeds(batch):  # the penultimate layer of CLIP on the first frame, as diffusers' I2V pipeline
+        first = np.rint((batch["video"][:, :, 0].transpose(0, 2, 3, 1) + 1.0) * 127.5).astype(np.uint8)
+        pixels = image_processor(images=list(first), return_tensors="np")["pixel_values"]
+        return image_encoder(ms.Tensor(pixels), output_hidden_states=True).hidden_states[-2].asnumpy()
+
+    def condition(batch):  # what the I2V DiT sees beside the noise: the image, then nothing
+        video = np.zeros_like(batch["video"])
+        video[:, :, 0] = batch["video"][:, :, 0]
+        return vae.normalize_latents(vae.encode(ms.Tensor(video)).mean).asnumpy()
+
+    encoders.update(image_embeds=image_embeds, condition=condition)
+    return encoders
+
+
+def image_to_video(recipe: Recipe) -> bool:
+    """Whether the recipe's DiT is an I2V one (its config has an image_dim)."""
+    import json
+
+    config = recipe.model.config
+    if recipe.model.path:
+        with open(os.path.join(recipe.model.path, "config.json")) as f:
+            config = json.load(f)
+    return config.get("image_dim") is not None
 
 
 class WanTrainData:
@@ -54,11 +84,15 @@ class WanTrainData:
 
         self.recipe, self.topo = recipe, topo
         data = recipe.data
+        self.i2v = image_to_video(recipe)
         if data.kind == "video_features":
             folder = data.path
         else:
-            folder = self._encode(recipe, topo)
+            folder = self._encode(recipe, topo, self.i2v)
         self.features = FeatureDataset(folder)
+        if self.i2v and "condition" not in self.features.entries[0]["features"]:
+            raise ValueError(f"the feature cache {folder} has no I2V features (image_embeds, condition); build it "
+                             "for an I2V model (data.image_encoder)")
         null = os.path.join(folder, NULL_CAPTION)
         self.null_embeds = np.load(null) if os.path.exists(null) else None
         if data.caption_dropout and self.null_embeds is None:
@@ -72,7 +106,7 @@ class WanTrainData:
         self.micro_batch_size = train.micro_batch_size
 
     @staticmethod
-    def _encode(recipe: Recipe, topo) -> str:
+    def _encode(recipe: Recipe, topo, i2v: bool) -> str:
         """Build (or finish) the feature cache, every rank its share; returns its folder."""
         from mm_data.video import AspectBuckets, FrameBuckets, VideoTextDataset
         from mm_parallel import comm
@@ -87,11 +121,11 @@ class WanTrainData:
             if topo.world_size > 1:
                 comm.barrier(topo.world)
             annotations, tokenizer = os.path.join(source, "data.json"), tiny_video.tokenizer(source)
-            folder = data.features_dir or os.path.join(source, "features")
+            folder = data.features_dir or os.path.join(source, "features-i2v" if i2v else "features")
             frames = FrameBuckets(num_frames=tiny_video.FRAMES)
             buckets = AspectBuckets(max_area=tiny_video.SIZE ** 2, stride=16)
             fps, text_length = tiny_video.FPS, 16
-            make_encoders = tiny_video.encoders
+            make_encoders = lambda: tiny_video.encoders(image=i2v)  # noqa: E731
         else:
             from mm_models_video import AutoencoderKLWan, UMT5EncoderModel
 
@@ -101,15 +135,24 @@ class WanTrainData:
             folder = data.features_dir or os.path.join(recipe.output_dir, "features")
             frames, buckets = FrameBuckets(num_frames=data.num_frames), AspectBuckets(max_area=data.max_area, stride=16)
             fps, text_length = data.fps, data.text_max_length
-            make_encoders = lambda: (AutoencoderKLWan.from_pretrained(data.vae),  # noqa: E731
-                                     UMT5EncoderModel.from_pretrained(data.text_encoder))
+            def make_encoders():
+                vae, text = AutoencoderKLWan.from_pretrained(data.vae), UMT5EncoderModel.from_pretrained(data.text_encoder)
+                if not i2v:
+                    return vae, text, None, None
+                if not data.image_encoder:
+                    raise ValueError("an I2V model needs data.image_encoder: a CLIP vision folder (with its "
+                                     "preprocessor_config.json, or data.image_processor)")
+                from mm_models_video import CLIPVisionModel
+                from transformers import CLIPImageProcessorPil
+
+                return (vae, text, CLIPVisionModel.from_pretrained(data.image_encoder),
+                        CLIPImageProcessorPil.from_pretrained(data.image_processor or data.image_encoder))
         from mm_data import build_feature_cache
 
         dataset = VideoTextDataset.from_annotations(annotations, max_bad_fraction=data.max_bad_fraction, frames=frames,
                                                     buckets=buckets, fps=fps, tokenizer=tokenizer,
                                                     max_text_length=text_length, random_crop=False)
-        vae, text = make_encoders()
-        encoders = _encoders(vae, text)
+        encoders = _encoders(*make_encoders())
         build_feature_cache(dataset, encoders, folder, batch_size=1, rank=topo.rank, world_size=topo.world_size)
         if topo.rank == 0 and not os.path.exists(os.path.join(folder, NULL_CAPTION)):
             empty = tokenizer("", padding="max_length", max_length=text_length, return_tensors="np")
@@ -135,6 +178,12 @@ class WanTrainData:
             texts.append(self.null_embeds if dropped else batch["prompt_embeds"][row])
         out = {key: np.concatenate([r[key] for r in rows]) for key in ("hidden_states", "timestep", "target")}
         out["encoder_hidden_states"] = np.stack(texts).astype(np.float32)
+        if self.i2v:  # [noisy latents | mask: the first latent frame is given | the image's latents]
+            condition = batch["condition"]
+            mask = np.zeros((len(condition), 4) + condition.shape[2:], np.float32)
+            mask[:, :, 0] = 1.0
+            out["hidden_states"] = np.concatenate([out["hidden_states"], mask, condition], 1)
+            out["encoder_hidden_states_image"] = batch["image_embeds"].astype(np.float32)
         if d.weighting != "none":
             out["loss_weights"] = np.concatenate([r["loss_weights"] for r in rows])
         return out

@@ -1,4 +1,4 @@
-"""Video pre-training: a recipe's Wan2.1 DiT on flow matching, run by the shared loop.
+"""Video pre-training: a recipe's Wan2.1 DiT (T2V or I2V) on flow matching, run by the shared loop.
 
 `WanTask` supplies the model (WanTransformer3DModel from a diffusers folder or an inline config;
 the plan's recompute and LoRA) and the data (`video_data.WanTrainData`: a feature cache of VAE
@@ -61,7 +61,8 @@ class WanTask:
 
         sample = self.data.features.get(0)
         _, frames, height, width = sample["latents"].shape
-        return wan_dit_flops(config, frames, height, width, sample["prompt_embeds"].shape[0])
+        image = sample["image_embeds"].shape[0] if "image_embeds" in sample else 0
+        return wan_dit_flops(config, frames, height, width, sample["prompt_embeds"].shape[0], image)
 
 
 def train(recipe: Recipe, progress: bool = True, resume: bool = False) -> List[Dict]:

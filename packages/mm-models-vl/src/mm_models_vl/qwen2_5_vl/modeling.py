@@ -175,10 +175,12 @@ class Qwen2_5_VLForConditionalGeneration(PeftAdapters, nn.Cell):
 
         return from_pretrained(cls, path, topology, **overrides)
 
-    def save_pretrained(self, path):
+    def save_pretrained(self, path, chunks=None):
+        """Write the Hugging Face folder; every rank calls it. With virtual pipeline stages pass
+        every chunk this rank holds as ``chunks``."""
         from mm_models_vl.qwen2_5_vl.checkpoint import save_pretrained
 
-        save_pretrained(self, path)
+        save_pretrained(list(chunks) if chunks else self, path)
 
     def adapter_name(self, model, name: str) -> str:
         """A module path with the pipeline stage's layer numbers made the whole model's (PEFT names)."""
