@@ -9,6 +9,8 @@ micro-batches run through the 1F1B schedule; context-parallel ranks share their 
 (the models cut the sequence themselves). With virtual pipeline stages (vpp > 1) a rank holds one
 model chunk per virtual stage and the step runs the interleaved 1F1B schedule.
 
+With ``profile.enable`` mm-profiling's `StepProfiler` collects steps start_step..end_step on
+the chosen ranks (trace under OUT/profile/rank_<r> unless profile.save_path says).
 Rank 0 writes OUT/metrics.jsonl (step, loss, grad_norm, lr, samples_per_s, tokens_per_s, mfu,
 mem_bytes, skipped), draws the progress line and, at the end, OUT/loss.png. A step whose loss or
 gradient is not finite (on any rank) is skipped — no update — and counted;
@@ -147,9 +149,12 @@ def train(recipe: Recipe, make_task: Callable, progress: bool = True, resume: bo
     log = _metrics_log(os.path.join(out, "metrics.jsonl"), first) if writer else None
     every = recipe.checkpoint.every
     bad_in_a_row = skipped_total = 0
+    profiler = _profiler(recipe, topo)
     stream = task.stream(first)
     try:
         for step in range(first, recipe.train.steps):
+            if profiler is not None:
+                profiler.before_step(step + 1)
             start = time.perf_counter()
             batches = next(stream)
             tokens = sum(task.tokens(b) for b in batches)
@@ -169,6 +174,8 @@ def train(recipe: Recipe, make_task: Callable, progress: bool = True, resume: bo
             bad_in_a_row = bad_in_a_row + 1 if stats["skipped"] else 0
             skipped_total += int(stats["skipped"])
             seconds = time.perf_counter() - start
+            if profiler is not None:
+                profiler.after_step(step + 1)
             speed = meter.record(seconds, samples=global_batch // topo.dp.size, tokens=tokens // topo.dp.size)
             row = {"step": step + 1, "loss": _finite(loss), "grad_norm": _finite(stats["grad_norm"]), "lr": stats["lr"],
                    "samples_per_s": speed["cluster_samples_per_s"], "tokens_per_s": speed["cluster_tokens_per_s"],
@@ -187,11 +194,25 @@ def train(recipe: Recipe, make_task: Callable, progress: bool = True, resume: bo
                                 data_state=task.position(step + 1))
     finally:
         stream.close()
+        if profiler is not None:
+            profiler.close()
         if log is not None:
             log.close()
     if writer:
         _loss_curve(metrics, os.path.join(out, "loss.png"))
     return metrics
+
+
+def _profiler(recipe: Recipe, topo):
+    """mm-profiling's step profiler for the recipe's profile section (steps count from 1; the
+    trace goes to profile.save_path, default OUT/profile), or None when profiling is off."""
+    if not recipe.profile or not recipe.profile.get("enable"):
+        return None
+    from mm_profiling.config import ProfileConfig
+    from mm_profiling.control import StepProfiler
+
+    values = {"save_path": os.path.join(recipe.output_dir, "profile"), **recipe.profile}
+    return StepProfiler(ProfileConfig.from_dict(values), rank=topo.rank)
 
 
 def _losses_and_grads(chunks, params, grad_fn, batches, topo):
