@@ -94,3 +94,12 @@ def test_user_annotations_build_the_cache_and_a_ready_cache_trains(tmp_path):
              "--set", "train.micro_batch_size=1", "--set", "data.caption_dropout=0"]
     again, _ = run(tmp_path, tmp_path / "ready", *ready, data=cache)
     assert again == pytest.approx(got, rel=1e-5)  # the same cache, seed and steps: the same run
+
+
+def test_online_encoding_trains_alike_under_dp2(tmp_path):
+    """data.online: clips decoded and encoded every step (no cache written); DP2 equals one process."""
+    data, online = tmp_path / "tiny_video", ["--set", "data.online=true", "--set", "train.steps=3"]
+    single, _ = run(tmp_path, tmp_path / "single", *online, data=data)
+    dp2, _ = run(tmp_path, tmp_path / "dp2", "--nproc", "2", *online, data=data)
+    assert dp2 == pytest.approx(single, rel=1e-4) and np.isfinite(single).all()
+    assert not (data / "features-t2v").exists()

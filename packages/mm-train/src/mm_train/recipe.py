@@ -78,6 +78,7 @@ class DataSection:
     max_area: int = 480 * 832
     text_max_length: int = 512
     caption_dropout: float = 0.0
+    online: bool = False  # encode clips every step (random crops) instead of once into the cache
 
     def __post_init__(self):
         kinds = sorted({k for family in DATA_KINDS.values() for k in family})

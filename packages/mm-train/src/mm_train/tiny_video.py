@@ -90,8 +90,8 @@ def tokenizer(folder: str):
                                    eos_token="</s>", unk_token="<unk>")
 
 
-def _randomise(model, seed: int) -> None:
-    """Weights from numpy (the same in every process): norms near 1, the rest scaled by fan-in."""
+def _randomise(model, seed: int, scale: float = 0.5) -> None:
+    """Weights from numpy (the same in every process): norms near 1, the rest ``scale`` / sqrt(fan-in)."""
     from mindspore import Tensor
 
     rng = np.random.default_rng(seed)
@@ -101,7 +101,7 @@ def _randomise(model, seed: int) -> None:
             value = 1.0 + 0.1 * rng.standard_normal(shape)
         else:
             fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-            value = rng.standard_normal(shape) * (0.5 / fan_in ** 0.5 if len(shape) > 1 else 0.05)
+            value = rng.standard_normal(shape) * (scale / fan_in ** 0.5 if len(shape) > 1 else 0.05)
         param.set_data(Tensor(value.astype(np.float32)))
 
 
@@ -111,7 +111,7 @@ def encoders(seed: int = 0, image: bool = False):
     from mm_models_video import AutoencoderKLWan, CLIPVisionModel, UMT5EncoderModel
 
     vae, text = AutoencoderKLWan(VAE_CONFIG), UMT5EncoderModel(dict(TEXT_CONFIG))
-    _randomise(vae, seed)
+    _randomise(vae, seed, scale=1.5)  # latents of about unit spread, as latents_mean / std give real ones
     _randomise(text, seed + 1)
     if not image:
         return vae, text, None, None

@@ -1,4 +1,4 @@
-"""A video recipe's data: clips encoded once into a feature cache, then flow-matching micro-batches.
+"""A video recipe's data: clips encoded into features (once into a cache, or online), then flow matching.
 
 `WanTrainData` makes sure a feature cache exists — for ``tiny_video`` (the built-in set, encoded
 by its tiny random VAE and UMT5) and ``video`` (the user's annotations, encoded by the recipe's
@@ -12,6 +12,10 @@ are the same under every layout and after resuming. For an I2V DiT (config ``ima
 cache also holds the first frame's CLIP features (penultimate layer) and the VAE latents of the
 first frame followed by black frames; the model's input is [noisy latents | 4 mask channels (1 on
 the first latent frame) | those latents], as diffusers' Wan I2V pipeline builds it.
+
+With ``data.online`` the clips are decoded and encoded every step instead (random clip starts and
+crops seeded by (seed, epoch, sample), captions dropped by the data set): no cache, fresh
+augmentation, the encoders' cost paid in every step. Latents are the VAE's means either way.
 """
 
 from __future__ import annotations
@@ -75,6 +79,68 @@ def image_to_video(recipe: Recipe) -> bool:
     return config.get("image_dim") is not None
 
 
+class _Source:
+    """Where a recipe's clips come from and how they are read and encoded."""
+
+    def __init__(self, recipe: Recipe, topo, i2v: bool):
+        from mm_data.video import AspectBuckets, FrameBuckets
+
+        from mm_train import tiny_video
+
+        data = recipe.data
+        self.i2v, self.data = i2v, data
+        if data.kind == "tiny_video":
+            source = data.path or default_folder()
+            if topo.rank == 0:
+                tiny_video.generate(source, data.samples)
+            if topo.world_size > 1:
+                from mm_parallel import comm
+
+                comm.barrier(topo.world)
+            self.annotations, self.tokenizer = os.path.join(source, "data.json"), tiny_video.tokenizer(source)
+            self.cache = data.features_dir or os.path.join(source, "features-i2v" if i2v else "features-t2v")
+            self.frames = FrameBuckets(num_frames=tiny_video.FRAMES)
+            self.buckets = AspectBuckets(max_area=tiny_video.SIZE ** 2, stride=16)
+            self.fps, self.text_length = tiny_video.FPS, 16
+        else:
+            from mm_train.vl_data import load_tokenizer
+
+            self.annotations, self.tokenizer = data.path, load_tokenizer(data.tokenizer or data.text_encoder)
+            self.cache = data.features_dir or os.path.join(recipe.output_dir, "features")
+            self.frames = FrameBuckets(num_frames=data.num_frames)
+            self.buckets = AspectBuckets(max_area=data.max_area, stride=16)
+            self.fps, self.text_length = data.fps, data.text_max_length
+
+    def dataset(self, random_crop: bool, caption_dropout: float = 0.0, seed: int = 0):
+        from mm_data.video import VideoTextDataset
+
+        return VideoTextDataset.from_annotations(
+            self.annotations, max_bad_fraction=self.data.max_bad_fraction, frames=self.frames, buckets=self.buckets,
+            fps=self.fps, tokenizer=self.tokenizer, max_text_length=self.text_length, random_crop=random_crop,
+            caption_dropout=caption_dropout, seed=seed)
+
+    def encoders(self):
+        """{feature name: numpy-in numpy-out encoder}: the tiny set's random ones or the recipe's."""
+        from mm_train import tiny_video
+
+        if self.data.kind == "tiny_video":
+            return _encoders(*tiny_video.encoders(image=self.i2v))
+        from mm_models_video import AutoencoderKLWan, UMT5EncoderModel
+
+        data = self.data
+        vae, text = AutoencoderKLWan.from_pretrained(data.vae), UMT5EncoderModel.from_pretrained(data.text_encoder)
+        if not self.i2v:
+            return _encoders(vae, text)
+        if not data.image_encoder:
+            raise ValueError("an I2V model needs data.image_encoder: a CLIP vision folder (with its "
+                             "preprocessor_config.json, or data.image_processor)")
+        from mm_models_video import CLIPVisionModel
+        from transformers import CLIPImageProcessorPil
+
+        return _encoders(vae, text, CLIPVisionModel.from_pretrained(data.image_encoder),
+                         CLIPImageProcessorPil.from_pretrained(data.image_processor or data.image_encoder))
+
+
 class WanTrainData:
     """See the module docstring."""
 
@@ -83,84 +149,56 @@ class WanTrainData:
         from mm_models_video.flow_matching import FlowMatchingSchedule
 
         self.recipe, self.topo = recipe, topo
-        data = recipe.data
+        data, train = recipe.data, recipe.train
         self.i2v = image_to_video(recipe)
-        if data.kind == "video_features":
-            folder = data.path
+        self.online = data.online and data.kind != "video_features"
+        if self.online:  # clips decoded and encoded every step (random crops and clip starts)
+            source = _Source(recipe, topo, self.i2v)
+            self.dataset = source.dataset(random_crop=True, caption_dropout=data.caption_dropout, seed=train.seed)
+            self.encoders, self.null_embeds = source.encoders(), None
         else:
-            folder = self._encode(recipe, topo, self.i2v)
-        self.features = FeatureDataset(folder)
-        if self.i2v and "condition" not in self.features.entries[0]["features"]:
-            raise ValueError(f"the feature cache {folder} has no I2V features (image_embeds, condition); build it "
-                             "for an I2V model (data.image_encoder)")
-        null = os.path.join(folder, NULL_CAPTION)
-        self.null_embeds = np.load(null) if os.path.exists(null) else None
-        if data.caption_dropout and self.null_embeds is None:
-            raise ValueError(f"data.caption_dropout needs the empty caption's embedding {null}; "
-                             "rebuild the cache with mm-train (it writes one)")
-        train = recipe.train
-        self.sampler = BucketBatchSampler(len(self.features), train.global_batch_size, topo.dp.rank, topo.dp.size,
-                                          keys=self.features.keys, seed=train.seed)
+            folder = data.path if data.kind == "video_features" else self._encode(_Source(recipe, topo, self.i2v), topo)
+            self.dataset = FeatureDataset(folder)
+            if self.i2v and "condition" not in self.dataset.entries[0]["features"]:
+                raise ValueError(f"the feature cache {folder} has no I2V features (image_embeds, condition); build "
+                                 "it for an I2V model (data.image_encoder)")
+            null = os.path.join(folder, NULL_CAPTION)
+            self.null_embeds = np.load(null) if os.path.exists(null) else None
+            if data.caption_dropout and self.null_embeds is None:
+                raise ValueError(f"data.caption_dropout needs the empty caption's embedding {null}; "
+                                 "rebuild the cache with mm-train (it writes one)")
+        self.sampler = BucketBatchSampler(len(self.dataset), train.global_batch_size, topo.dp.rank, topo.dp.size,
+                                          keys=self.dataset.keys, seed=train.seed)
         d = recipe.diffusion
         self.schedule = FlowMatchingSchedule(d.num_train_timesteps, d.shift)
         self.micro_batch_size = train.micro_batch_size
 
     @staticmethod
-    def _encode(recipe: Recipe, topo, i2v: bool) -> str:
+    def _encode(source: _Source, topo) -> str:
         """Build (or finish) the feature cache, every rank its share; returns its folder."""
-        from mm_data.video import AspectBuckets, FrameBuckets, VideoTextDataset
+        from mm_data import build_feature_cache
         from mm_parallel import comm
 
-        from mm_train import tiny_video
-
-        data = recipe.data
-        if data.kind == "tiny_video":
-            source = data.path or default_folder()
-            if topo.rank == 0:
-                tiny_video.generate(source, data.samples)
-            if topo.world_size > 1:
-                comm.barrier(topo.world)
-            annotations, tokenizer = os.path.join(source, "data.json"), tiny_video.tokenizer(source)
-            folder = data.features_dir or os.path.join(source, "features-i2v" if i2v else "features")
-            frames = FrameBuckets(num_frames=tiny_video.FRAMES)
-            buckets = AspectBuckets(max_area=tiny_video.SIZE ** 2, stride=16)
-            fps, text_length = tiny_video.FPS, 16
-            make_encoders = lambda: tiny_video.encoders(image=i2v)  # noqa: E731
-        else:
-            from mm_models_video import AutoencoderKLWan, UMT5EncoderModel
-
-            from mm_train.vl_data import load_tokenizer
-
-            annotations, tokenizer = data.path, load_tokenizer(data.tokenizer or data.text_encoder)
-            folder = data.features_dir or os.path.join(recipe.output_dir, "features")
-            frames, buckets = FrameBuckets(num_frames=data.num_frames), AspectBuckets(max_area=data.max_area, stride=16)
-            fps, text_length = data.fps, data.text_max_length
-            def make_encoders():
-                vae, text = AutoencoderKLWan.from_pretrained(data.vae), UMT5EncoderModel.from_pretrained(data.text_encoder)
-                if not i2v:
-                    return vae, text, None, None
-                if not data.image_encoder:
-                    raise ValueError("an I2V model needs data.image_encoder: a CLIP vision folder (with its "
-                                     "preprocessor_config.json, or data.image_processor)")
-                from mm_models_video import CLIPVisionModel
-                from transformers import CLIPImageProcessorPil
-
-                return (vae, text, CLIPVisionModel.from_pretrained(data.image_encoder),
-                        CLIPImageProcessorPil.from_pretrained(data.image_processor or data.image_encoder))
-        from mm_data import build_feature_cache
-
-        dataset = VideoTextDataset.from_annotations(annotations, max_bad_fraction=data.max_bad_fraction, frames=frames,
-                                                    buckets=buckets, fps=fps, tokenizer=tokenizer,
-                                                    max_text_length=text_length, random_crop=False)
-        encoders = _encoders(*make_encoders())
-        build_feature_cache(dataset, encoders, folder, batch_size=1, rank=topo.rank, world_size=topo.world_size)
+        folder, encoders = source.cache, source.encoders()
+        build_feature_cache(source.dataset(random_crop=False), encoders, folder, batch_size=1, rank=topo.rank,
+                            world_size=topo.world_size)
         if topo.rank == 0 and not os.path.exists(os.path.join(folder, NULL_CAPTION)):
-            empty = tokenizer("", padding="max_length", max_length=text_length, return_tensors="np")
+            empty = source.tokenizer("", padding="max_length", max_length=source.text_length, return_tensors="np")
             null = encoders["prompt_embeds"]({k: v.astype(np.int64) for k, v in empty.items()})[0]
             np.save(os.path.join(folder, NULL_CAPTION), null.astype(np.float32))
         if topo.world_size > 1:
             comm.barrier(topo.world)  # every rank's shards are written
         return folder
+
+    def first_sample(self) -> Dict[str, np.ndarray]:
+        """Features of sample 0 (encoded now when training online), for the FLOPs estimate."""
+        sample = self.dataset.get(0)
+        if not self.online:
+            return sample
+        from mm_data import Collator
+
+        batch = Collator()([sample])
+        return {name: encode(batch)[0] for name, encode in self.encoders.items()}
 
     def position(self, step: int) -> dict:
         epoch, batch = divmod(step, len(self.sampler.epoch_batches(0)))
@@ -168,8 +206,10 @@ class WanTrainData:
                 "global_batch_size": self.sampler.global_batch_size}
 
     def flow_inputs(self, step: int, batch: Dict) -> Dict[str, np.ndarray]:
-        """The model's keywords for a micro-batch of cached features at ``step``."""
-        d, dropout = self.recipe.diffusion, self.recipe.data.caption_dropout
+        """The model's keywords for a micro-batch of features at ``step`` (cached, or just encoded:
+        then the data set already dropped captions)."""
+        d = self.recipe.diffusion
+        dropout = 0.0 if self.online else self.recipe.data.caption_dropout
         rows, texts = [], []
         for row, index in enumerate(batch["index"]):
             rng = np.random.default_rng([self.recipe.train.seed, step, int(index)])
@@ -192,10 +232,13 @@ class WanTrainData:
         """This rank's flow-matching micro-batches of every step from ``first_step`` on."""
         from mm_data import Collator, DataLoader
 
-        loader = DataLoader(self.features, self.sampler, MicroBatches(Collator(), self.micro_batch_size),
+        loader = DataLoader(self.dataset, self.sampler, MicroBatches(Collator(), self.micro_batch_size),
                             num_workers=self.recipe.data.num_workers)
         loader.load_state_dict(self.position(first_step))
         for step, batches in enumerate(loader, first_step):
+            if self.online:
+                batches = [{"index": b["index"], **{name: encode(b) for name, encode in self.encoders.items()}}
+                           for b in batches]
             yield [self.flow_inputs(step, batch) for batch in batches]
 
 

@@ -59,7 +59,7 @@ class WanTask:
     def flops_per_sample(self, config) -> float:
         from mm_profiling.flops import wan_dit_flops
 
-        sample = self.data.features.get(0)
+        sample = self.data.first_sample()
         _, frames, height, width = sample["latents"].shape
         image = sample["image_embeds"].shape[0] if "image_embeds" in sample else 0
         return wan_dit_flops(config, frames, height, width, sample["prompt_embeds"].shape[0], image)
