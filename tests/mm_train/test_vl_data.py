@@ -1,6 +1,6 @@
 """A VL recipe on the user's own LLaMA-Factory data: images of several sizes, a video, a system
 turn and a broken entry, read through mm-data; trains, counts the bad sample, checkpoints the data
-position, and resumes to the same losses."""
+position, and resumes (with data worker processes) to the same losses."""
 
 import json
 
@@ -57,8 +57,8 @@ def test_llamafactory_data_trains_and_resumes(user_data, tmp_path):
     run(user_data, tmp_path / "cut", 2)
     state = json.loads((tmp_path / "cut" / "checkpoints" / "step_2" / "trainer_state.json").read_text())
     assert state["data"] == {"epoch": 0, "position": 2, "seed": 0, "global_batch_size": 4}
-    resumed, _ = run(user_data, tmp_path / "cut", 4, "--resume")
-    assert resumed == full  # bit for bit, the data stream continued at step 2
+    resumed, _ = run(user_data, tmp_path / "cut", 4, "--resume", "--set", "data.num_workers=2")
+    assert resumed == full  # bit for bit: the stream continued at step 2, made by two worker processes
 
 
 def test_a_missing_dataset_file_is_a_config_error(tmp_path):
