@@ -2,7 +2,9 @@
 
 `DataLoader` walks a `BucketBatchSampler`'s global batches from a saved position and yields this
 rank's share of each, collated. With ``num_workers > 0`` each batch is one task for a worker
-process (started with ``spawn``: safe beside a training framework's threads); up to
+process (forked, so it inherits the data set; it runs only data code, never the training
+framework); tasks go out as JSON and batches come back as safetensors bytes over pipes — nothing
+is pickled. Up to
 ``num_workers * prefetch`` batches are in flight and they are yielded in order, so the stream is
 the same for any worker count. A sample that raises `BadSample` is recorded in the data set's
 `BadInputLog` and replaced by another of the same bucket (`BucketBatchSampler.substitute`), so a
@@ -15,9 +17,9 @@ from there exactly, under any data-parallel size.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
-import queue
 import time
 import traceback
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -92,25 +94,71 @@ def build_batch(dataset, sampler: BucketBatchSampler, collate, epoch: int, indic
     return collate(samples), bad
 
 
+def encode(value) -> bytes:
+    """A batch (dicts / lists of numpy arrays, strings and numbers) as bytes: a JSON skeleton and
+    the arrays in one safetensors blob. Workers hand batches over this way — no pickle."""
+    from safetensors.numpy import save
+
+    arrays = {}
+
+    def skeleton(item):
+        if isinstance(item, (np.ndarray, np.generic)):
+            name = f"t{len(arrays)}"
+            arrays[name] = np.ascontiguousarray(item)
+            return {"array": name, "scalar": isinstance(item, np.generic)}
+        if isinstance(item, dict):
+            return {"dict": {str(k): skeleton(v) for k, v in item.items()}}
+        if isinstance(item, (list, tuple)):
+            return {"list": [skeleton(v) for v in item]}
+        return {"json": item}
+
+    header = json.dumps(skeleton(value)).encode()
+    return len(header).to_bytes(8, "little") + header + (save(arrays) if arrays else b"")
+
+
+def decode(data: bytes):
+    """The inverse of `encode`."""
+    from safetensors.numpy import load
+
+    size = int.from_bytes(data[:8], "little")
+    header, blob = json.loads(data[8:8 + size]), data[8 + size:]
+    arrays = load(blob) if blob else {}
+
+    def build(node):
+        if "array" in node:
+            array = arrays[node["array"]]
+            return array[()] if node["scalar"] else array
+        if "dict" in node:
+            return {k: build(v) for k, v in node["dict"].items()}
+        if "list" in node:
+            return [build(v) for v in node["list"]]
+        return node["json"]
+
+    return build(header)
+
+
 def _worker_loop(dataset, sampler, collate, max_substitutes, tasks, results):
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    """A worker process (forked: it inherits the data set). Tasks and results are bytes over pipes."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     while True:
-        task = tasks.get()
-        if task is None:
+        message = tasks.recv_bytes()
+        if not message:
             return
-        task_id, epoch, indices = task
+        task_id, epoch, indices = json.loads(message)
         try:
             batch, bad = build_batch(dataset, sampler, collate, epoch, indices, max_substitutes)
-            results.put((task_id, batch, bad, None))
+            reply = {"task": task_id, "batch": batch, "bad": [list(b) for b in bad], "error": None}
         except Exception as error:  # sent to the main process, which raises it with the worker's traceback
-            results.put((task_id, None, [], f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+            reply = {"task": task_id, "batch": None, "bad": [], "error": f"{type(error).__name__}: {error}\n"
+                                                                          f"{traceback.format_exc()}"}
+        results.send_bytes(encode(reply))
 
 
 class DataLoader:
     """See the module docstring."""
 
     def __init__(self, dataset, sampler: BucketBatchSampler, collate=None, num_workers: int = 0, prefetch: int = 2,
-                 timeout: float = 300.0, max_substitutes: int = 3, start_method: str = "spawn"):
+                 timeout: float = 300.0, max_substitutes: int = 3, start_method: str = "fork"):
         if num_workers < 0 or prefetch < 1:
             raise ValueError(f"num_workers must be >= 0 and prefetch >= 1, got {num_workers}, {prefetch}")
         self.dataset, self.sampler, self.collate = dataset, sampler, collate or Collator()
@@ -119,6 +167,8 @@ class DataLoader:
         self.bad_input: BadInputLog = getattr(dataset, "bad_input", None) or BadInputLog()
         self.epoch, self.position = 0, 0
         self._workers: List = []
+        self._tasks: List = []
+        self._results: List = []
 
     # ---- position -------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -156,41 +206,55 @@ class DataLoader:
 
     def _iterate_with_workers(self, positions):
         context = multiprocessing.get_context(self.start_method)
-        results = context.Queue()
-        tasks = [context.Queue() for _ in range(self.num_workers)]
+        pipes = [(context.Pipe(duplex=False), context.Pipe(duplex=False)) for _ in range(self.num_workers)]
+        self._tasks = [task_send for (_, task_send), _ in pipes]
+        self._results = [result_recv for _, (result_recv, _) in pipes]
         self._workers = [context.Process(target=_worker_loop, daemon=True, name=f"mm-data-worker-{w}",
                                          args=(self.dataset, self.sampler, self.collate, self.max_substitutes,
-                                               tasks[w], results)) for w in range(self.num_workers)]
+                                               task_recv, result_send))
+                         for w, ((task_recv, _), (_, result_send)) in enumerate(pipes)]
         for worker in self._workers:
             worker.start()
+        for (task_recv, _), (_, result_send) in pipes:  # the workers hold these ends now
+            task_recv.close()
+            result_send.close()
         in_flight, done, next_task, next_yield = {}, {}, 0, 0
         try:
             while True:
                 while len(in_flight) < self.num_workers * self.prefetch:
                     epoch, position, batch = next(positions)
-                    tasks[next_task % self.num_workers].put((next_task, epoch, self.sampler.local(batch).tolist()))
+                    task = [next_task, epoch, self.sampler.local(batch).tolist()]
+                    self._tasks[next_task % self.num_workers].send_bytes(json.dumps(task).encode())
                     in_flight[next_task] = (epoch, position)
                     next_task += 1
                 while next_yield not in done:
-                    task_id, batch, bad, error = self._receive(results, next_yield)
-                    done[task_id] = (batch, bad, error)
-                batch, bad, error = done.pop(next_yield)
-                if error is not None:
-                    raise DataError(f"data worker failed on batch {in_flight[next_yield]}:\n{error}")
-                self._record(bad)
+                    for reply in self._receive(next_yield):
+                        done[reply["task"]] = reply
+                reply = done.pop(next_yield)
+                if reply["error"] is not None:
+                    raise DataError(f"data worker failed on batch {in_flight[next_yield]}:\n{reply['error']}")
+                self._record([tuple(b) for b in reply["bad"]])
                 self.epoch, self.position = self._after(*in_flight.pop(next_yield))
                 next_yield += 1
-                yield batch
+                yield reply["batch"]
         finally:
-            self.close(tasks)
+            self.close()
 
-    def _receive(self, results, task_id: int):
+    def _receive(self, task_id: int):
+        """The replies that arrive next (waiting at most ``timeout``); a dead worker is an error."""
+        from multiprocessing.connection import wait
+
         deadline = time.monotonic() + self.timeout
         while True:
-            try:
-                return results.get(timeout=1.0)
-            except queue.Empty:
-                pass
+            ready = wait(self._results, timeout=1.0)
+            replies = []
+            for connection in ready:
+                try:
+                    replies.append(decode(connection.recv_bytes()))
+                except EOFError:
+                    pass  # its worker exited: reported below
+            if replies:
+                return replies
             for number, worker in enumerate(self._workers):
                 if not worker.is_alive():
                     raise DataError(f"data worker {number} (pid {worker.pid}) died with exit code {worker.exitcode} "
@@ -199,16 +263,18 @@ class DataLoader:
                 raise DataError(f"batch {task_id} took more than timeout={self.timeout} s in the data workers; "
                                 f"raise the timeout or look for a stuck decode")
 
-    def close(self, tasks=None) -> None:
+    def close(self) -> None:
         """Stop the worker processes (also done when iteration ends or fails)."""
-        for task_queue in tasks or []:
+        for connection in getattr(self, "_tasks", []):
             try:
-                task_queue.put(None)
-            except (ValueError, OSError):
+                connection.send_bytes(b"")
+            except (OSError, ValueError):
                 pass
         for worker in self._workers:
             worker.join(timeout=5)
             if worker.is_alive():
                 worker.terminate()
                 worker.join(timeout=5)
-        self._workers = []
+        for connection in getattr(self, "_tasks", []) + getattr(self, "_results", []):
+            connection.close()
+        self._workers, self._tasks, self._results = [], [], []

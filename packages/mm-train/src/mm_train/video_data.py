@@ -24,11 +24,12 @@ import os
 from typing import Dict, List
 
 import numpy as np
+from safetensors.numpy import load_file, save_file
 
 from mm_train.recipe import Recipe
 from mm_train.vl_data import MicroBatches
 
-NULL_CAPTION = "null_prompt_embeds.npy"  # the empty caption's embedding, for caption dropout
+NULL_CAPTION = "null_prompt_embeds.safetensors"  # the empty caption's embedding, for caption dropout
 
 
 def default_folder() -> str:
@@ -163,7 +164,7 @@ class WanTrainData:
                 raise ValueError(f"the feature cache {folder} has no I2V features (image_embeds, condition); build "
                                  "it for an I2V model (data.image_encoder)")
             null = os.path.join(folder, NULL_CAPTION)
-            self.null_embeds = np.load(null) if os.path.exists(null) else None
+            self.null_embeds = load_file(null)["prompt_embeds"] if os.path.exists(null) else None
             if data.caption_dropout and self.null_embeds is None:
                 raise ValueError(f"data.caption_dropout needs the empty caption's embedding {null}; "
                                  "rebuild the cache with mm-train (it writes one)")
@@ -185,7 +186,7 @@ class WanTrainData:
         if topo.rank == 0 and not os.path.exists(os.path.join(folder, NULL_CAPTION)):
             empty = source.tokenizer("", padding="max_length", max_length=source.text_length, return_tensors="np")
             null = encoders["prompt_embeds"]({k: v.astype(np.int64) for k, v in empty.items()})[0]
-            np.save(os.path.join(folder, NULL_CAPTION), null.astype(np.float32))
+            save_file({"prompt_embeds": np.ascontiguousarray(null, np.float32)}, os.path.join(folder, NULL_CAPTION))
         if topo.world_size > 1:
             comm.barrier(topo.world)  # every rank's shards are written
         return folder
