@@ -78,23 +78,32 @@ class VLSFTDataset:
 
     def get(self, index: int, epoch: int = 0) -> Dict[str, np.ndarray]:
         conversation = self.conversations[index]
+        if conversation.audios:
+            raise BadSample(conversation.source, "audio inputs are not supported by this data set yet")
         sample: Dict[str, np.ndarray] = {}
         merge = self.image_processor.merge_size ** 2
         image_tokens: List[int] = []
         if conversation.images:
-            images = self.image_processor([load_image(path) for path in conversation.images])
+            pictures = [load_image(path) for path in conversation.images]
+            for path, picture in zip(conversation.images, pictures):
+                try:
+                    self.image_processor.target_size(picture)
+                except ValueError as error:  # e.g. an aspect ratio beyond 200: the sample, not the run, is bad
+                    raise BadSample(path, f"image not processable: {error}") from None
+            images = self.image_processor(pictures)
             sample.update(images)
             image_tokens = [int(np.prod(grid)) // merge for grid in images["image_grid_thw"]]
         video_tokens: List[int] = []
         if conversation.videos:
             decoded = [self._video(path) for path in conversation.videos]
-            videos = self.video_processor([frames for frames, _ in decoded])
+            try:
+                videos = self.video_processor([frames for frames, _ in decoded])
+            except ValueError as error:
+                raise BadSample(conversation.source, f"video not processable: {error}") from None
             sample.update(videos)
             sample["second_per_grid_ts"] = np.array([seconds for _, seconds in decoded], np.float32)
             merge_v = self.video_processor.merge_size ** 2
             video_tokens = [int(np.prod(grid)) // merge_v for grid in videos["video_grid_thw"]]
-        if conversation.audios:
-            raise BadSample(conversation.source, "audio inputs are not supported by this data set yet")
         tokens = self.template.encode(conversation, image_tokens, video_tokens, max_length=self.max_length)
         sample.update(tokens)
         sample["attention_mask"] = np.ones_like(tokens["input_ids"])
@@ -124,8 +133,11 @@ class VLSFTDataset:
                     width, height = image.size
             except Exception as error:
                 raise BadSample(path, f"unreadable image: {error}") from None
-            h, w = smart_resize(height, width, images.patch_size * images.merge_size, images.size["shortest_edge"],
-                                images.size["longest_edge"])
+            try:
+                h, w = smart_resize(height, width, images.patch_size * images.merge_size,
+                                    images.size["shortest_edge"], images.size["longest_edge"])
+            except ValueError as error:
+                raise BadSample(path, f"image not processable: {error}") from None
             image_tokens.append(h * w // (images.patch_size * images.merge_size) ** 2)
         video_tokens = []
         for path in conversation.videos:
@@ -136,6 +148,10 @@ class VLSFTDataset:
             except ValueError as error:
                 raise BadSample(path, str(error)) from None
             factor = videos.patch_size * videos.merge_size
-            h, w = smart_resize(info.height, info.width, factor, videos.size["shortest_edge"], videos._max_pixels(count))
+            try:
+                h, w = smart_resize(info.height, info.width, factor, videos.size["shortest_edge"],
+                                    videos._max_pixels(count))
+            except ValueError as error:
+                raise BadSample(conversation.source, f"video not processable: {error}") from None
             video_tokens.append(-(-count // videos.temporal_patch_size) * h * w // factor ** 2)
         return len(self.template.encode(conversation, image_tokens, video_tokens, max_length=self.max_length)["input_ids"])
