@@ -15,9 +15,9 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 
 import numpy as np
+from _timing import best_rate
 
 
 def write_video(path, frames, height=240, width=320, fps=24):
@@ -66,16 +66,8 @@ def main():
     for path, indices in draws[:4]:
         assert np.array_equal(read_frames(path, indices), decode_everything(path)[indices])
 
-    def best(fn):
-        times = []
-        for _ in range(args.runs):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return args.clips / min(times)
-
-    ours = best(lambda: [read_frames(path, indices) for path, indices in draws])
-    naive = best(lambda: [decode_everything(path)[indices] for path, indices in draws])
+    ours = best_rate(lambda: [read_frames(path, indices) for path, indices in draws], args.clips, args.runs)
+    naive = best_rate(lambda: [decode_everything(path)[indices] for path, indices in draws], args.clips, args.runs)
     print(f"{args.clips} clips of 17 frames at 8 fps from {args.videos} H.264 videos of {args.seconds} s "
           f"(24 fps, 320 x 240), frames equal both ways")
     print(f"  decode every frame, then index  {naive:8.2f} clips/s")

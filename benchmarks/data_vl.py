@@ -16,18 +16,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import numpy as np
-
-
-def best_rate(fn, items: int, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return items / min(times)
+from _timing import best_rate
 
 
 def main():

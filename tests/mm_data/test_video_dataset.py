@@ -90,6 +90,8 @@ def test_sampler_batches_do_not_depend_on_the_data_parallel_size():
     assert [b.tolist() for b in one.epoch_batches(0)] != [b.tolist() for b in one.epoch_batches(1)]
     assert [b.tolist() for b in BucketBatchSampler(50, 8, keys=keys, seed=5).epoch_batches(1)] == \
         [b.tolist() for b in one.epoch_batches(1)]
+    per_epoch = len(one.epoch_batches(0))
+    assert one.state_at(per_epoch + 1) == {"epoch": 1, "position": 1, "seed": 5, "global_batch_size": 8}
     short = BucketBatchSampler(10, 4, keys=[0] * 10, drop_last=False)
     assert sorted(len(b) for b in short.epoch_batches(0)) == [2, 4, 4]
     assert length_groups([1, 256, 257, 600], 256) == [1, 1, 2, 3]

@@ -172,8 +172,7 @@ class DataLoader:
 
     # ---- position -------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.sampler.seed,
-                "global_batch_size": self.sampler.global_batch_size}
+        return self.sampler.state(self.epoch, self.position)
 
     def load_state_dict(self, state: dict) -> None:
         for key in ("seed", "global_batch_size"):

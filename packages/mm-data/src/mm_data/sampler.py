@@ -89,6 +89,17 @@ class BucketBatchSampler:
         rng = np.random.default_rng([self.seed, epoch, index, attempt + 1])
         return int(members[rng.integers(len(members))])
 
+    def state(self, epoch: int, position: int) -> dict:
+        """A position in the stream as a loader saves it (JSON): epoch, batch in the epoch, and the
+        seed and global batch size it is only valid for."""
+        return {"epoch": epoch, "position": position, "seed": self.seed, "global_batch_size": self.global_batch_size}
+
+    def state_at(self, step: int) -> dict:
+        """The position at the start of training step ``step`` (one global batch a step; every
+        epoch has as many batches as the first)."""
+        epoch, position = divmod(step, len(self.epoch_batches(0)))
+        return self.state(epoch, position)
+
     def positions(self, epoch: int = 0, batch: int = 0):
         """(epoch, batch in epoch, global batch) from the given position on, forever."""
         while True:

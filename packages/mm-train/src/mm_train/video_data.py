@@ -21,7 +21,7 @@ augmentation, the encoders' cost paid in every step. Latents are the VAE's means
 from __future__ import annotations
 
 import os
-from typing import Dict, List
+from typing import Dict
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
@@ -202,9 +202,8 @@ class WanTrainData:
         return {name: encode(batch)[0] for name, encode in self.encoders.items()}
 
     def position(self, step: int) -> dict:
-        epoch, batch = divmod(step, len(self.sampler.epoch_batches(0)))
-        return {"epoch": epoch, "position": batch, "seed": self.sampler.seed,
-                "global_batch_size": self.sampler.global_batch_size}
+        """The data loader's state at the start of ``step``."""
+        return self.sampler.state_at(step)
 
     def flow_inputs(self, step: int, batch: Dict) -> Dict[str, np.ndarray]:
         """The model's keywords for a micro-batch of features at ``step`` (cached, or just encoded:
@@ -246,6 +245,3 @@ class WanTrainData:
 def latent_tokens(batch: Dict, patch_size) -> int:
     _, _, frames, height, width = batch["hidden_states"].shape
     return len(batch["hidden_states"]) * (frames // patch_size[0]) * (height // patch_size[1]) * (width // patch_size[2])
-
-
-__all__: List[str] = ["WanTrainData", "default_folder", "latent_tokens"]

@@ -84,9 +84,7 @@ class VLTrainData:
 
     def position(self, step: int) -> dict:
         """The data loader's state at the start of ``step``."""
-        epoch, batch = divmod(step, len(self.sampler.epoch_batches(0)))
-        return {"epoch": epoch, "position": batch, "seed": self.sampler.seed,
-                "global_batch_size": self.sampler.global_batch_size}
+        return self.sampler.state_at(step)
 
     def stream(self, first_step: int):
         """This rank's micro-batches of every step from ``first_step`` on."""
