@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 
@@ -68,18 +68,20 @@ def generate(folder: str, samples: int = 256, seed: int = 0) -> Path:
         entries.append({"messages": [{"role": "user", "content": "<image>"},
                                      {"role": "assistant", "content": caption}], "images": [file]})
     (folder / "data.json").write_text(json.dumps(entries, indent=1))
-    _train_tokenizer(captions + ["user\n", "assistant\n", "system\n"], folder / "tokenizer.json")
+    train_tokenizer(captions + ["user\n", "assistant\n", "system\n"], folder / "tokenizer.json")
     done.write_text(json.dumps({"samples": samples, "format": "llamafactory"}))
     return folder
 
 
-def _train_tokenizer(texts: List[str], path: Path) -> None:
+def train_tokenizer(texts: List[str], path: Path, special: List[str] = SPECIAL, vocab_size: int = 300,
+                    unk_token: Optional[str] = None) -> None:
+    """A byte-level BPE tokenizer trained on ``texts`` with ``special`` tokens, saved as tokenizer.json."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    tokenizer = Tokenizer(models.BPE())
+    tokenizer = Tokenizer(models.BPE(unk_token=unk_token))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIAL, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(texts, trainer)
     tokenizer.save(str(path))

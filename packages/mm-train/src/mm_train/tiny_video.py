@@ -46,7 +46,8 @@ def _clip(colour, background, move, rng: np.random.Generator) -> np.ndarray:
 def generate(folder: str, samples: int = 64, seed: int = 0) -> Path:
     """Write the set into ``folder`` (clips/*.mp4, data.json, tokenizer.json) unless complete."""
     import av
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from mm_train.tiny_data import train_tokenizer
 
     folder = Path(folder)
     done = folder / ".complete"
@@ -72,13 +73,8 @@ def generate(folder: str, samples: int = 64, seed: int = 0) -> Path:
         entries.append({"path": path, "cap": f"a {names[colour]} square moving {move} on {names[background]}",
                         "num_frames": FRAMES, "fps": FPS, "resolution": {"height": SIZE, "width": SIZE}})
     (folder / "data.json").write_text(json.dumps(entries, indent=1))
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator([e["cap"] for e in entries], trainers.BpeTrainer(
-        vocab_size=TEXT_CONFIG["vocab_size"], special_tokens=SPECIAL, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer.save(str(folder / "tokenizer.json"))
+    train_tokenizer([e["cap"] for e in entries], folder / "tokenizer.json", SPECIAL, TEXT_CONFIG["vocab_size"],
+                    unk_token="<unk>")
     done.write_text(json.dumps({"samples": samples}))
     return folder
 
