@@ -4,7 +4,8 @@
 
 Same config for both (language hidden 512, 4 layers, 8 heads / 2 kv heads, vision depth 4, one
 224 x 224 image = 256 patches = 64 merged tokens, 512 tokens in all), same random weights (the
-torch model saves them, ours loads them with from_pretrained), same inputs, same thread count.
+torch model saves them, ours loads them with from_pretrained), same inputs, same thread count,
+same update (global-norm clipping at 1.0, then AdamW).
 Each side takes a warm-up step, then ``--runs`` steps alternate between the two; the table prints
 each side's median and the ratio ours / torch (goal <= 0.8) and, for ours, where the time goes
 (forward, backward, optimizer).
@@ -69,6 +70,7 @@ def torch_side(cfg, path, threads):
         t0 = time.perf_counter()
         loss = model(**{k: torch.from_numpy(v) for k, v in batch.items()}).loss
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # as ours (and transformers' Trainer) by default
         opt.step()
         opt.zero_grad()
         return time.perf_counter() - t0, float(loss)

@@ -5,9 +5,9 @@
 Same config for both (dim 512 = 4 heads x 128, 4 blocks, FFN 2048, text_dim 4096, freq_dim 256),
 latents 16 x 8 x 32 x 32 (patch 1 x 2 x 2: 2,048 video tokens), 64 text tokens, same random
 weights (diffusers saves them, ours loads them with from_pretrained), same inputs, same thread
-count. Each side takes a warm-up step, then ``--runs`` steps alternate between the two; the table
-prints each side's median and the ratio ours / torch (goal <= 0.8) and, for ours, where the time
-goes (forward, backward, optimizer).
+count, same update (global-norm clipping at 1.0, then AdamW). Each side takes a warm-up step,
+then ``--runs`` steps alternate between the two; the table prints each side's median and the ratio
+ours / torch (goal <= 0.8) and, for ours, where the time goes (forward, backward, optimizer).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def torch_side(path, threads):
         kwargs = {k: torch.from_numpy(v) for k, v in batch.items() if k != "target"}
         loss = ((model(**kwargs).sample - torch.from_numpy(batch["target"])) ** 2).mean()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # as ours (and diffusers' scripts) by default
         opt.step()
         opt.zero_grad()
         return time.perf_counter() - t0, float(loss)

