@@ -14,13 +14,12 @@ each side's median and the ratio ours / torch (goal <= 0.8) and, for ours, where
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import sys
 import tempfile
 import time
 
 import numpy as np
+from _timing import compare_steps
 
 IMAGE, VIDEO, START, END = 151655, 151656, 151652, 151653
 
@@ -120,21 +119,9 @@ def main():
     with tempfile.TemporaryDirectory() as path:
         theirs = torch_side(cfg, path, args.threads)
         ours, parts = our_side(path)
-        times = {"ours": [], "torch": []}
-        first = {"ours": ours(batch)[1], "torch": theirs(batch)[1]}  # warm-up
-        for _ in range(args.runs):
-            times["torch"].append(theirs(batch)[0])
-            times["ours"].append(ours(batch)[0])
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"Qwen2.5-VL train step, {batch['input_ids'].shape[1]} tokens (64 image), vocab {args.vocab}, "
-          f"{args.threads} threads, median of {args.runs}")
-    print(f"first-step loss: ours {first['ours']:.6f}  torch {first['torch']:.6f}")
-    print(f"{'':10}{'median s':>10}{'min s':>10}")
-    for side in ("ours", "torch"):
-        print(f"{side:10}{med[side]:10.3f}{min(times[side]):10.3f}")
-    print(f"ratio ours/torch: {med['ours'] / med['torch']:.2f}  (goal <= 0.8)")
-    print("ours, where the time goes (median s): " +
-          ", ".join(f"{k} {statistics.median(v[1:]):.3f}" for k, v in parts.items()))
+        compare_steps(ours, theirs, batch, args.runs, parts,
+                      f"Qwen2.5-VL train step, {batch['input_ids'].shape[1]} tokens (64 image), vocab {args.vocab}, "
+                      f"{args.threads} threads")
     return 0
 
 

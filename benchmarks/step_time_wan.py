@@ -13,12 +13,12 @@ ours / torch (goal <= 0.8) and, for ours, where the time goes (forward, backward
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
 
 import numpy as np
+from _timing import compare_steps
 
 CONFIG = dict(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=128, in_channels=16, out_channels=16,
               text_dim=4096, freq_dim=256, ffn_dim=2048, num_layers=4, cross_attn_norm=True,
@@ -96,21 +96,9 @@ def main():
     with tempfile.TemporaryDirectory() as path:
         theirs = torch_side(path, args.threads)
         ours, parts = our_side(path)
-        times = {"ours": [], "torch": []}
-        first = {"ours": ours(batch)[1], "torch": theirs(batch)[1]}  # warm-up
-        for _ in range(args.runs):
-            times["torch"].append(theirs(batch)[0])
-            times["ours"].append(ours(batch)[0])
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"Wan2.1 DiT flow-matching train step, 2048 video + 64 text tokens, dim 512, 4 blocks, "
-          f"{args.threads} threads, median of {args.runs}")
-    print(f"first-step loss: ours {first['ours']:.6f}  torch {first['torch']:.6f}")
-    print(f"{'':10}{'median s':>10}{'min s':>10}")
-    for side in ("ours", "torch"):
-        print(f"{side:10}{med[side]:10.3f}{min(times[side]):10.3f}")
-    print(f"ratio ours/torch: {med['ours'] / med['torch']:.2f}  (goal <= 0.8)")
-    print("ours, where the time goes (median s): " +
-          ", ".join(f"{k} {statistics.median(v[1:]):.3f}" for k, v in parts.items()))
+        compare_steps(ours, theirs, batch, args.runs, parts,
+                      f"Wan2.1 DiT flow-matching train step, 2048 video + 64 text tokens, dim 512, 4 blocks, "
+                      f"{args.threads} threads")
     return 0
 
 

@@ -1,0 +1,24 @@
+"""The train-step benchmarks run end to end at one timed step (Qwen2.5-VL with a small vocabulary).
+Each exits with an error when our first-step loss and the torch original's differ (same weights,
+same inputs), so a broken benchmark or a broken model fails here."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, args", [
+    ("step_time_qwen2_5_vl.py", ["--runs", "1", "--vocab", "2000"]),
+    ("step_time_wan.py", ["--runs", "1"]),
+])
+def test_step_time_benchmark_runs(script, args):
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script)] + args, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ratio ours/torch" in result.stdout and "first-step loss" in result.stdout
