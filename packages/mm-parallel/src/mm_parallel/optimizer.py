@@ -115,7 +115,8 @@ class DistributedOptimizer:
         index = self.group.rank if self.zero_stage > 0 else 0
         self.start, self.end = index * per_shard, (index + 1) * per_shard
 
-        decay, counted = np.zeros(self.padded, np.float32), np.ones(self.padded, np.float32)  # padding: zeros
+        # padding values are zeros: counting them adds nothing, and keeps the common case "count all"
+        decay, counted = np.zeros(self.padded, np.float32), np.ones(self.padded, np.float32)
         for p, lo, hi in zip(self.params, self.offsets[:-1], self.offsets[1:]):
             decay[lo:hi] = 0.0 if no_weight_decay(p.name, p) else 1.0
             counted[lo:hi] = 1.0 if id(p) in split or topo.tp.rank == 0 else 0.0  # replicated over tp: count once
@@ -127,6 +128,7 @@ class DistributedOptimizer:
                                            requires_grad=False) for k in ("master", "exp_avg", "exp_avg_sq")]
         self._counted = counted[self.start:self.end].astype(bool)
         self._count_all = bool(self._counted.all())
+        self._counted_on_device = None  # the same mask as a float tensor, made on first use off CPU
         # Parameters (not tensors) because the fused AdamW kernel updates them in place
         master = self._flat([p.astype(ms.float32) for p in self.params])[self.start:self.end].copy()
         self.master = Parameter(master, name="optimizer.master", requires_grad=False)
@@ -206,8 +208,11 @@ class DistributedOptimizer:
             whole = host.size // 1024 * 1024
             rows, tail = host[:whole].reshape(-1, 1024), host[whole:]
             return float(np.einsum("ij,ij->i", rows, rows).sum(dtype=np.float64) + np.dot(tail, tail))
-        counted = g if self._count_all else g * Tensor(self._counted.astype(np.float32))
-        return float((counted * g).sum().asnumpy())
+        if self._count_all:
+            return float((g * g).sum().asnumpy())
+        if self._counted_on_device is None:
+            self._counted_on_device = Tensor(self._counted.astype(np.float32))
+        return float((g * g * self._counted_on_device).sum().asnumpy())
 
     def _global_norm(self, g) -> float:
         topo = self.topology

@@ -23,7 +23,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mm_parallel import comm, mappings
-from mm_parallel.ops.device import as_type, ones, tiled_to
+from mm_parallel.ops.device import as_type, host_array, ones, tiled_to
 from mm_parallel.sequence_parallel import mark_sequence_parallel
 from mm_parallel.topology import Group, Topology, get_topology
 
@@ -130,7 +130,7 @@ class _TensorParallel(nn.Cell):
         for name, value in full.items():
             param = getattr(self, name)
             dim = self.tp_split_dims.get(name)
-            value = np.asarray(value.asnumpy() if isinstance(value, Tensor) else value, dtype=np.float32)
+            value = host_array(value, np.float32)
             local = value if dim is None else shard(value, self.group, dim)
             if tuple(local.shape) != tuple(param.shape):
                 raise ValueError(f"{name}: full shape {value.shape} gives shard {local.shape}, expected {tuple(param.shape)}")
@@ -259,7 +259,7 @@ def _cross_entropy_whole_vocabulary(logits, labels, ignore_index: int, reduction
     """One rank holds the whole vocabulary: the counted rows (found on the host) go through
     MindSpore's fused sparse softmax cross entropy, ~10x faster on CPU than the composed path."""
     vocab = logits.shape[-1]
-    host_labels = labels.asnumpy().reshape(-1) if isinstance(labels, Tensor) else np.asarray(labels).reshape(-1)
+    host_labels = host_array(labels).reshape(-1)
     keep = np.nonzero(host_labels != ignore_index)[0]
     if not len(keep):
         return logits.reshape(-1)[:1].astype(ms.float32).sum() * 0.0

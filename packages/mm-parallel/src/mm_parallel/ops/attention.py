@@ -25,7 +25,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-from mm_parallel.ops.device import as_type, ones, tiled_to, use_fused
+from mm_parallel.ops.device import as_type, host_array, ones, tiled_to, use_fused
 
 _MASKED = -1e30
 _TINY = 1e-30
@@ -35,15 +35,11 @@ _matmul_nn = ops.BatchMatMul()
 
 def segment_ids_from_cu_seqlens(cu_seqlens, total: int):
     """(1, total) segment ids from flash-attn's cumulative boundaries [0, l0, l0+l1, ..., total]."""
-    bounds = np.asarray(cu_seqlens.asnumpy() if isinstance(cu_seqlens, Tensor) else cu_seqlens, dtype=np.int64)
+    bounds = host_array(cu_seqlens, np.int64)
     if bounds.ndim != 1 or bounds[0] != 0 or bounds[-1] != total or np.any(np.diff(bounds) < 0):
         raise ValueError(f"cu_seqlens must rise from 0 to the packed length {total}, got {bounds.tolist()}")
     ids = np.repeat(np.arange(len(bounds) - 1, dtype=np.int32), np.diff(bounds))
     return Tensor(ids[None, :])
-
-
-def _host(x) -> np.ndarray:
-    return x.asnumpy() if isinstance(x, Tensor) else np.asarray(x)
 
 
 def _allowed(batch, q_len, k_len, causal, key_padding_mask, q_segments, k_segments):
@@ -56,13 +52,13 @@ def _allowed(batch, q_len, k_len, causal, key_padding_mask, q_segments, k_segmen
     if causal:
         mask = (np.arange(k_len)[None, :] <= np.arange(q_len)[:, None] + (k_len - q_len))[None, None]
     if key_padding_mask is not None:
-        keep = _host(key_padding_mask)
+        keep = host_array(key_padding_mask)
         if keep.shape != (batch, k_len):
             raise ValueError(f"key_padding_mask must be (batch, k_len) = {(batch, k_len)}, got {keep.shape}")
         keep = (keep != 0)[:, None, None, :]
         mask = keep if mask is None else mask & keep
     if q_segments is not None:
-        qs, ks = _host(q_segments), _host(k_segments)
+        qs, ks = host_array(q_segments), host_array(k_segments)
         if qs.shape[-1] != q_len or ks.shape[-1] != k_len:
             raise ValueError(f"segment ids {qs.shape} / {ks.shape} do not match q_len {q_len} / k_len {k_len}")
         same = qs.reshape(-1, 1, q_len, 1) == ks.reshape(-1, 1, 1, k_len)
