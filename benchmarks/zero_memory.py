@@ -19,10 +19,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 def state_bytes(layers, hidden, stages):
     """Runs on every rank: {stage: optimizer state bytes on this rank}."""
+    from recompute_memory import build
+
     import mm_parallel
     from mm_parallel import ParallelConfig
     from mm_parallel.optimizer import DistributedOptimizer
-    from recompute_memory import build
 
     topo = mm_parallel.initialize(ParallelConfig())
     model = build(layers, hidden, heads=8)

@@ -19,5 +19,6 @@ def test_ci_runs_the_readme_test_command():
 
 def test_no_pickle_anywhere():
     sources = list(ROOT.glob("packages/*/src/**/*.py")) + list(ROOT.glob("benchmarks/**/*.py"))
-    offenders = [str(p) for p in sources if re.search(r"^\s*(import pickle|from pickle|import cloudpickle)", p.read_text(), re.M)]
+    offenders = [str(p) for p in sources if re.search(r"^\s*(import pickle|from pickle|import cloudpickle)",
+                                                      p.read_text(), re.M)]
     assert not offenders and sources

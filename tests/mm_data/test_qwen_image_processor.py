@@ -10,7 +10,8 @@ def _reference(**kwargs):
     return Qwen2VLImageProcessorPil(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"min_pixels": 64 * 28 * 28, "max_pixels": 256 * 28 * 28}, {"do_normalize": False}])
+@pytest.mark.parametrize("kwargs", [{}, {"min_pixels": 64 * 28 * 28, "max_pixels": 256 * 28 * 28},
+                                    {"do_normalize": False}])
 def test_bit_identical_to_transformers_on_many_sizes(kwargs):
     from PIL import Image
 

@@ -60,7 +60,8 @@ def test_samples_equal_the_reference_preprocessing(data):
         want = full[picks, top:top + height, left:left + width].transpose(3, 0, 1, 2).astype(np.float32) / 127.5 - 1
         np.testing.assert_allclose(sample["video"], want, rtol=0, atol=1e-6)
         tokens = tokenizer(sample["caption"], padding="max_length", truncation=True, max_length=12)
-        assert sample["input_ids"].tolist() == tokens["input_ids"] and sample["caption"] in dataset.records[index].captions
+        assert sample["input_ids"].tolist() == tokens["input_ids"]
+        assert sample["caption"] in dataset.records[index].captions
     shapes = {k[1:] for k in dataset.keys}  # landscape, portrait and square buckets
     assert any(h < w for h, w in shapes) and any(h > w for h, w in shapes) and any(h == w for h, w in shapes)
 
@@ -139,7 +140,8 @@ def test_loader_workers_resume_and_layouts(data):
 def test_collator_pads_ragged_fields():
     batch = Collator()([{"input_ids": np.array([1, 2, 3]), "labels": np.array([5, 6, 7]), "caption": "a"},
                         {"input_ids": np.array([4]), "labels": np.array([8]), "caption": "b"}])
-    assert batch["input_ids"].tolist() == [[1, 2, 3], [4, 0, 0]] and batch["labels"].tolist() == [[5, 6, 7], [8, -100, -100]]
+    assert batch["input_ids"].tolist() == [[1, 2, 3], [4, 0, 0]]
+    assert batch["labels"].tolist() == [[5, 6, 7], [8, -100, -100]]
     assert batch["caption"] == ["a", "b"]
     padded = Collator(pad_to_multiple_of=4)([{"input_ids": np.array([1, 2, 3]), "labels": np.array([5, 6, 7])}])
     assert padded["input_ids"].tolist() == [[1, 2, 3, 0]] and padded["labels"].tolist() == [[5, 6, 7, -100]]

@@ -9,8 +9,7 @@ import pytest
 from media import decode_all, truncate, write_video
 
 from mm_data.errors import BadInputLog, BadSample, DataError
-from mm_data.video import (AspectBuckets, FrameBuckets, clip_indices, frames_available, load_records, probe,
-                           read_frames)
+from mm_data.video import AspectBuckets, FrameBuckets, clip_indices, frames_available, load_records, probe, read_frames
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +93,8 @@ def test_aspect_buckets():
 
 def test_annotation_layouts(videos, tmp_path):
     folder = os.path.dirname(videos["h264"])
-    entries = [{"path": "a.mp4", "cap": "a cat", "num_frames": 60, "fps": 24, "resolution": {"height": 50, "width": 66}},
+    entries = [{"path": "a.mp4", "cap": "a cat", "num_frames": 60, "fps": 24,
+                "resolution": {"height": 50, "width": 66}},
                {"path": "b.mp4", "cap": ["one", "two"]},
                {"path": "nope.mp4", "cap": "missing"},
                {"path": "c.mkv"},  # no caption

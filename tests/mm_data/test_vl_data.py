@@ -10,8 +10,17 @@ from media import QWEN_SPECIAL, qwen_tokenizer, write_image, write_video
 from mm_data.errors import BadInputLog, BadSample
 from mm_data.loader import DataLoader
 from mm_data.sampler import BucketBatchSampler
-from mm_data.vl import (IGNORE_INDEX, PackedDataset, Qwen2VLImageProcessor, Qwen2VLVideoProcessor, QwenChatTemplate,
-                        VLSFTDataset, parse_entry, plan_packs, read_conversations)
+from mm_data.vl import (
+    IGNORE_INDEX,
+    PackedDataset,
+    Qwen2VLImageProcessor,
+    Qwen2VLVideoProcessor,
+    QwenChatTemplate,
+    VLSFTDataset,
+    parse_entry,
+    plan_packs,
+    read_conversations,
+)
 
 TEXTS = ["What is in the picture?", "A cat on a mat.", "Describe the video.", "A bar moves down.",
          "system user assistant", "You are a helpful assistant.", "And the second one?", "Two dogs."]
@@ -31,10 +40,12 @@ def test_both_llamafactory_layouts_parse_to_the_same_conversation(tmp_path):
     a, b = parse_entry(messages, "m", "/data"), parse_entry(sharegpt, "s", "/data")
     assert a.turns == b.turns == (("user", "<image>What is it?"), ("assistant", "A cat."))
     assert a.system == b.system == "Be brief." and a.images == b.images == ("/data/a.png",)
-    for bad, reason in [({"messages": [{"role": "user", "content": "<image><image>x"}, {"role": "assistant", "content": "y"}],
+    for bad, reason in [({"messages": [{"role": "user", "content": "<image><image>x"},
+                                       {"role": "assistant", "content": "y"}],
                           "images": ["a.png"]}, "2 <image> placeholders but 1 images"),
                         ({"messages": [{"role": "user", "content": "x"}]}, "end with the assistant"),
-                        ({"messages": [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}]}, "alternate"),
+                        ({"messages": [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}]},
+                         "alternate"),
                         ({"conversations": [{"from": "robot", "value": "x"}]}, "role 'robot'"),
                         ({"text": "x"}, "no 'messages'"),
                         ({"messages": [{"role": "user", "content": "x<video>"}, {"role": "assistant", "content": "y"}]},
@@ -208,4 +219,5 @@ def test_packing(vl_set):
         assert row["attention_mask"].tolist() == sum(([k + 1] * n for k, n in enumerate(sizes)), [])
         assert row["position_ids"].tolist() == sum((list(range(n)) for n in sizes), [])
         if any("pixel_values" in p for p in parts):
-            assert np.array_equal(row["pixel_values"], np.concatenate([p["pixel_values"] for p in parts if "pixel_values" in p]))
+            assert np.array_equal(row["pixel_values"],
+                                  np.concatenate([p["pixel_values"] for p in parts if "pixel_values" in p]))

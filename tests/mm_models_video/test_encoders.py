@@ -4,7 +4,6 @@ state Wan I2V takes, last hidden state and pooled output)."""
 
 import numpy as np
 import pytest
-
 from torch_reference import rel_err
 
 torch = pytest.importorskip("torch")
@@ -37,7 +36,8 @@ def test_relative_position_buckets_equal_transformers():
 
 
 def test_umt5_encoder_equals_transformers(tmp_path):
-    from transformers import UMT5Config, UMT5EncoderModel as Reference
+    from transformers import UMT5Config
+    from transformers import UMT5EncoderModel as Reference
 
     from mm_models_video.encoders import UMT5EncoderModel
 
@@ -60,7 +60,8 @@ def test_umt5_encoder_equals_transformers(tmp_path):
 
 @pytest.mark.parametrize("act", ["gelu", "quick_gelu"])
 def test_clip_vision_equals_transformers(tmp_path, act):
-    from transformers import CLIPVisionConfig, CLIPVisionModel as Reference
+    from transformers import CLIPVisionConfig
+    from transformers import CLIPVisionModel as Reference
 
     from mm_models_video.encoders import CLIPVisionModel
 

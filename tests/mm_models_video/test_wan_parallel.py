@@ -4,10 +4,10 @@ gradients and final parameters (rel-err <= 1e-4). Pipeline stages compare the pa
 hold; together they must cover the whole model. See wan_parallel_cases.py."""
 
 import pytest
-
-from mm_parallel.testing.equivalence import check_results
 from wan_parallel_cases import run_parallel_cases
 from wan_reference import write_adapters, write_reference
+
+from mm_parallel.testing.equivalence import check_results
 
 pytest.importorskip("diffusers")
 pytestmark = pytest.mark.distributed
@@ -65,9 +65,9 @@ def test_save_under_layouts_gives_the_original_checkpoint(run_distributed, check
     """save_pretrained under tp2+sp / pp2 / pp2 x vpp2 / I2V tp2 writes what was loaded (one file,
     or one per virtual stage plus an index); diffusers loads it; the adapters round-trip in PEFT names."""
     from diffusers import WanTransformer3DModel as Reference
+    from wan_parallel_cases import save_under_layouts
 
     from mm_parallel.testing.equivalence import saved_folder_problems
-    from wan_parallel_cases import save_under_layouts
 
     layouts = {"tp2_sp": ({"tp": 2, "sequence_parallel": True}, ""), "pp2": ({"pp": 2}, ""),
                "pp2_vpp2": ({"pp": 2, "vpp": 2}, DEEP), "i2v_tp2": ({"tp": 2}, I2V)}

@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-
 from torch_reference import rel_err
 from wan_reference import inputs, our_forward, reference_forward, write_reference
 

@@ -4,7 +4,6 @@ latent normalisation with the config's mean / std."""
 
 import numpy as np
 import pytest
-
 from torch_reference import rel_err
 
 torch = pytest.importorskip("torch")
@@ -61,9 +60,11 @@ def test_latent_normalisation_round_trips(folder):
     import mindspore as ms
 
     z = ms.Tensor(latents)
-    expected = (latents - np.array(MEAN, np.float32).reshape(1, 4, 1, 1, 1)) / np.array(STD, np.float32).reshape(1, 4, 1, 1, 1)
+    mean, std = (np.array(v, np.float32).reshape(1, 4, 1, 1, 1) for v in (MEAN, STD))
+    expected = (latents - mean) / std
     np.testing.assert_allclose(ours.normalize_latents(z).asnumpy(), expected, rtol=1e-6)
-    np.testing.assert_allclose(ours.denormalize_latents(ours.normalize_latents(z)).asnumpy(), latents, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ours.denormalize_latents(ours.normalize_latents(z)).asnumpy(), latents, rtol=1e-5,
+                               atol=1e-6)
 
 
 def test_wan22_layouts_are_refused():

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-
 from wan_reference import inputs
 
 
@@ -41,25 +40,17 @@ def build(path, topo, case):
     return chunks
 
 
-def _global_name(model, name):
-    from mm_models_video.wan.checkpoint import global_name
-
-    return global_name(model, name)
-
-
 def _save(chunks, folder):
-    from mm_models_video.wan.checkpoint import save_pretrained
     from mm_models_video.wan.parallel_plan import LoraConfig
 
-    save_pretrained(chunks, folder)
+    chunks[0].save_pretrained(folder, chunks)
     chunks[0].save_adapter(os.path.join(folder, "adapters"), LoraConfig(r=4, alpha=8.0), chunks)
 
 
 def spec():
     from mm_parallel.testing.equivalence import ModelSpec
 
-    return ModelSpec(build=build, split=sample_part, samples=lambda b: b["hidden_states"].shape[0],
-                     global_name=_global_name, save=_save)
+    return ModelSpec(build=build, split=sample_part, samples=lambda b: b["hidden_states"].shape[0], save=_save)
 
 
 def save_under_layouts(path, out, layouts):

@@ -9,7 +9,6 @@ from_pretrained: the path users take with real checkpoints.
 from __future__ import annotations
 
 import numpy as np
-
 from torch_reference import write_peft_adapters
 
 TEXT_LEN_I2V = 512  # diffusers' I2V attention assumes 512 text tokens (it splits the context there)

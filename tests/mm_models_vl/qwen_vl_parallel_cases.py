@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
-
 from qwen_vl_reference import IMAGE, PATCH_DIM, merged, placeholder, with_types_and_labels
+
 
 def batch(seed: int = 0):
     """Two samples of one structure (same image grid, same length 32: divisible by 2 x cp x tp),
@@ -54,24 +54,16 @@ def build(path, topo, case):
     return chunks
 
 
-def _global_name(model, name):
-    from mm_models_vl.qwen2_5_vl.checkpoint import global_name
-
-    return global_name(model, name)
-
-
 def spec():
     from mm_parallel.testing.equivalence import ModelSpec
 
-    return ModelSpec(build=build, split=sample_part, samples=lambda b: b["input_ids"].shape[0],
-                     global_name=_global_name, save=_save)
+    return ModelSpec(build=build, split=sample_part, samples=lambda b: b["input_ids"].shape[0], save=_save)
 
 
 def _save(chunks, folder):
-    from mm_models_vl.qwen2_5_vl.checkpoint import save_pretrained
     from mm_models_vl.qwen2_5_vl.parallel_plan import LoraConfig
 
-    save_pretrained(chunks, folder)
+    chunks[0].save_pretrained(folder, chunks)
     chunks[0].save_adapter(os.path.join(folder, "adapters"), LoraConfig(r=4, alpha=8.0), chunks)
 
 

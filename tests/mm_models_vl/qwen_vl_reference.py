@@ -9,7 +9,6 @@ loaded into ours with from_pretrained: the path users take with real checkpoints
 from __future__ import annotations
 
 import numpy as np
-
 from torch_reference import rel_err, write_peft_adapters  # noqa: F401 (rel_err re-exported)
 
 IMAGE, VIDEO, START, END = 250, 251, 252, 253
@@ -86,7 +85,8 @@ def sample(kind: str, rng: np.random.Generator):
         inputs["pixel_values"] = rng.standard_normal((sum(np.prod(g) for g in images), PATCH_DIM)).astype(np.float32)
         inputs["image_grid_thw"] = np.array(images, np.int64)
     if videos:
-        inputs["pixel_values_videos"] = rng.standard_normal((sum(np.prod(g) for g in videos), PATCH_DIM)).astype(np.float32)
+        patches = sum(np.prod(g) for g in videos)
+        inputs["pixel_values_videos"] = rng.standard_normal((patches, PATCH_DIM)).astype(np.float32)
         inputs["video_grid_thw"] = np.array(videos, np.int64)
         inputs["second_per_grid_ts"] = np.array([1.5], np.float32)  # interval 6 > spatial span: 5.x rule matters
     return with_types_and_labels(inputs)

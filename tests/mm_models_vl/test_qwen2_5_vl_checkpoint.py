@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-
 from qwen_vl_reference import our_forward, reference_forward, rel_err, sample, write_reference
 
 pytest.importorskip("torch")

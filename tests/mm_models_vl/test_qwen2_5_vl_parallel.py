@@ -4,10 +4,10 @@ DistributedOptimizer steps, losses, first-step gathered gradients and final para
 they must cover the whole model. See qwen_vl_parallel_cases.py."""
 
 import pytest
-
-from mm_parallel.testing.equivalence import check_results
 from qwen_vl_parallel_cases import run_parallel_cases
 from qwen_vl_reference import write_adapters, write_reference
+
+from mm_parallel.testing.equivalence import check_results
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.distributed
@@ -58,10 +58,10 @@ def test_four_process_layouts_equal_single_process(run_distributed, checkpoints)
 def test_save_under_layouts_gives_the_original_checkpoint(run_distributed, checkpoints, tmp_path):
     """save_pretrained under tp2 / pp2 / pp2 x vpp2 writes what was loaded (one file, or one per
     virtual stage plus an index); transformers loads it; the adapters round-trip in PEFT names."""
+    from qwen_vl_parallel_cases import save_under_layouts
     from transformers import Qwen2_5_VLForConditionalGeneration as Reference
 
     from mm_parallel.testing.equivalence import saved_folder_problems
-    from qwen_vl_parallel_cases import save_under_layouts
 
     layouts = {"tp2": ({"tp": 2}, ""), "pp2": ({"pp": 2}, ""), "pp2_vpp2": ({"pp": 2, "vpp": 2}, DEEP)}
     results = run_distributed(save_under_layouts, nproc=2, timeout=300, path=str(checkpoints), out=str(tmp_path),

@@ -4,9 +4,16 @@ greedy generation token for token, M-RoPE positions exactly."""
 
 import numpy as np
 import pytest
-
-from qwen_vl_reference import (IMAGE, VIDEO, our_forward, padded_pair, reference_forward, rel_err, sample,
-                               write_reference)
+from qwen_vl_reference import (
+    IMAGE,
+    VIDEO,
+    our_forward,
+    padded_pair,
+    reference_forward,
+    rel_err,
+    sample,
+    write_reference,
+)
 
 pytest.importorskip("torch")
 
@@ -76,7 +83,8 @@ def test_rope_index_matches_transformers(models):
                 else:
                     grid = (1,) + grid[1:]
                     images.append(grid)
-                ids += [VIDEO if is_video else IMAGE] * (grid[0] * grid[1] * grid[2] // 4) + rng.integers(3, 240, 2).tolist()
+                ids += [VIDEO if is_video else IMAGE] * (grid[0] * grid[1] * grid[2] // 4)
+                ids += rng.integers(3, 240, 2).tolist()
             rows.append(ids)
         length = max(map(len, rows)) + int(rng.integers(0, 3))
         ids, mask = np.zeros((2, length), np.int64), np.zeros((2, length), np.int64)
@@ -110,7 +118,8 @@ def test_vision_layout_matches_transformers():
     ref_order, ref_bounds = get_vision_window_index(torch.from_numpy(grids), 2, 56, 14)
     np.testing.assert_array_equal(order, ref_order.numpy())
     np.testing.assert_array_equal(bounds, ref_bounds.numpy())
-    np.testing.assert_array_equal(positions.frame_cu_seqlens(grids), get_vision_cu_seqlens(torch.from_numpy(grids)).numpy())
+    np.testing.assert_array_equal(positions.frame_cu_seqlens(grids),
+                                  get_vision_cu_seqlens(torch.from_numpy(grids)).numpy())
     np.testing.assert_array_equal(positions.vision_rotary_positions(grids, 2),
                                   get_vision_position_ids(torch.from_numpy(grids), 2).numpy())
 

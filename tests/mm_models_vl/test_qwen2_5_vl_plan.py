@@ -4,7 +4,6 @@ plain transformers checkpoints, and layouts the model cannot take are refused wi
 
 import numpy as np
 import pytest
-
 from qwen_vl_reference import our_forward, padded_pair, write_reference
 
 pytest.importorskip("torch")
@@ -61,10 +60,11 @@ def test_lora_model_saves_base_checkpoint(checkpoint, tmp_path):
 
 
 def test_layouts_the_model_cannot_take_are_refused():
+    from qwen_vl_reference import tiny_config
+
     from mm_models_vl import Qwen2_5_VLForConditionalGeneration
     from mm_parallel import ParallelConfig
     from mm_parallel.topology import Topology
-    from qwen_vl_reference import tiny_config
 
     with pytest.raises(ValueError, match=r"tp=4 must divide .* key/value heads \(2\)"):
         Qwen2_5_VLForConditionalGeneration(tiny_config(), Topology.build(ParallelConfig(tp=4), 4, 0))

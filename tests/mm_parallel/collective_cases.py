@@ -59,7 +59,7 @@ def case_names(world_size: int) -> List[str]:
         names += [f"{kind}/ring_shift/{d}" for d in ("+1", "-1", "+2", "+3")] + [f"{kind}/barrier"]
         names += [f"{kind}/map/{m}" for m in MAPS]
         names += [f"{kind}/errors/not_divisible"]
-    names += ["p2p/exchange_unequal_shapes", "p2p/send_recv", "p2p/send_recv_pipeline"]
+    names += ["p2p/exchange_unequal_shapes", "p2p/send_recv", "p2p/send_recv_pipeline", "p2p/wide_integers"]
     # over 4 MB, all_gather and broadcast travel in pieces (comm/cpu.py): 5 MB and 9 MB per rank
     names += [f"world/{op}/large{mb}" for op in ("all_gather", "broadcast", "all_to_all") for mb in (5, 9)]
     return names
@@ -117,9 +117,8 @@ def _expected_reduce(stack: np.ndarray, op: str, dtype: str) -> np.ndarray:
 
 
 def _run_case(name: str, topo) -> str:
-    import mindspore as ms
 
-    from mm_parallel import comm, mappings
+    from mm_parallel import comm
 
     parts = name.split("/")
     kind, what = parts[0], parts[1]
@@ -319,7 +318,29 @@ def _run_p2p(what: str, topo) -> str:
             comm.send(value, me + 1)
             return ""
         return _compare(value.asnumpy(), _data(0, what) + (world - 1))
+    if what == "wide_integers":
+        # int32 / int64 beyond float32's 24-bit mantissa arrive exactly (mccl rounds them through
+        # float32 in all_reduce and broadcast: comm/cpu.py sends them by all_gather)
+        problems = []
+        for dtype, np_dtype in ((ms.int64, np.int64), (ms.int32, np.int32)):
+            length = 4 if dtype == ms.int64 else 3
+            wide = _wide(me, np_dtype, length)
+            summed = comm.all_reduce(Tensor(wide, dtype), topo.world).asnumpy()
+            want = np.sum([_wide(r, np_dtype, length) for r in range(world)], axis=0, dtype=np_dtype)
+            problems.append(_compare(summed, want))
+            first = _wide(0, np_dtype, length)
+            problems.append(_compare(comm.broadcast(Tensor(wide, dtype), 0, topo.world).asnumpy(), first))
+            if me == 0:
+                comm.send(Tensor(wide, dtype), world - 1)
+            elif me == world - 1:
+                problems.append(_compare(comm.recv(wide.shape, dtype, 0).asnumpy(), first))
+        return "; ".join(p for p in problems if p)
     raise KeyError(what)
+
+
+def _wide(rank: int, dtype, length: int) -> np.ndarray:
+    values = [2 ** 24 + 1 + rank, 2 ** 31 - 1 - rank, -(2 ** 30) - 3, 2 ** 40 + 7 + rank]
+    return np.array(values[:length], dtype)
 
 
 def run_cases(world_size: int) -> Dict[str, str]:

@@ -13,9 +13,8 @@ R, ALPHA = 4, 8.0
 
 
 def write_adapters(path, layers=3):
-    from safetensors.numpy import save_file
-
     from reference_model import F, H
+    from safetensors.numpy import save_file
 
     shapes = {"q": (H, H), "v": (H, H), "o": (H, H), "up": (F, H), "down": (H, F)}
     rng = np.random.default_rng(21)
@@ -30,15 +29,14 @@ def write_adapters(path, layers=3):
 
 
 def run_lora_cases(adapter_dir, out_dir, layouts):
-    import mindspore as ms
     from mindspore import Tensor
+    from reference_model import H, build_stack, local_slice, loss_and_grads, run_stack
     from safetensors.numpy import load_file
 
     import mm_parallel
     from mm_parallel import ParallelConfig
     from mm_parallel.lora import apply_lora, load_lora, merge_lora, save_lora, unmerge_lora
     from mm_parallel.topology import Topology
-    from reference_model import H, build_stack, local_slice, loss_and_grads, run_stack
 
     rng = np.random.default_rng(2)
     x = Tensor(rng.standard_normal((2, 8, H)).astype(np.float32))
@@ -69,7 +67,8 @@ def run_lora_cases(adapter_dir, out_dir, layouts):
             if not np.allclose(run_stack(stack, xl).asnumpy(), before, rtol=1e-4, atol=1e-5):
                 problems.append("merged output differs")
             unmerge_lora(stack)
-            if any(not np.allclose(p.asnumpy(), weights[p.name], atol=1e-6) for p in stack.get_parameters() if p.name in weights):
+            if any(not np.allclose(p.asnumpy(), weights[p.name],
+                                   atol=1e-6) for p in stack.get_parameters() if p.name in weights):
                 problems.append("unmerge did not restore the base weights")
             target = os.path.join(out_dir, name)
             save_lora(stack, target, TARGETS, R, ALPHA)

@@ -53,10 +53,10 @@ def train(topo, zero_stage, cfg, data, save_dir=None, load_dir=None):
     read before the first."""
     import mindspore as ms
     from mindspore import Tensor
+    from reference_model import build_stack, full_arrays, run_stack
 
     from mm_parallel import comm
     from mm_parallel.optimizer import DistributedOptimizer, OptimizerConfig
-    from reference_model import build_stack, full_arrays, run_stack
 
     stack = build_stack(topo)
     opt = DistributedOptimizer(stack, OptimizerConfig(**cfg), topo, zero_stage=zero_stage)

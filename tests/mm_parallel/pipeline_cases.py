@@ -15,7 +15,6 @@ CFG = {"lr": 1e-2, "weight_decay": 0.1, "clip_grad": 5.0}
 
 def micro_batches(vary):
     from mindspore import Tensor
-
     from reference_model import H
 
     rng = np.random.default_rng(13)
@@ -27,17 +26,42 @@ def loss_fn(y, c):
     return (y * c).sum()
 
 
+def dict_stage(blocks, x, last: bool):
+    """A stage passing a dict of float32, bfloat16 and int64 tensors (shapes follow the
+    micro-batch): it takes h + 0.5 * scale where ids > 0, runs its blocks, and sends h, a bf16
+    scale made from it and int64 ids (the last stage returns h)."""
+    import mindspore as ms
+    from mindspore import Tensor, ops
+    from reference_model import run_stack
+
+    if isinstance(x, dict):
+        keep = (x["ids"] > 0).astype(ms.float32)[..., None]
+        x = x["h"] + 0.5 * x["scale"].astype(ms.float32) * keep
+    h = run_stack(blocks, x)
+    if last:
+        return h
+    batch, seq = h.shape[:2]
+    ids = Tensor(np.tile(np.arange(seq) % 3, (batch, 1)).astype(np.int64))
+    return {"h": h, "scale": ops.tanh(h.mean(axis=1, keep_dims=True)).astype(ms.bfloat16), "ids": ids}
+
+
+def virtual_stages(blocks, ranges):
+    """The whole stack cut into its virtual stages, in pipeline order (chunk c of stage s is c pp + s)."""
+    return [[blocks[i] for i in stage] for chunk in ranges for stage in chunk]
+
+
 def run_pipeline_cases(layouts, layers=4):
     """layouts: {name: {"layout": ParallelConfig kwargs, "vpp": chunks (interleaved when > 1),
-    "layers": count, "pipeline_num_layers": counts or None, "vary": bool}} -> {name: [problems]}."""
+    "layers": count, "pipeline_num_layers": counts or None, "vary": bool, "dict_io": stages pass
+    `dict_stage`'s dicts}} -> {name: [problems]}."""
     import mindspore as ms
+    from reference_model import build_stack, full_arrays, run_stack
 
     import mm_parallel
     from mm_parallel import ParallelConfig
     from mm_parallel.optimizer import DistributedOptimizer, OptimizerConfig
     from mm_parallel.pipeline import stage_layer_ranges, train_step_1f1b, train_step_interleaved
     from mm_parallel.topology import Topology
-    from reference_model import build_stack, full_arrays, run_stack
 
     solo = Topology.build(ParallelConfig(), 1, 0)
     results = {}
@@ -49,15 +73,25 @@ def run_pipeline_cases(layouts, layers=4):
             ref = build_stack(solo, layers=n_layers)
             ref_opt = DistributedOptimizer(ref, OptimizerConfig(**CFG), solo)
 
+            topo = mm_parallel.initialize(ParallelConfig(**case["layout"]))
+            vpp, dict_io = case.get("vpp", 1), case.get("dict_io", False)
+            ranges = stage_layer_ranges(n_layers, topo.pp.size, vpp, case.get("pipeline_num_layers"))
+            last_stage = topo.pp.size * vpp - 1
+
+            def run(blocks, x, virtual):
+                return dict_stage(blocks, x, virtual == last_stage) if dict_io else run_stack(blocks, x)
+
+            def whole(x):  # the reference: every virtual stage in turn on one process
+                for virtual, blocks in enumerate(virtual_stages(ref, ranges)):
+                    x = run(blocks, x, virtual)
+                return x
+
             def ref_step():
-                losses = [float(loss_fn(run_stack(ref, x), c).asnumpy()) for x, c in data]
-                mean_loss = lambda: sum(loss_fn(run_stack(ref, x), c) for x, c in data) / len(data)
+                losses = [float(loss_fn(whole(x), c).asnumpy()) for x, c in data]
+                mean_loss = lambda: sum(loss_fn(whole(x), c) for x, c in data) / len(data)
                 return losses, ms.grad(mean_loss, None, ref.trainable_params())()
 
-            topo = mm_parallel.initialize(ParallelConfig(**case["layout"]))
             stack = build_stack(topo, layers=n_layers)
-            vpp = case.get("vpp", 1)
-            ranges = stage_layer_ranges(n_layers, topo.pp.size, vpp, case.get("pipeline_num_layers"))
             chunks = [[stack[i] for i in ranges[c][topo.pp.rank]] for c in range(vpp)]
             blocks = [b for chunk in chunks for b in chunk]
             params = [p for b in blocks for p in b.trainable_params()]
@@ -65,8 +99,9 @@ def run_pipeline_cases(layouts, layers=4):
 
             def step():
                 if vpp == 1:
-                    return train_step_1f1b(lambda t: run_stack(blocks, t), params, data, loss_fn, topo)
-                fns = [lambda t, chunk=chunk: run_stack(chunk, t) for chunk in chunks]
+                    return train_step_1f1b(lambda t: run(blocks, t, topo.pp.rank), params, data, loss_fn, topo)
+                fns = [lambda t, c=c, chunk=chunk: run(chunk, t, c * topo.pp.size + topo.pp.rank)
+                       for c, chunk in enumerate(chunks)]
                 chunk_params = [[p for b in chunk for p in b.trainable_params()] for chunk in chunks]
                 losses, chunk_grads = train_step_interleaved(fns, chunk_params, data, loss_fn, topo)
                 return losses, [g for c in chunk_grads for g in c]

@@ -5,7 +5,6 @@ its own test here, so a failure names the op, group, dim and dtype.
 """
 
 import pytest
-
 from collective_cases import case_names, run_cases
 
 pytestmark = pytest.mark.distributed

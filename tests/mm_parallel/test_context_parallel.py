@@ -2,7 +2,6 @@
 outputs and q/k/v gradients, on 2 and 4 processes."""
 
 import pytest
-
 from cp_cases import run_cp_cases
 
 pytestmark = pytest.mark.distributed

@@ -5,7 +5,6 @@ steps with LoRA under tp: test_training.py.)"""
 import json
 
 import pytest
-
 from lora_cases import run_lora_cases, write_adapters
 
 LAYOUTS = {"tp2": {"tp": 2}, "tp2_sp": {"tp": 2, "sequence_parallel": True}}
@@ -30,10 +29,11 @@ def test_lora_tp2_equals_single_process(run_distributed, tmp_path):
 
 
 def test_lora_errors(tmp_path):
+    from reference_model import build_stack
+
     from mm_parallel import ParallelConfig
     from mm_parallel.lora import apply_lora
     from mm_parallel.topology import Topology
-    from reference_model import build_stack
 
     stack = build_stack(Topology.build(ParallelConfig(), 1, 0))
     with pytest.raises(ValueError, match="no module matches"):

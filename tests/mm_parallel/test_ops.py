@@ -186,8 +186,9 @@ def test_rotary(interleaved, rot):
 def test_rotary_is_a_rotation_of_each_pair():
     x = rand(1, 4, 1, 2)
     ang = rotary_tables(4, 2)
-    out = K.apply_rotary(Tensor(x.astype(np.float32)), Tensor(np.cos(np.concatenate([ang, ang], -1)).astype(np.float32)),
-                         Tensor(np.sin(np.concatenate([ang, ang], -1)).astype(np.float32))).asnumpy()
+    angles = np.concatenate([ang, ang], -1)
+    out = K.apply_rotary(Tensor(x.astype(np.float32)), Tensor(np.cos(angles).astype(np.float32)),
+                         Tensor(np.sin(angles).astype(np.float32))).asnumpy()
     np.testing.assert_allclose(np.linalg.norm(out, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
 
 

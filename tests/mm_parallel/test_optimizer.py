@@ -7,13 +7,13 @@ import math
 
 import numpy as np
 import pytest
+from optimizer_cases import CFG, B, batches, numpy_adamw, run_optimizer_cases, train
+from reference_model import build_stack, run_stack
 
 from mm_parallel import ParallelConfig
 from mm_parallel.lr_schedule import LRSchedule
 from mm_parallel.optimizer import DistributedOptimizer, OptimizerConfig, no_weight_decay
 from mm_parallel.topology import Topology
-from optimizer_cases import B, CFG, batches, numpy_adamw, run_optimizer_cases, train
-from reference_model import build_stack, run_stack
 
 SOLO = Topology.build(ParallelConfig(), 1, 0)
 

@@ -1,15 +1,16 @@
 """Pipeline parallel: stage cutting (even, uneven, VPP lists, clear errors); gradient accumulation
 over micro-batches equals one batch that many times larger; the interleaved schedule is complete
 and never stalls; 1F1B under pp2 (even, uneven, varying sequence lengths), pp4 (even, uneven) and
-pp2 x tp2, and the interleaved schedule under pp2 x vpp2 (even, uneven), pp4 x vpp2 and pp2 x vpp2 x tp2: three
+pp2 x tp2, and the interleaved schedule under pp2 x vpp2 (even, uneven), pp4 x vpp2 and pp2 x vpp2 x tp2, and stages
+that pass dicts of float32 / bfloat16 / int64 tensors of varying shapes under pp2, pp4 and pp2 x vpp2: three
 DistributedOptimizer steps equal one process (per-micro-batch losses and global norm each step,
 first-step gradients, final parameters)."""
 
 import numpy as np
 import pytest
+from pipeline_cases import run_pipeline_cases
 
 from mm_parallel.pipeline import stage_layer_ranges
-from pipeline_cases import run_pipeline_cases
 
 
 def test_stage_layer_ranges():
@@ -61,12 +62,12 @@ def test_interleaved_needs_micro_batches_in_multiples_of_pp():
 def test_accumulation_equals_one_larger_batch():
     import mindspore as ms
     from mindspore import ops
+    from pipeline_cases import loss_fn, micro_batches
+    from reference_model import build_stack, run_stack
 
     from mm_parallel import ParallelConfig
     from mm_parallel.pipeline import train_step_1f1b
     from mm_parallel.topology import Topology
-    from pipeline_cases import loss_fn, micro_batches
-    from reference_model import build_stack, run_stack
 
     solo = Topology.build(ParallelConfig(), 1, 0)
     stack = build_stack(solo)
@@ -87,6 +88,7 @@ LAYOUTS = {
         "pp2_vpp2_varying_lengths": {"layout": {"pp": 2, "vpp": 2}, "vpp": 2, "vary": True},
         "pp2_vpp2_uneven": {"layout": {"pp": 2, "vpp": 2}, "vpp": 2, "layers": 6,
                             "pipeline_num_layers": [[1, 2], [2, 1]]},
+        "pp2_dict_io_varying_lengths": {"layout": {"pp": 2}, "vary": True, "dict_io": True},
     },
     4: {
         "pp4_varying_lengths": {"layout": {"pp": 4}, "vary": True},
@@ -94,6 +96,8 @@ LAYOUTS = {
         "pp2_tp2_uneven": {"layout": {"pp": 2, "tp": 2}, "pipeline_num_layers": [1, 3]},
         "pp4_vpp2_varying_lengths": {"layout": {"pp": 4, "vpp": 2}, "vpp": 2, "layers": 8, "vary": True},
         "pp2_vpp2_tp2": {"layout": {"pp": 2, "vpp": 2, "tp": 2}, "vpp": 2},
+        "pp4_dict_io_varying_lengths": {"layout": {"pp": 4}, "vary": True, "dict_io": True},
+        "pp2_vpp2_dict_io_varying_lengths": {"layout": {"pp": 2, "vpp": 2}, "vpp": 2, "vary": True, "dict_io": True},
     },
 }
 

@@ -2,12 +2,12 @@
 equal the steps without it (one process here; under tp / sp / cp in test_training.py)."""
 
 import pytest
+from reference_model import build_stack
+from training_cases import run_training_cases
 
 from mm_parallel import ParallelConfig
 from mm_parallel.recompute import apply_recompute
 from mm_parallel.topology import Topology
-from reference_model import build_stack
-from training_cases import run_training_cases
 
 MODES = ["none", "full", "block1", "selective"]
 

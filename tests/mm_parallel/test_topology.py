@@ -68,7 +68,8 @@ def test_hybrid_cp_ulysses_inside_ring_across():
     assert groups_of(config, 4, "cp_ring") == [[0, 2], [1, 3]]
     assert (config.ulysses_size, config.ring_size) == (2, 2)
     ulysses = ParallelConfig(cp=4)
-    assert groups_of(ulysses, 4, "cp_ulysses") == [[0, 1, 2, 3]] and groups_of(ulysses, 4, "cp_ring") == [[0], [1], [2], [3]]
+    assert groups_of(ulysses, 4, "cp_ulysses") == [[0, 1, 2, 3]]
+    assert groups_of(ulysses, 4, "cp_ring") == [[0], [1], [2], [3]]
     ring = ParallelConfig(cp=4, cp_algo="ring")
     assert groups_of(ring, 4, "cp_ring") == [[0, 1, 2, 3]]
 

@@ -34,13 +34,16 @@ def batch():
 def build(topology, sequence_parallel, split_io):
     """emb -> (+ MLP) -> rms_norm -> lm head -> vocab-parallel CE. split_io uses gather_output /
     input_is_parallel=False between the MLP's two linears instead of the direct hand-off."""
-    import mindspore as ms
     from mindspore import Parameter, Tensor, nn
 
     from mm_parallel import ops as K
     from mm_parallel.sequence_parallel import mark_sequence_parallel
-    from mm_parallel.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
-                                             vocab_parallel_cross_entropy)
+    from mm_parallel.tensor_parallel import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+        VocabParallelEmbedding,
+        vocab_parallel_cross_entropy,
+    )
 
     class Block(nn.Cell):
         def __init__(self):
@@ -73,7 +76,6 @@ def build(topology, sequence_parallel, split_io):
 def loss_and_full_grads(block, topology):
     """Loss and every parameter's gradient, tp shards gathered to full, SP grads synchronised."""
     from mindspore import Tensor
-
     from reference_model import full_arrays, local_loss_and_grads
 
     ids, labels = batch()
@@ -84,6 +86,7 @@ def loss_and_full_grads(block, topology):
 
 def run_tp_cases(tp: int):
     import mindspore as ms
+
     import mm_parallel
     from mm_parallel import ParallelConfig
     from mm_parallel.topology import Topology

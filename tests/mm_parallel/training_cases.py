@@ -19,10 +19,11 @@ def batches():
 
 
 def build(topo, causal, recompute, adapter_dir):
-    from lora_cases import ALPHA, R, TARGETS
+    from lora_cases import ALPHA, TARGETS, R
+    from reference_model import build_stack
+
     from mm_parallel.lora import apply_lora, load_lora
     from mm_parallel.recompute import apply_recompute
-    from reference_model import build_stack
 
     stack = build_stack(topo, causal=causal)
     if adapter_dir:  # adapters with random A and B (PEFT's B starts at zero), cut to this layout
@@ -35,13 +36,13 @@ def build(topo, causal, recompute, adapter_dir):
 def train(stack, topo, data):
     """(losses, first-step full gradients, final full parameters) after len(data) AdamW steps."""
     from mindspore import Tensor
-
     from reference_model import AdamW, full_arrays, local_slice, stack_loss_and_grads
 
     opt = AdamW(stack.trainable_params())
     losses, first = [], None
     for x, c in data:
-        loss, params, grads = stack_loss_and_grads(stack, topo, local_slice(Tensor(x), topo), local_slice(Tensor(c), topo))
+        x_local, c_local = local_slice(Tensor(x), topo), local_slice(Tensor(c), topo)
+        loss, params, grads = stack_loss_and_grads(stack, topo, x_local, c_local)
         first = first or full_arrays(stack, topo, params, grads)
         opt.step(grads)
         losses.append(float(loss.asnumpy()))

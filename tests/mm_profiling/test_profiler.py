@@ -5,7 +5,6 @@ import glob
 import os
 
 import pytest
-
 from profile_cases import STEP_OPS, run_steps
 
 

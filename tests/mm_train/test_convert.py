@@ -8,7 +8,6 @@ import os
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
-
 from test_run import mm_train
 
 
@@ -74,8 +73,9 @@ def test_merge_lora_wan(tmp_path):
 def test_export_a_lora_training_checkpoint(tmp_path):
     from pathlib import Path
 
-    import mm_train as package
     from transformers import Qwen2_5_VLForConditionalGeneration
+
+    import mm_train as package
 
     recipe = Path(package.__file__).with_name("recipes") / "qwen2_5_vl_tiny_lora.yaml"
     out = tmp_path / "lora"
@@ -88,7 +88,8 @@ def test_export_a_lora_training_checkpoint(tmp_path):
     exported = Qwen2_5_VLForConditionalGeneration.from_pretrained(tmp_path / "exported").state_dict()
     base = Qwen2_5_VLForConditionalGeneration.from_pretrained(step / "model").state_dict()
     adapter = json.loads((step / "adapters" / "adapter_config.json").read_text())
-    expected = _expected({k: v.numpy() for k, v in base.items()}, step / "adapters", adapter["lora_alpha"], adapter["r"])
+    expected = _expected({k: v.numpy() for k, v in base.items()}, step / "adapters", adapter["lora_alpha"],
+                         adapter["r"])
     _check({k: v.numpy() for k, v in base.items()}, {k: v.numpy() for k, v in exported.items()}, expected)
     bad = mm_train("convert", "checkpoint", str(tmp_path), str(tmp_path / "x"), data=tmp_path / "data")
     assert bad.returncode == 2 and "not a complete training checkpoint" in bad.stderr

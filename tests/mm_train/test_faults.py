@@ -9,11 +9,11 @@ import pytest
 
 
 def poisoned_run(tmp_path, monkeypatch, bad_steps, steps):
-    from mm_train import vl_trainer
+    from mm_train import loop
+    from mm_train.families.qwen2_5_vl import VLTask
     from mm_train.recipe import load_recipe
-    from mm_train.vl_data import VLTrainData
 
-    real_stream = VLTrainData.stream
+    real_stream = VLTask.stream
 
     def stream(self, first_step):
         for step, batches in enumerate(real_stream(self, first_step), first_step):
@@ -22,10 +22,10 @@ def poisoned_run(tmp_path, monkeypatch, bad_steps, steps):
                     batch["pixel_values"] = batch["pixel_values"] * np.float32("nan")
             yield batches
 
-    monkeypatch.setattr(VLTrainData, "stream", stream)
+    monkeypatch.setattr(VLTask, "stream", stream)
     recipe = load_recipe(None, [f"train.steps={steps}", "data.samples=32", f"data.path={tmp_path / 'data'}",
                                 f"output_dir={tmp_path / 'out'}"])
-    return vl_trainer.train(recipe, progress=False)
+    return loop.train(recipe, progress=False)
 
 
 def test_a_nan_step_is_skipped_and_training_goes_on(tmp_path, monkeypatch):

@@ -6,7 +6,6 @@ import json
 import os
 
 import pytest
-
 from test_run import mm_train
 
 pytestmark = pytest.mark.distributed

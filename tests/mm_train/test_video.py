@@ -29,7 +29,8 @@ def test_tiny_t2v_same_losses_under_every_layout_and_resume(tmp_path):
     single, _ = run(tmp_path, tmp_path / "single", *four, data=data)
     assert single[-1] < single[0]
     layouts = {"dp2": [], "tp2_sp": ["--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"],
-               "pp2": ["--set", "parallel.pp=2"], "cp2_ring": ["--set", "parallel.cp=2", "--set", "parallel.cp_algo=ring"]}
+               "pp2": ["--set", "parallel.pp=2"],
+               "cp2_ring": ["--set", "parallel.cp=2", "--set", "parallel.cp_algo=ring"]}
     for name, extra in layouts.items():
         got, _ = run(tmp_path, tmp_path / name, "--nproc", "2", *four, *extra, data=data)
         assert got == pytest.approx(single, rel=1e-4), (name, got, single)

@@ -26,8 +26,10 @@ def write_peft_adapters(path, reference, targets, r: int = 4, alpha: float = 8.0
     for name, module in reference.named_modules():
         if isinstance(module, torch.nn.Linear) and any(name == t or name.endswith("." + t) for t in targets):
             out_features, in_features = module.weight.shape
-            tensors[f"base_model.model.{name}.lora_A.weight"] = (rng.standard_normal((r, in_features)) / in_features ** 0.5).astype(np.float32)
-            tensors[f"base_model.model.{name}.lora_B.weight"] = (rng.standard_normal((out_features, r)) * 0.05).astype(np.float32)
+            key = f"base_model.model.{name}"
+            a = rng.standard_normal((r, in_features)) / in_features ** 0.5
+            tensors[f"{key}.lora_A.weight"] = a.astype(np.float32)
+            tensors[f"{key}.lora_B.weight"] = (rng.standard_normal((out_features, r)) * 0.05).astype(np.float32)
     os.makedirs(path, exist_ok=True)
     save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
     with open(os.path.join(path, "adapter_config.json"), "w") as f:

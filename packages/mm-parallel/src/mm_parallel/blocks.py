@@ -16,9 +16,10 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from mm_parallel import mappings, ops as kernels
+from mm_parallel import mappings
+from mm_parallel import ops as kernels
 from mm_parallel.ops.device import as_type, ones, tiled_to
-from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _linear, _param
+from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _linear, new_parameter
 from mm_parallel.topology import Topology, get_topology
 
 _ACTIVATIONS = {
@@ -45,8 +46,8 @@ class Linear(nn.Cell):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, init_std: Optional[float] = None):
         super().__init__()
-        self.weight = _param((out_features, in_features), "weight", init_std, None)
-        self.bias = _param((out_features,), "bias", None, None, zeros=True) if bias else None
+        self.weight = new_parameter((out_features, in_features), "weight", init_std, None)
+        self.bias = new_parameter((out_features,), "bias", None, None, zeros=True) if bias else None
 
     def construct(self, x):
         return _linear(x, self.weight, self.bias)
@@ -65,8 +66,8 @@ class PatchConv(nn.Cell):
                  init_std: Optional[float] = None):
         super().__init__()
         self.kernel = tuple(kernel)
-        self.weight = _param((out_channels, in_channels) + self.kernel, "weight", init_std, None)
-        self.bias = _param((out_channels,), "bias", None, None, zeros=True) if bias else None
+        self.weight = new_parameter((out_channels, in_channels) + self.kernel, "weight", init_std, None)
+        self.bias = new_parameter((out_channels,), "bias", None, None, zeros=True) if bias else None
 
     def construct(self, patches):
         weight = self.weight.reshape(self.weight.shape[0], -1)

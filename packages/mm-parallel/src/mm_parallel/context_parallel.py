@@ -123,8 +123,8 @@ def _ring_attention(q, k, v, causal, scale, group):
         for step in range(r):
             if step:
                 kv = mappings.ring_shift(kv, group, 1)
-            o, l = local_attention(q, kv[..., :head_dim], kv[..., head_dim:], scale=scale, return_lse=True)
-            out, lse = _merge(out, lse, o, l)
+            o, o_lse = local_attention(q, kv[..., :head_dim], kv[..., head_dim:], scale=scale, return_lse=True)
+            out, lse = _merge(out, lse, o, o_lse)
         return out.astype(q.dtype)
 
     half = q.shape[1] // 2
@@ -139,7 +139,7 @@ def _ring_attention(q, k, v, causal, scale, group):
             for i, (qc, q_part) in enumerate(q_chunks):
                 if kc > qc:
                     continue  # every key of a later chunk is in the future
-                o, l = local_attention(q_part, block[..., :head_dim], block[..., head_dim:], causal=kc == qc,
-                                       scale=scale, return_lse=True)
-                results[i] = list(_merge(results[i][0], results[i][1], o, l))
+                o, o_lse = local_attention(q_part, block[..., :head_dim], block[..., head_dim:], causal=kc == qc,
+                                           scale=scale, return_lse=True)
+                results[i] = list(_merge(results[i][0], results[i][1], o, o_lse))
     return ops.concat([o for o, _ in results], 1).astype(q.dtype)

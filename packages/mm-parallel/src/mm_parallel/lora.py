@@ -22,7 +22,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, List
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
@@ -56,7 +56,8 @@ class LoraLinear(nn.Cell):
         if r < 1:
             raise ValueError(f"LoRA rank r must be >= 1, got {r}")
         self.base_layer = base
-        self.kind = "column" if isinstance(base, ColumnParallelLinear) else "row" if isinstance(base, RowParallelLinear) else "plain"
+        self.kind = ("column" if isinstance(base, ColumnParallelLinear) else
+                     "row" if isinstance(base, RowParallelLinear) else "plain")
         self.scaling = alpha / r
         self.dropout = dropout
         self.merged = False
@@ -139,7 +140,8 @@ def apply_lora(model: nn.Cell, target_modules: List[str], r: int = 8, alpha: flo
             parent[int(child)] = wrapped
         else:
             setattr(parent, child, wrapped)
-        for relative, param in wrapped.parameters_and_names():  # full paths, PEFT-like: "0.q.lora_A", "0.q.base_layer.weight"
+        # full paths, PEFT-like: "0.q.lora_A", "0.q.base_layer.weight"
+        for relative, param in wrapped.parameters_and_names():
             param.name = f"{name}.{relative}"
     return lora_layers(model)
 
@@ -173,7 +175,8 @@ def save_lora(model, path: str, target_modules: List[str], r: int, alpha: float,
                 value = getattr(layer, which)
                 dim = layer.tp_split_dims.get(which)
                 full = value if dim is None else unshard(value, layer.base_layer.group, dim)
-                tensors[f"base_model.model.{name_map(chunk, name)}.{which}.weight"] = np.ascontiguousarray(full.asnumpy())
+                key = f"base_model.model.{name_map(chunk, name)}.{which}.weight"
+                tensors[key] = np.ascontiguousarray(full.asnumpy())
     part = os.path.join(path, f".adapter_part_{topo.pp.rank}.safetensors")
     if topo.tp.rank == 0 and topo.cp.rank == 0 and topo.dp.rank == 0:
         os.makedirs(path, exist_ok=True)
@@ -212,7 +215,8 @@ def load_lora(model: nn.Cell, path: str, name_map: Callable[[nn.Cell, str], str]
             local = full if dim is None else shard(full, layer.base_layer.group, dim)
             param = getattr(layer, which)
             if tuple(local.shape) != tuple(param.shape):
-                raise ValueError(f"{name}.{which}: file shape {full.shape} does not fit {tuple(param.shape)} (rank r differs?)")
+                raise ValueError(f"{name}.{which}: file shape {full.shape} does not fit {tuple(param.shape)} "
+                                 "(rank r differs?)")
             param.set_data(Tensor(np.ascontiguousarray(local)))
 
 

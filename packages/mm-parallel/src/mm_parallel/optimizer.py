@@ -345,7 +345,8 @@ class DistributedOptimizer:
         prefix = f"optimizer_tp{topo.tp.rank:02d}_pp{topo.pp.rank:02d}_dp"
         files = sorted(f for f in os.listdir(folder) if f.startswith(prefix) and f.endswith(".safetensors"))
         if not files:
-            raise FileNotFoundError(f"no optimizer state for tp rank {topo.tp.rank}, pp rank {topo.pp.rank} in {folder}")
+            raise FileNotFoundError(f"no optimizer state for tp rank {topo.tp.rank}, pp rank {topo.pp.rank} in "
+                                    f"{folder}")
         owned = {k: np.zeros(self.end - self.start, np.float32) for k in ("master", "exp_avg", "exp_avg_sq")}
         covered = 0
         for name in files:
@@ -357,7 +358,8 @@ class DistributedOptimizer:
                 lo, hi = max(meta["start"], self.start), min(meta["end"], self.end, self.numel)
                 if lo < hi:
                     for k in owned:
-                        owned[k][lo - self.start:hi - self.start] = f.get_tensor(k)[lo - meta["start"]:hi - meta["start"]]
+                        source = f.get_tensor(k)[lo - meta["start"]:hi - meta["start"]]
+                        owned[k][lo - self.start:hi - self.start] = source
                     covered += hi - lo
         want = max(0, min(self.end, self.numel) - self.start)
         if covered != want:

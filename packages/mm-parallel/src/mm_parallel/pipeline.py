@@ -10,7 +10,8 @@ micro-batches: min(p - s - 1, m) warm-up forwards, then one forward and one back
 then the remaining backwards. Activations cross stages by point-to-point transfers
 (mm_parallel.comm), combined into one two-way exchange where Megatron uses
 send_forward_recv_backward / send_backward_recv_forward, so blocking transfers cannot deadlock.
-Every transfer is preceded by its shape, so micro-batches may differ in sequence length.
+A stage passes a tensor or a dict of named tensors of any dtype (mm_parallel.stage_io); every
+transfer carries its names, dtypes and shapes, so micro-batches may differ in sequence length.
 
 The interleaved schedule (VPP) keeps Megatron's per-stage order but runs in ticks: a static
 schedule every rank derives alike (`interleaved_ticks`) says which op each stage runs at each
@@ -34,13 +35,9 @@ from __future__ import annotations
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import mindspore as ms
-import numpy as np
-from mindspore import Tensor
 
-from mm_parallel import comm
+from mm_parallel import stage_io
 from mm_parallel.topology import Topology, get_topology
-
-_MAX_DIMS = 8
 
 
 def stage_layer_ranges(num_layers: int, pp: int, vpp: int = 1, pipeline_num_layers=None) -> List[List[range]]:
@@ -75,7 +72,8 @@ def stage_layer_ranges(num_layers: int, pp: int, vpp: int = 1, pipeline_num_laye
 
 
 class _Link:
-    """Point-to-point transfers of one stage with its neighbours, each preceded by the shape."""
+    """Point-to-point transfers of one stage with its neighbours (mm_parallel.stage_io: a tensor
+    or a dict of named tensors, each transfer described by its header)."""
 
     def __init__(self, topology: Topology):
         pp = topology.pp
@@ -83,27 +81,9 @@ class _Link:
         self.prev = None if self.first else pp.ranks[pp.rank - 1]
         self.next = None if self.last else pp.ranks[pp.rank + 1]
 
-    @staticmethod
-    def _meta(x) -> Tensor:
-        shape = list(x.shape)
-        return Tensor(np.array([len(shape)] + shape + [0] * (_MAX_DIMS - len(shape)), np.int64))
-
-    @staticmethod
-    def _shape(meta) -> Tuple[int, ...]:
-        values = meta.asnumpy()
-        return tuple(int(v) for v in values[1:1 + values[0]])
-
-    def send(self, x, peer):
-        comm.send(self._meta(x), peer)
-        comm.send(x, peer)
-
-    def recv(self, peer):
-        shape = self._shape(comm.recv((_MAX_DIMS + 1,), ms.int64, peer))
-        return comm.recv(shape, ms.float32, peer)
-
-    def swap(self, x, peer):
-        shape = self._shape(comm.exchange(self._meta(x), peer))
-        return comm.exchange(x, peer, shape)
+    send = staticmethod(stage_io.send)
+    recv = staticmethod(stage_io.recv)
+    swap = staticmethod(stage_io.swap)
 
     def recv_forward(self):
         return None if self.first else self.recv(self.prev)
@@ -129,12 +109,20 @@ class _Link:
 def _micro_backward(fn: Callable, x, params: List, needs_dx: bool, objective: Callable):
     """Backward of one micro-batch on a stage by recomputing its forward: the value of
     ``objective(fn(x))`` (the loss / m on the last stage, sum(fn(x) * dy) elsewhere), the gradient
-    of ``x`` (None unless ``needs_dx``) and the gradients of ``params``."""
+    of ``x`` (a tensor, or a dict over its floating tensors; None unless ``needs_dx``) and the
+    gradients of ``params``."""
     if not needs_dx:  # x (the first stage's input: anything, e.g. a dict of host data) stays out of autodiff
         value, grads = ms.value_and_grad(lambda: objective(fn(x)), None, params)()
         return value, None, grads
-    value, (dx, grads) = ms.value_and_grad(lambda t: objective(fn(t)), 0, params)(x)
-    return value, dx, grads
+    names = stage_io.differentiable(x)
+    inputs = [x] if not isinstance(x, dict) else [x[n] for n in names]
+    if not inputs:  # only ids / masks crossed the boundary: an empty dict goes back
+        value, grads = ms.value_and_grad(lambda: objective(fn(x)), None, params)()
+        return value, {}, grads
+    run = lambda *tensors: objective(fn(stage_io.with_tensors(x, names, tensors)))  # noqa: E731
+    value, (dxs, grads) = ms.value_and_grad(run, tuple(range(len(inputs))), params)(*inputs)
+    dxs = list(dxs) if isinstance(dxs, (tuple, list)) else [dxs]
+    return value, stage_io.gradients(x, names, dxs), grads
 
 
 def _caller(stage: Callable, micro_batches: Sequence[Tuple], with_batch: bool) -> Callable:
@@ -152,7 +140,8 @@ def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[T
     micro_batches[i] = (input, target): the first stage feeds ``input`` to its layers, the last
     computes ``loss_fn(output, target)``; other stages ignore both (every rank may pass the same
     list) unless ``with_batch``, which calls every stage as ``stage(x, input)``. Activations between
-    stages are float32 tensors. The step's loss is the mean over micro-batches. Returns (losses,
+    stages are tensors or dicts of named tensors of any dtype (mm_parallel.stage_io). The step's loss is the mean over
+    micro-batches. Returns (losses,
     grads): the per-micro-batch losses on the last stage (empty elsewhere) and the gradients of
     ``params`` (this stage's trainable parameters) of the mean loss.
     """
@@ -174,7 +163,7 @@ def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[T
 
     def backward(i, dy):
         """Gradients of micro-batch i (loss / m): params accumulated, input gradient returned."""
-        objective = (lambda y: loss_fn(y, micro_batches[i][1]) / m) if link.last else (lambda y: (y * dy).sum())
+        objective = (lambda y: loss_fn(y, micro_batches[i][1]) / m) if link.last else (lambda y: stage_io.dot(y, dy))
         # the first stage's input needs no gradient
         value, dx, new = _micro_backward(lambda t: call(i, t), inputs.pop(0), params, not link.first, objective)
         if link.last:
@@ -280,7 +269,7 @@ def train_step_interleaved(chunks: Sequence[Callable], chunk_params: Sequence[Se
             objective = lambda y: loss_fn(y, micro_batches[i][1]) / m
         else:
             dy = douts.pop((chunk, i))
-            objective = lambda y: (y * dy).sum()
+            objective = lambda y: stage_io.dot(y, dy)
         value, dx, new = _micro_backward(lambda t: calls[chunk](i, t), x, params[chunk], vs > 0, objective)
         if vs == last:
             losses[i] = float(value.asnumpy()) * m

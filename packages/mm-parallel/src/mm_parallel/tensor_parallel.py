@@ -101,8 +101,8 @@ def seed_parameters(seed: int) -> None:
     _init_count = itertools.count()
 
 
-def _param(full_shape, name, init_std: Optional[float], group: Group, split_dim: Optional[int] = None,
-           zeros: bool = False):
+def new_parameter(full_shape, name, init_std: Optional[float], group: Group, split_dim: Optional[int] = None,
+                  zeros: bool = False):
     """A parameter drawn whole (normal(0, init_std or 0.02), or zeros) and cut to this rank's shard."""
     if zeros:
         value = np.zeros(full_shape, np.float32)
@@ -133,7 +133,8 @@ class _TensorParallel(nn.Cell):
             value = host_array(value, np.float32)
             local = value if dim is None else shard(value, self.group, dim)
             if tuple(local.shape) != tuple(param.shape):
-                raise ValueError(f"{name}: full shape {value.shape} gives shard {local.shape}, expected {tuple(param.shape)}")
+                raise ValueError(f"{name}: full shape {value.shape} gives shard {local.shape}, "
+                                 f"expected {tuple(param.shape)}")
             param.set_data(Tensor(np.ascontiguousarray(local)))
 
 
@@ -148,8 +149,8 @@ class ColumnParallelLinear(_TensorParallel):
         if out_features % self.group.size:
             raise ValueError(f"out_features={out_features} must be divisible by tp={self.group.size}")
         self.gather_output = gather_output
-        self.weight = _param((out_features, in_features), "weight", init_std, self.group, 0)
-        self.bias = _param((out_features,), "bias", None, self.group, 0, zeros=True) if bias else None
+        self.weight = new_parameter((out_features, in_features), "weight", init_std, self.group, 0)
+        self.bias = new_parameter((out_features,), "bias", None, self.group, 0, zeros=True) if bias else None
 
     def construct(self, x):
         if self.sequence_parallel:
@@ -173,8 +174,8 @@ class RowParallelLinear(_TensorParallel):
         if self.sequence_parallel and not input_is_parallel:
             raise ValueError("sequence_parallel needs input_is_parallel=True (the input is split on features)")
         self.input_is_parallel = input_is_parallel
-        self.weight = _param((out_features, in_features), "weight", init_std, self.group, 1)
-        self.bias = _param((out_features,), "bias", None, self.group, zeros=True) if bias else None
+        self.weight = new_parameter((out_features, in_features), "weight", init_std, self.group, 1)
+        self.bias = new_parameter((out_features,), "bias", None, self.group, zeros=True) if bias else None
         if self.bias is not None and self.sequence_parallel:
             mark_sequence_parallel(self.bias)  # added on a sequence shard: its grad is partial
 
@@ -204,7 +205,7 @@ class VocabParallelEmbedding(_TensorParallel):
         self.num_embeddings = num_embeddings
         self.per_rank = num_embeddings // self.group.size
         self.start = self.group.rank * self.per_rank
-        self.weight = _param((num_embeddings, embedding_dim), "weight", init_std, self.group, 0)
+        self.weight = new_parameter((num_embeddings, embedding_dim), "weight", init_std, self.group, 0)
 
     def construct(self, input_ids):
         if self.group.size == 1:

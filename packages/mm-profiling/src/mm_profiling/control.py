@@ -35,8 +35,13 @@ log = logging.getLogger(__name__)
 
 
 def _profiler(config: ProfileConfig, out: str):
-    from mindspore.profiler import ProfilerActivity, ProfilerLevel, profile, tensorboard_trace_handler
-    from mindspore.profiler import _ExperimentalConfig
+    from mindspore.profiler import (
+        ProfilerActivity,
+        ProfilerLevel,
+        _ExperimentalConfig,
+        profile,
+        tensorboard_trace_handler,
+    )
 
     on_ascend = ms.get_context("device_target") == "Ascend"
     extra = {}

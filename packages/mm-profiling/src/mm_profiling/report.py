@@ -62,7 +62,8 @@ def summarize(trace_file: str) -> Dict:
     with open(trace_file) as f:
         events = json.load(f)
     events = events["traceEvents"] if isinstance(events, dict) else events
-    names = {e["pid"]: e["args"].get("name", "") for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    names = {e["pid"]: e["args"].get("name", "")
+             for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     ops = [e for e in events if e.get("ph") == "X" and not _SKIPPED_PROCESSES.search(names.get(e.get("pid"), ""))]
     if not ops:
         raise ValueError(f"{trace_file} holds no operator events")

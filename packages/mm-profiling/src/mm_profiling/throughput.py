@@ -1,6 +1,6 @@
 """Step throughput (SPS, TPS), MFU and memory, per rank and for the cluster.
 
-    meter = Throughput(flops_per_sample=TRAIN_FACTOR * qwen2_5_vl_flops(cfg, seq, grids),
+    meter = Throughput(flops_per_sample=TRAIN_FACTOR * model.flops(batch),
                        peak_flops=host_peak_flops(), world_size=topo.world_size, dp_size=topo.dp.size)
     stats = meter.record(seconds, samples=4, tokens=1800, padded_tokens=2048)
     stats["samples_per_s"], stats["cluster_tokens_per_s"], stats["mfu"]
@@ -19,7 +19,6 @@ import time
 from typing import Dict, Optional
 
 import numpy as np
-
 
 # One AI core's Cube unit does 16 x 16 x 16 = 4096 fp16 / bf16 multiply-adds per cycle (Huawei's
 # Ascend 910 presentation, Hot Chips 2019: "4096 MACs per AI core per cycle"), i.e. 8192 FLOPs.

@@ -3,7 +3,8 @@
     mm-train run                                  # the built-in tiny default
     mm-train run recipe.yaml --set parallel.tp=2 --nproc 2
 
-Python: ``mm_train.recipe.load_recipe(path, overrides)`` and ``mm_train.vl_trainer.train(recipe)``.
+Python: ``mm_train.recipe.load_recipe(path_or_name, overrides)`` and ``mm_train.loop.train(recipe)``;
+model families register in ``mm_train.families``.
 """
 
 from mm_train.__about__ import __version__

@@ -8,7 +8,8 @@
                                that wrote it (parameter names: the whole model's, ``model.adapter_name``)
 
 Everything is stored whole (tp shards and ZeRO slices gathered, stages by global names), so a run
-resumes under any layout (TP2 -> TP1, PP2 -> PP1, DP2 -> DP1 ...): each rank cuts its shard again while loading. A checkpoint
+resumes under any layout (TP2 -> TP1, PP2 -> PP1, DP2 -> DP1 ...): each rank cuts its shard again while loading. A
+checkpoint
 is written into a temporary folder, every file fsynced, and renamed to step_N only when complete:
 a step_N folder is always whole, and a crash mid-write leaves only a ``.tmp`` folder that resume
 ignores (and the next save removes). The newest ``keep`` checkpoints are kept.
@@ -62,10 +63,11 @@ def save(out: str, step: int, chunks, optimizer, topo, lora=None, keep: int = 2,
     """Write step_N (every rank calls: the gathers are collectives); returns its path.
     ``chunks``: the model chunks (virtual pipeline stages) this rank holds, usually one."""
     from mindspore import Tensor
+    from safetensors.numpy import save_file
+
     from mm_parallel import comm
     from mm_parallel.hf_checkpoint import tp_split
     from mm_parallel.tensor_parallel import unshard
-    from safetensors.numpy import save_file
 
     root = os.path.join(out, "checkpoints")
     final, tmp = os.path.join(root, f"step_{step}"), os.path.join(root, f".step_{step}.tmp")
@@ -115,9 +117,10 @@ def _prune(root: str, keep: int) -> None:
 def load_optimizer(folder: str, chunks, optimizer) -> int:
     """Set the optimizer (and through its master weights the parameters) from step_N; returns
     the step to continue from."""
+    from safetensors import safe_open
+
     from mm_parallel.hf_checkpoint import tp_split
     from mm_parallel.tensor_parallel import shard
-    from safetensors import safe_open
 
     owners, states = _owners(chunks), []
     files = sorted(n for n in os.listdir(folder) if n.startswith("optimizer-stage") and n.endswith(".safetensors"))

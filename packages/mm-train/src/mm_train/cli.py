@@ -2,8 +2,11 @@
 
     mm-train run [RECIPE] [--set section.key=value ...] [--nproc N] [--resume]
     mm-train launch [RECIPE] --nnodes 2 --node-rank R --master-addr ADDR --master-port P [--nproc-per-node N]
+    mm-train recipes
+    mm-train convert ...
 
-``run`` without a recipe trains the built-in tiny default (recipes/qwen2_5_vl_tiny.yaml). With
+RECIPE is a YAML file or the name of a built-in recipe (``mm-train recipes`` lists them); ``run``
+without one trains the built-in tiny default. With
 ``--nproc N > 1`` it checks the layout first, then starts msrun itself (N local workers on a free
 port) running the same command in each worker.
 """
@@ -17,13 +20,14 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+RECIPE_HELP = "a recipe YAML file or a built-in recipe's name (default: the built-in tiny default)"
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mm-train", description="Multimodal training on MindSpore.")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="train a recipe (no recipe: the built-in tiny default)",
-                              description="Train a recipe; without one, the built-in tiny Qwen2.5-VL default.")
-    run.add_argument("recipe", nargs="?", help="a recipe YAML file (default: the built-in tiny Qwen2.5-VL)")
+                              description="Train a recipe; without one, the built-in tiny default.")
+    run.add_argument("recipe", nargs="?", help=RECIPE_HELP)
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                      help="override a recipe field, e.g. --set parallel.tp=2 --set train.steps=4 (repeatable)")
     run.add_argument("--nproc", type=int, default=1, help="local processes; > 1 starts msrun (default 1)")
@@ -36,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
         "launch", help="one node of a multi-node run (start it on every node)",
         description="Start this node's workers of a multi-node run: every node runs the same command with its "
                     "own --node-rank and the same --master-addr / --master-port (passed to msrun).")
-    launch.add_argument("recipe", nargs="?", help="a recipe YAML file (default: the built-in tiny Qwen2.5-VL)")
+    launch.add_argument("recipe", nargs="?", help=RECIPE_HELP)
     launch.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a recipe field (repeatable)")
     launch.add_argument("--nnodes", type=int, required=True, help="machines in the job")
@@ -49,10 +53,25 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--timeout", type=float, default=24 * 3600.0, help="stop this node's workers after this long")
     launch.add_argument("--cluster-timeout", type=int, default=600,
                         help="seconds to wait for every node's workers to join (msrun's cluster_time_out)")
+    commands.add_parser("recipes", help="list the built-in recipes",
+                        description="The built-in recipes: name, family, what it trains, the machines it is for.")
     from mm_train import convert
 
     convert.add_parser(commands)
     return parser
+
+
+def _recipes(args) -> int:
+    from mm_train import families
+
+    rows = [(r.name, spec.name, r.trains, r.machines + (" (the default)" if r.default else ""))
+            for spec, r in families.recipes()]
+    header = ("recipe", "family", "trains", "machines")
+    widths = [max(len(row[i]) for row in rows + [header]) for i in range(3)]
+    for row in [header] + rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
+    print("\nrun one with: mm-train run NAME [--set section.key=value ...]")
+    return 0
 
 
 def _run(args) -> int:
@@ -65,12 +84,9 @@ def _run(args) -> int:
         return _launch(args)
     if args.nproc == 1 and not in_launch:
         check_layout(recipe, 1)
-    if recipe.model.family == "wan":
-        from mm_train.video_trainer import train
-    else:
-        from mm_train.vl_trainer import train
+    from mm_train import loop
 
-    metrics = train(recipe, progress=not args.no_progress, resume=args.resume)
+    metrics = loop.train(recipe, progress=not args.no_progress, resume=args.resume)
     if metrics and os.environ.get("RANK_ID", "0") == "0":
         first, last = metrics[0]["loss"], metrics[-1]["loss"]
         print(f"loss {first:.4f} -> {last:.4f} in {len(metrics)} steps; metrics in "
@@ -99,7 +115,8 @@ def _launch(args, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0
     try:
         launch(Path(__file__).with_name("_worker.py"), local, _worker_argv(args, local * nnodes),
                timeout=args.timeout, log_dir=log_dir, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-               master_port=master_port, cluster_timeout=cluster_timeout, env={"MM_TRAIN_PID_DIR": str(log_dir / "pids")})
+               master_port=master_port, cluster_timeout=cluster_timeout,
+               env={"MM_TRAIN_PID_DIR": str(log_dir / "pids")})
     except DistributedRunError as error:
         print(f"mm-train: the run failed: {dead_workers(log_dir)}{error}", file=sys.stderr)
         return 1
@@ -117,7 +134,8 @@ def dead_workers(log_dir) -> str:
     ranks = {}
     for pid_file in (Path(log_dir) / "pids").glob("rank_*.pid"):
         ranks[pid_file.read_text().strip()] = pid_file.stem.split("_", 1)[1]
-    found = re.findall(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)", out.read_text(errors="replace"))
+    found = re.findall(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)",
+                       out.read_text(errors="replace"))
     return "".join(f"worker rank {ranks.get(pid, '?')} (pid {pid}) died with exit code {code}; every worker was "
                    "stopped. " for pid, code in found)
 
@@ -138,6 +156,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _run(args)
         if args.command == "launch":
             return _launch_node(args)
+        if args.command == "recipes":
+            return _recipes(args)
         if args.command == "convert":
             from mm_train import convert
 

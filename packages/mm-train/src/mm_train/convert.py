@@ -1,7 +1,8 @@
 """`mm-train convert`: checkpoints to Hugging Face folders, LoRA adapters merged into their base.
 
-- ``merge-lora BASE ADAPTERS OUT``: the base model (a transformers Qwen2.5-VL folder or a diffusers
-  Wan transformer folder) with PEFT adapters folded into its weights (W + alpha / r * B A), written
+- ``merge-lora BASE ADAPTERS OUT``: the base model (a Hugging Face / diffusers folder of a
+  registered family, recognised by its config.json) with PEFT adapters folded into its weights (W + alpha / r * B A),
+  written
   as a folder of the same format; the base's other files (tokenizer, processor, generation config)
   are copied along.
 - ``checkpoint STEP_DIR OUT``: a training checkpoint (OUT/checkpoints/step_N) as a standalone
@@ -19,45 +20,23 @@ import json
 import os
 import shutil
 
+from mm_train import families
+
 WEIGHT_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth", ".ckpt")
-
-
-def family_of(folder: str) -> str:
-    """qwen2_5_vl or wan, from the folder's config.json."""
-    path = os.path.join(folder, "config.json")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{folder} has no config.json: give a Hugging Face / diffusers model folder")
-    with open(path) as f:
-        config = json.load(f)
-    if config.get("_class_name") == "WanTransformer3DModel":
-        return "wan"
-    if config.get("model_type") == "qwen2_5_vl":
-        return "qwen2_5_vl"
-    raise ValueError(f"{path} describes {config.get('_class_name') or config.get('model_type')!r}; convert knows "
-                     "Qwen2.5-VL (model_type qwen2_5_vl) and Wan2.1 (_class_name WanTransformer3DModel)")
-
-
-def _model_class(family: str):
-    if family == "wan":
-        from mm_models_video import WanTransformer3DModel
-
-        return WanTransformer3DModel
-    from mm_models_vl import Qwen2_5_VLForConditionalGeneration
-
-    return Qwen2_5_VLForConditionalGeneration
 
 
 def merge_lora(base: str, adapters: str, out: str) -> str:
     """Write ``base`` with the PEFT ``adapters`` merged into ``out``; returns ``out``."""
     import mm_parallel
-    from mm_parallel.lora import apply_lora, merge_lora as fold
+    from mm_parallel.lora import apply_lora
+    from mm_parallel.lora import merge_lora as fold
 
     with open(os.path.join(adapters, "adapter_config.json")) as f:
         config = json.load(f)
     if config.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"{adapters} holds {config.get('peft_type')} adapters; only LoRA can be merged")
     topo = mm_parallel.initialize(mm_parallel.ParallelConfig())  # one process holds the whole model
-    model = _model_class(family_of(base)).from_pretrained(base, topo)
+    model = families.model_class_of(base).from_pretrained(base, topo)
     targets = config["target_modules"]
     apply_lora(model, [targets] if isinstance(targets, str) else list(targets), int(config["r"]),
                float(config.get("lora_alpha", config["r"])), float(config.get("lora_dropout", 0.0)))
@@ -95,7 +74,7 @@ def add_parser(commands) -> None:
     which = convert.add_subparsers(dest="conversion", required=True)
     merge = which.add_parser("merge-lora", help="fold PEFT LoRA adapters into their base model",
                              description="Write BASE with ADAPTERS merged (W + alpha / r * B A) into OUT.")
-    merge.add_argument("base", help="the base model folder (transformers Qwen2.5-VL or diffusers Wan transformer)")
+    merge.add_argument("base", help="the base model folder (Hugging Face / diffusers, of a registered family)")
     merge.add_argument("adapters", help="a PEFT adapter folder (adapter_config.json, adapter_model.safetensors)")
     merge.add_argument("out", help="the merged model folder to write")
     export = which.add_parser("checkpoint", help="a training checkpoint as a standalone model folder",

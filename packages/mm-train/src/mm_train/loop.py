@@ -16,10 +16,8 @@ mem_bytes, skipped), draws the progress line and, at the end, OUT/loss.png. A st
 gradient is not finite (on any rank) is skipped — no update — and counted;
 ``train.max_nonfinite_steps`` skipped steps in a row stop the run with an error.
 
-A task (`vl_trainer.VLTask`, `video_trainer.WanTask`) has: ``model_class``, ``inline_config()``,
-``lora_config(**options)``, ``plan(model, lora)`` (recompute, LoRA, freezing), ``stream(first_step)``
-(this rank's micro-batches of every step), ``position(step)`` (the data position saved with
-checkpoints), ``tokens(batch)``, ``model_inputs(batch)`` and ``flops_per_sample(config)``.
+The task (`mm_train.task.Task`, made by the recipe's family: mm_train.families) supplies the
+model class, its plan and the data; MFU counts the model's FLOPs on the first micro-batch.
 """
 
 from __future__ import annotations
@@ -34,11 +32,12 @@ import numpy as np
 
 from mm_train import checkpoint
 from mm_train.recipe import Recipe, check_layout
+from mm_train.task import Task
 
 TRAIN_FLOPS_FACTOR = 3  # forward + backward (twice the forward)
 
 
-def build_model(task, recipe: Recipe, topo, resume_from: Optional[str] = None):
+def build_model(task: Task, recipe: Recipe, topo, resume_from: Optional[str] = None):
     """(the model chunks this rank holds — one per virtual pipeline stage, usually one — and the
     LoRA config or None): from the checkpoint being resumed, the recipe's path, or its inline
     config (random weights); then the task's plan (recompute, LoRA, freezing) on each chunk."""
@@ -67,7 +66,7 @@ def _seed(recipe: Recipe) -> None:
     seed_parameters(recipe.train.seed)
 
 
-def _initial_weights(task, recipe: Recipe, topo) -> str:
+def _initial_weights(task: Task, recipe: Recipe, topo) -> str:
     """Rank 0 draws the whole model (as one process would) into output_dir/initial_weights."""
     from mm_parallel import ParallelConfig, comm
     from mm_parallel.topology import Topology
@@ -115,10 +114,11 @@ def _loss_curve(metrics: List[Dict], path: str) -> Optional[str]:
     return path
 
 
-def train(recipe: Recipe, make_task: Callable, progress: bool = True, resume: bool = False) -> List[Dict]:
-    """Run the recipe's task (``make_task(recipe, topology)``); returns the metrics of the steps
-    run (rank 0 also writes them). With ``resume``, continue from the newest complete checkpoint in
-    output_dir (if any), whatever layout wrote it."""
+def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progress: bool = True,
+          resume: bool = False) -> List[Dict]:
+    """Run the recipe's task (``make_task(recipe, topology)``, by default its family's); returns
+    the metrics of the steps run (rank 0 also writes them). With ``resume``, continue from the
+    newest complete checkpoint in output_dir (if any), whatever layout wrote it."""
     import mindspore as ms
 
     import mm_parallel
@@ -128,7 +128,7 @@ def train(recipe: Recipe, make_task: Callable, progress: bool = True, resume: bo
     topo = mm_parallel.initialize(recipe.parallel)
     check_layout(recipe, topo.world_size)
     ms.set_seed(recipe.train.seed)
-    task = make_task(recipe, topo)
+    task = (make_task or recipe.family.task_class())(recipe, topo)
     out = recipe.output_dir
     resume_from = checkpoint.latest(out) if resume else None
     chunks, lora = build_model(task, recipe, topo, resume_from)
@@ -136,8 +136,6 @@ def train(recipe: Recipe, make_task: Callable, progress: bool = True, resume: bo
     first = checkpoint.load_optimizer(resume_from, chunks, optimizer) if resume_from else 0
     params = [p for chunk in chunks for p in chunk.trainable_params()]
     grad_fn = ms.value_and_grad(lambda batch: chunks[0](**batch).loss, None, params)
-    meter = Throughput(flops_per_sample=TRAIN_FLOPS_FACTOR * task.flops_per_sample(chunks[0].config),
-                       peak_flops=host_peak_flops(), world_size=topo.world_size, dp_size=topo.dp.size)
 
     writer = topo.rank == 0
     if writer:
@@ -149,7 +147,7 @@ def train(recipe: Recipe, make_task: Callable, progress: bool = True, resume: bo
     log = _metrics_log(os.path.join(out, "metrics.jsonl"), first) if writer else None
     every = recipe.checkpoint.every
     bad_in_a_row = skipped_total = 0
-    profiler = _profiler(recipe, topo)
+    profiler, meter = _profiler(recipe, topo), None
     stream = task.stream(first)
     try:
         for step in range(first, recipe.train.steps):
@@ -157,6 +155,9 @@ def train(recipe: Recipe, make_task: Callable, progress: bool = True, resume: bo
                 profiler.before_step(step + 1)
             start = time.perf_counter()
             batches = next(stream)
+            if meter is None:
+                meter = Throughput(flops_per_sample=TRAIN_FLOPS_FACTOR * task.flops_per_sample(chunks[0], batches[0]),
+                                   peak_flops=host_peak_flops(), world_size=topo.world_size, dp_size=topo.dp.size)
             tokens = sum(task.tokens(b) for b in batches)
             batches = [task.model_inputs(b) for b in batches]
             losses, grads = _losses_and_grads(chunks, params, grad_fn, batches, topo)

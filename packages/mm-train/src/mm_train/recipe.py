@@ -1,24 +1,24 @@
 """Recipes: one YAML file per training run, typed and checked before any process starts.
 
-    model:      family (qwen2_5_vl | wan), path (a Hugging Face folder) or config (a tiny one inline),
-                recompute, lora, freeze
-    data:       kind (vl: tiny_vl, the built-in set | llamafactory, a LLaMA-Factory JSON / JSONL;
-                wan: tiny_video, the built-in set | video, annotations + encoders | video_features,
-                a feature cache), path, tokenizer, max_length, ..., num_workers, max_bad_fraction
+    model:      family (a registered family: `mm-train recipes` lists them), path (a Hugging Face
+                folder) or config (a tiny one inline), recompute, lora, freeze
+    data:       kind (one of the family's data kinds), path, num_workers, max_bad_fraction and the
+                fields of that kind's own typed section (mm_train.families.<family>)
     parallel:   the fields of mm_parallel.ParallelConfig (tp, pp, vpp, cp, cp_algo, ...)
     optim:      the fields of mm_parallel.OptimizerConfig (lr, lr_schedule, warmup_steps, ...)
     train:      steps, global_batch_size, micro_batch_size, seed, log_every
     checkpoint: every, keep
-    diffusion:  shift, num_train_timesteps, density, weighting (flow matching; video models)
     profile:    the fields of mm_profiling.ProfileConfig (enable, start_step, end_step, ...)
     output_dir
+    ...         sections of the family's own (e.g. a diffusion objective), typed by the family
 
 ``--set section.key=value`` overrides any field (the value read as YAML: ``--set parallel.tp=2``,
 ``--set optim.betas=[0.9,0.95]``); a longer path reaches into a mapping field
 (``--set model.config.text_config.num_hidden_layers=4``). An unknown section or key is an error naming the closest valid
 one; `check_layout` refuses a layout the world size or the batch sizes cannot hold. The global batch
 is a property of the run, not of the layout: micro-batches per step = global / (micro x dp), so the
-losses of one recipe are comparable across layouts.
+losses of one recipe are comparable across layouts. A recipe is a file or the name of a built-in
+one (`mm_train.families.find_recipe`).
 """
 
 from __future__ import annotations
@@ -31,81 +31,35 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
-MODEL_FAMILIES = ("qwen2_5_vl", "wan")
-DATA_KINDS = {"qwen2_5_vl": ("tiny_vl", "llamafactory"), "wan": ("tiny_video", "video", "video_features")}
-
 
 @dataclass
 class ModelSection:
-    family: str = "qwen2_5_vl"
+    family: str = ""  # a registered family (mm_train.families)
     path: Optional[str] = None  # a Hugging Face folder; None: build from ``config`` with random weights
-    config: Dict[str, Any] = field(default_factory=dict)  # the transformers config, inline
+    config: Dict[str, Any] = field(default_factory=dict)  # the model's config.json, inline
     recompute: str = "none"
     recompute_num_layers: Optional[int] = None
     lora: Optional[Dict[str, Any]] = None  # {r, alpha, dropout, target_modules}
     freeze: List[str] = field(default_factory=list)
 
     def __post_init__(self):
-        if self.family not in MODEL_FAMILIES:
-            raise ValueError(f"model.family {self.family!r} is not available; choose one of {MODEL_FAMILIES}")
         if self.path is None and not self.config:
             raise ValueError("model needs a path (a Hugging Face folder) or an inline config")
 
 
 @dataclass
 class DataSection:
-    kind: str = "tiny_vl"  # vl: tiny_vl (built in) | llamafactory; wan: tiny_video (built in) | video | video_features
-    path: Optional[str] = None  # tiny_*: where the set is generated (default: a cache folder); else the file / folder
-    media_dir: Optional[str] = None  # where image / video paths start (default: the file's folder)
-    tokenizer: Optional[str] = None  # a folder or tokenizer.json (default: model.path)
-    samples: int = 256  # tiny_vl only
-    max_length: int = 2048
-    system: Optional[str] = "You are a helpful assistant."  # the default system turn; "" or null: none
-    min_pixels: Optional[int] = None  # image / video frame pixel bounds (default: the processors')
-    max_pixels: Optional[int] = None
-    video_fps: float = 2.0
+    """The fields every data kind has; each family types the rest in a subclass per kind."""
+
+    kind: str = ""
+    path: Optional[str] = None  # the data file / folder (built-in sets: where they are generated)
     num_workers: int = 0  # data worker processes
     max_bad_fraction: float = 0.01  # skipped bad samples beyond this share of the data set stop the run
-    # video (wan): clips decoded from annotations (data.json / data.txt / data.jsonl / videos+labels),
-    # encoded once by the VAE and text encoder into a feature cache, trained from the cache
-    vae: Optional[str] = None  # a diffusers AutoencoderKLWan folder
-    text_encoder: Optional[str] = None  # a transformers UMT5 encoder folder
-    image_encoder: Optional[str] = None  # I2V: a transformers CLIP vision folder
-    image_processor: Optional[str] = None  # I2V: its preprocessor_config.json folder (default: image_encoder)
-    features_dir: Optional[str] = None  # the feature cache (default: output_dir/features)
-    num_frames: int = 81  # clip length, 1 + 4n
-    fps: float = 16.0
-    max_area: int = 480 * 832
-    text_max_length: int = 512
-    caption_dropout: float = 0.0
-    online: bool = False  # encode clips every step (random crops) instead of once into the cache
 
-    def __post_init__(self):
-        kinds = sorted({k for family in DATA_KINDS.values() for k in family})
-        if self.kind not in kinds:
-            raise ValueError(f"data.kind {self.kind!r} is not available; choose one of {kinds}")
-        if self.kind in ("llamafactory", "video", "video_features") and not self.path:
-            what = {"llamafactory": "a LLaMA-Factory JSON / JSONL file", "video": "video annotations",
-                    "video_features": "a feature cache folder"}[self.kind]
+    def require_path(self, what: str) -> None:
+        """For kinds that read the user's data: data.path must say where it is."""
+        if not self.path:
             raise ValueError(f"data.kind {self.kind} needs data.path: {what}")
-        if self.kind == "video" and not (self.vae and self.text_encoder):
-            raise ValueError("data.kind video needs data.vae and data.text_encoder (the encoders of the feature cache)")
-
-
-@dataclass
-class DiffusionSection:
-    """Flow matching for the video DiTs (mm_models_video.flow_matching)."""
-
-    shift: float = 3.0
-    num_train_timesteps: int = 1000
-    density: str = "uniform"  # uniform | logit_normal | mode
-    weighting: str = "none"  # none | sigma_sqrt | cosmap
-
-    def __post_init__(self):
-        from_choices = {"density": ("uniform", "logit_normal", "mode"), "weighting": ("none", "sigma_sqrt", "cosmap")}
-        for name, choices in from_choices.items():
-            if getattr(self, name) not in choices:
-                raise ValueError(f"diffusion.{name} {getattr(self, name)!r} is not one of {choices}")
 
 
 @dataclass
@@ -132,34 +86,52 @@ class CheckpointSection:
 @dataclass
 class Recipe:
     model: ModelSection
-    data: DataSection
+    data: DataSection  # the family's section for data.kind
     parallel: Any  # mm_parallel.ParallelConfig
     optim: Any  # mm_parallel.OptimizerConfig
     train: TrainSection
     checkpoint: CheckpointSection
     profile: Dict[str, Any]
-    diffusion: DiffusionSection = field(default_factory=DiffusionSection)
     output_dir: str = "runs/default"
+    family_sections: Dict[str, Any] = field(default_factory=dict)  # the family's own sections, typed
 
-    def __post_init__(self):
-        kinds = DATA_KINDS[self.model.family]
-        if self.data.kind not in kinds:
-            raise ValueError(f"data.kind {self.data.kind!r} does not feed model.family {self.model.family}; "
-                             f"choose one of {kinds}")
+    def __getattr__(self, name: str):
+        """A family section by its name (``recipe.diffusion``)."""
+        sections = self.__dict__.get("family_sections", {})
+        if name in sections:
+            return sections[name]
+        raise AttributeError(f"the recipe has no section {name!r}")
+
+    @property
+    def family(self):
+        """The model family's FamilySpec (mm_train.families)."""
+        from mm_train import families
+
+        return families.get(self.model.family)
 
     def to_dict(self) -> dict:
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            if f.name == "family_sections":
+                out.update({k: dataclasses.asdict(v) for k, v in value.items()})
+            else:
+                out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
         return out
 
 
-def _sections():
+GENERIC_SECTIONS = ("model", "data", "parallel", "optim", "train", "checkpoint", "profile", "output_dir")
+
+
+def _sections(spec, data_kind: str):
+    """Every section's dataclass for a recipe of family ``spec`` whose data.kind is ``data_kind``."""
     from mm_parallel import OptimizerConfig, ParallelConfig
 
-    return {"model": ModelSection, "data": DataSection, "parallel": ParallelConfig, "optim": OptimizerConfig,
-            "train": TrainSection, "checkpoint": CheckpointSection, "diffusion": DiffusionSection}
+    if data_kind not in spec.data_sections:
+        raise ValueError(f"data.kind {data_kind!r} does not feed model.family {spec.name}; "
+                         f"choose one of {list(spec.data_sections)}")
+    return {"model": ModelSection, "data": spec.data_sections[data_kind], "parallel": ParallelConfig,
+            "optim": OptimizerConfig, "train": TrainSection, "checkpoint": CheckpointSection, **spec.sections}
 
 
 def _unknown(kind: str, key: str, valid: Sequence[str]) -> ValueError:
@@ -218,7 +190,14 @@ def parse_override(text: str):
 def build_recipe(values: Optional[dict] = None, overrides: Sequence[str] = ()) -> Recipe:
     """A Recipe from a mapping (a loaded YAML file) and ``--set`` overrides."""
     values = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (values or {}).items()}
-    sections = _sections()
+    from mm_train import families
+
+    known = set(GENERIC_SECTIONS) | {name for f in families.families().values() for name in f.sections}
+    for key in values:  # a misspelt section is named before the family decides which ones exist
+        if key not in known:
+            raise _unknown("recipe section", key, known)
+    spec = _family(values, overrides)
+    sections = _sections(spec, _chosen(values, overrides, "data", "kind") or next(iter(spec.data_sections)))
     top = set(sections) | {"profile", "output_dir"}
     for key in values:
         if key not in top:
@@ -252,6 +231,8 @@ def build_recipe(values: Optional[dict] = None, overrides: Sequence[str] = ()) -
                 raise _unknown(f"{name} key", key, names)
         if name == "optim" and "betas" in given:
             given["betas"] = tuple(given["betas"])
+        if name == "data":
+            given.setdefault("kind", next(k for k, c in spec.data_sections.items() if c is cls))
         _check_types(name, cls, given)
         built[name] = cls(**given)
     profile = values.get("profile") or {}
@@ -261,14 +242,50 @@ def build_recipe(values: Optional[dict] = None, overrides: Sequence[str] = ()) -
         except ImportError as e:
             raise ImportError("a profile section needs mm-profiling: pip install 'mm-train[profiling]'") from e
         ProfileConfig.from_dict(profile)
-    return Recipe(profile=profile, output_dir=str(values.get("output_dir", "runs/default")), **built)
+    own = {name: built.pop(name) for name in spec.sections}
+    return Recipe(profile=profile, output_dir=str(values.get("output_dir", "runs/default")), family_sections=own,
+                  **built)
+
+
+def _chosen(values: dict, overrides: Sequence[str], section: str, key: str):
+    """section.key as the overrides (the last one) or else the values give it, or None."""
+    chosen = (values.get(section) or {}).get(key) if isinstance(values.get(section), dict) else None
+    for text in overrides:
+        if text.startswith(f"{section}.{key}="):
+            chosen = parse_override(text)[2]
+    return chosen
+
+
+def _family(values: dict, overrides: Sequence[str]):
+    """The FamilySpec the recipe's model.family names (after overrides)."""
+    from mm_train import families
+
+    name = _chosen(values, overrides, "model", "family")
+    if not name:
+        raise ValueError(f"the recipe names no model.family; choose one of {sorted(families.families())}")
+    return families.get(str(name))
+
+
+def resolve_recipe(path: Optional[str]) -> Path:
+    """A recipe file: ``path`` itself, else the built-in recipe of that name; None: the default."""
+    from mm_train import families
+
+    if not path:
+        return families.default_recipe()
+    source = Path(path)
+    if source.is_file():
+        return source
+    builtin = families.find_recipe(path)
+    if builtin is not None and builtin.is_file():
+        return builtin
+    raise FileNotFoundError(f"no recipe file {path} and no built-in recipe of that name; `mm-train recipes` lists "
+                            "the built-in ones")
 
 
 def load_recipe(path: Optional[str] = None, overrides: Sequence[str] = ()) -> Recipe:
-    """The recipe at ``path`` (YAML, safe_load), or the built-in tiny default, with overrides."""
-    source = Path(path) if path else Path(__file__).with_name("recipes") / "qwen2_5_vl_tiny.yaml"
-    if not source.is_file():
-        raise FileNotFoundError(f"no recipe at {source}")
+    """The recipe at ``path`` (a YAML file, safe_load, or a built-in recipe's name; None: the
+    built-in default), with overrides."""
+    source = resolve_recipe(path)
     with open(source) as f:
         values = yaml.safe_load(f) or {}
     if not isinstance(values, dict):

@@ -116,4 +116,5 @@ def encoders(seed: int = 0, image: bool = False):
     clip = CLIPVisionModel(dict(IMAGE_CONFIG))
     _randomise(clip, seed + 2)
     size = IMAGE_CONFIG["image_size"]
-    return vae, text, clip, CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
+    processor = CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
+    return vae, text, clip, processor

@@ -1,6 +1,7 @@
 """A video recipe's data: clips encoded into features (once into a cache, or online), then flow matching.
 
-`WanTrainData` makes sure a feature cache exists — for ``tiny_video`` (the built-in set, encoded
+`WanTrainData` (the data of the Wan family's task, mm_train.families.wan) makes sure a feature cache exists — for
+``tiny_video`` (the built-in set, encoded
 by its tiny random VAE and UMT5) and ``video`` (the user's annotations, encoded by the recipe's
 VAE and text encoder), every rank encodes its share (mm-data's `build_feature_cache`: centre
 crops, VAE latent means normalised by the VAE's latents_mean / std, text embeddings zeroed past
@@ -27,7 +28,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from mm_train.recipe import Recipe
-from mm_train.vl_data import MicroBatches
+from mm_train.task import load_tokenizer, once_on_rank_zero
 
 NULL_CAPTION = "null_prompt_embeds.safetensors"  # the empty caption's embedding, for caption dropout
 
@@ -85,28 +86,21 @@ class _Source:
 
     def __init__(self, recipe: Recipe, topo, i2v: bool):
         from mm_data.video import AspectBuckets, FrameBuckets
-
         from mm_train import tiny_video
 
         data = recipe.data
         self.i2v, self.data = i2v, data
         if data.kind == "tiny_video":
             source = data.path or default_folder()
-            if topo.rank == 0:
-                tiny_video.generate(source, data.samples)
-            if topo.world_size > 1:
-                from mm_parallel import comm
-
-                comm.barrier(topo.world)
+            once_on_rank_zero(topo, lambda: tiny_video.generate(source, data.samples))
             self.annotations, self.tokenizer = os.path.join(source, "data.json"), tiny_video.tokenizer(source)
             self.cache = data.features_dir or os.path.join(source, "features-i2v" if i2v else "features-t2v")
             self.frames = FrameBuckets(num_frames=tiny_video.FRAMES)
             self.buckets = AspectBuckets(max_area=tiny_video.SIZE ** 2, stride=16)
             self.fps, self.text_length = tiny_video.FPS, 16
         else:
-            from mm_train.vl_data import load_tokenizer
-
-            self.annotations, self.tokenizer = data.path, load_tokenizer(data.tokenizer or data.text_encoder)
+            self.annotations = data.path
+            self.tokenizer = load_tokenizer(data.tokenizer or data.text_encoder, pad_token="<pad>", eos_token="</s>")
             self.cache = data.features_dir or os.path.join(recipe.output_dir, "features")
             self.frames = FrameBuckets(num_frames=data.num_frames)
             self.buckets = AspectBuckets(max_area=data.max_area, stride=16)
@@ -135,8 +129,9 @@ class _Source:
         if not data.image_encoder:
             raise ValueError("an I2V model needs data.image_encoder: a CLIP vision folder (with its "
                              "preprocessor_config.json, or data.image_processor)")
-        from mm_models_video import CLIPVisionModel
         from transformers import CLIPImageProcessorPil
+
+        from mm_models_video import CLIPVisionModel
 
         return _encoders(vae, text, CLIPVisionModel.from_pretrained(data.image_encoder),
                          CLIPImageProcessorPil.from_pretrained(data.image_processor or data.image_encoder))
@@ -172,7 +167,6 @@ class WanTrainData:
                                           keys=self.dataset.keys, seed=train.seed)
         d = recipe.diffusion
         self.schedule = FlowMatchingSchedule(d.num_train_timesteps, d.shift)
-        self.micro_batch_size = train.micro_batch_size
 
     @staticmethod
     def _encode(source: _Source, topo) -> str:
@@ -190,20 +184,6 @@ class WanTrainData:
         if topo.world_size > 1:
             comm.barrier(topo.world)  # every rank's shards are written
         return folder
-
-    def first_sample(self) -> Dict[str, np.ndarray]:
-        """Features of sample 0 (encoded now when training online), for the FLOPs estimate."""
-        sample = self.dataset.get(0)
-        if not self.online:
-            return sample
-        from mm_data import Collator
-
-        batch = Collator()([sample])
-        return {name: encode(batch)[0] for name, encode in self.encoders.items()}
-
-    def position(self, step: int) -> dict:
-        """The data loader's state at the start of ``step``."""
-        return self.sampler.state_at(step)
 
     def flow_inputs(self, step: int, batch: Dict) -> Dict[str, np.ndarray]:
         """The model's keywords for a micro-batch of features at ``step`` (cached, or just encoded:
@@ -228,20 +208,16 @@ class WanTrainData:
             out["loss_weights"] = np.concatenate([r["loss_weights"] for r in rows])
         return out
 
-    def stream(self, first_step: int):
-        """This rank's flow-matching micro-batches of every step from ``first_step`` on."""
-        from mm_data import Collator, DataLoader
-
-        loader = DataLoader(self.dataset, self.sampler, MicroBatches(Collator(), self.micro_batch_size),
-                            num_workers=self.recipe.data.num_workers)
-        loader.load_state_dict(self.position(first_step))
-        for step, batches in enumerate(loader, first_step):
-            if self.online:
-                batches = [{"index": b["index"], **{name: encode(b) for name, encode in self.encoders.items()}}
-                           for b in batches]
-            yield [self.flow_inputs(step, batch) for batch in batches]
+    def prepare(self, step: int, batches):
+        """A step's micro-batches of features (of clips, encoded now when training online) as
+        flow-matching forward keywords."""
+        if self.online:
+            batches = [{"index": b["index"], **{name: encode(b) for name, encode in self.encoders.items()}}
+                       for b in batches]
+        return [self.flow_inputs(step, batch) for batch in batches]
 
 
 def latent_tokens(batch: Dict, patch_size) -> int:
     _, _, frames, height, width = batch["hidden_states"].shape
-    return len(batch["hidden_states"]) * (frames // patch_size[0]) * (height // patch_size[1]) * (width // patch_size[2])
+    pt, ph, pw = patch_size
+    return len(batch["hidden_states"]) * (frames // pt) * (height // ph) * (width // pw)

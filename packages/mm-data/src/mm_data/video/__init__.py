@@ -1,7 +1,13 @@
 """Video-text data for diffusion training: annotations, clip decoding, buckets, data set (numpy out)."""
 
-from mm_data.video.annotations import (VideoRecord, load_records, read_data_json, read_data_txt, read_jsonl,
-                                       read_video_folder)
+from mm_data.video.annotations import (
+                                       VideoRecord,
+                                       load_records,
+                                       read_data_json,
+                                       read_data_txt,
+                                       read_jsonl,
+                                       read_video_folder,
+)
 from mm_data.video.dataset import VideoTextDataset
 from mm_data.video.decode import VideoInfo, probe, read_frames
 from mm_data.video.spatial import AspectBuckets

@@ -105,7 +105,8 @@ def read_frames(path: str, indices: Sequence[int], size: Optional[Tuple[int, int
         first = int(wanted[0])
         if first > 0:
             # seek lands on the keyframe at or before this timestamp; decoding forward from there
-            container.seek(start_pts + int((first - Fraction(1, 2)) / fps / time_base), stream=stream, backward=True, any_frame=False)
+            container.seek(start_pts + int((first - Fraction(1, 2)) / fps / time_base), stream=stream, backward=True,
+                           any_frame=False)
         reformat = {"format": "rgb24"}
         if size is not None:
             reformat.update(height=int(size[0]), width=int(size[1]), interpolation=interpolation)

@@ -4,7 +4,8 @@ Each bucket is an aspect ratio (height / width) whose frame size is the largest 
 of ``stride`` (the VAE's downsampling times the transformer's patch) with ``height * width <=
 max_area``, as close to the ratio as 5% less area allows — or a frame size given outright
 (``sizes``, e.g. Wan's 480 x 832 and 832 x 480). A video goes to the bucket nearest its own ratio
-(in log space, so 2:1 and 1:2 are equally far from 1:1); videos more elongated than ``max_aspect`` are bad samples. The frame is
+(in log space, so 2:1 and 1:2 are equally far from 1:1); videos more elongated than ``max_aspect`` are bad samples. The
+frame is
 resized, aspect kept, just enough to cover the bucket, then cropped (centre or random) to it —
 so every batch of one bucket has one shape and no frame is stretched.
 """
@@ -36,7 +37,8 @@ class AspectBuckets:
         if self.sizes is not None:
             bad = [size for size in self.sizes if size[0] % self.stride or size[1] % self.stride]
             if not self.sizes or bad:
-                raise ValueError(f"sizes must be (height, width) multiples of stride={self.stride}, got {bad or 'none'}")
+                raise ValueError(f"sizes must be (height, width) multiples of stride={self.stride}, "
+                                 f"got {bad or 'none'}")
             return
         if self.stride < 1 or self.max_area < self.stride * self.stride:
             raise ValueError(f"max_area={self.max_area} must hold at least one stride x stride block ({self.stride})")

@@ -82,7 +82,8 @@ def _last_offset(length: int, step: float) -> int:
     return int(math.floor((length - 1) * step + 1e-9))
 
 
-def clip_indices(num_source_frames: int, length: int, step: float, rng: Optional[np.random.Generator] = None) -> np.ndarray:
+def clip_indices(num_source_frames: int, length: int, step: float,
+                 rng: Optional[np.random.Generator] = None) -> np.ndarray:
     """Source frame indices of a ``length``-frame clip: random start with ``rng``, else centred."""
     offsets = np.floor(np.arange(length) * step + 1e-9).astype(np.int64)
     slack = num_source_frames - 1 - int(offsets[-1])

@@ -46,7 +46,8 @@ class VLSFTDataset:
                  default_system: Optional[str] = "You are a helpful assistant.",
                  bad_input: Optional[BadInputLog] = None):
         self.conversations = list(conversations)
-        self.template = QwenChatTemplate(tokenizer, default_system)  # None or "": no system turn unless the data has one
+        # default_system None or "": no system turn unless the data has one
+        self.template = QwenChatTemplate(tokenizer, default_system)
         self.image_processor = image_processor or Qwen2VLImageProcessor()
         self.video_processor = video_processor or Qwen2VLVideoProcessor()
         self.max_length, self.video_fps = max_length, video_fps
@@ -118,7 +119,8 @@ class VLSFTDataset:
         from mm_data.loader import Collator
 
         pad_id = getattr(self.template.tokenizer, "pad_token_id", None) or 0
-        return Collator(pad_values={"input_ids": pad_id}, concatenate=MEDIA_FIELDS, pad_to_multiple_of=pad_to_multiple_of)
+        return Collator(pad_values={"input_ids": pad_id}, concatenate=MEDIA_FIELDS,
+                        pad_to_multiple_of=pad_to_multiple_of)
 
     def length(self, index: int) -> int:
         """Tokens of sample ``index``, from image headers and video probes (no pixels decoded)."""
@@ -154,4 +156,5 @@ class VLSFTDataset:
             except ValueError as error:
                 raise BadSample(conversation.source, f"video not processable: {error}") from None
             video_tokens.append(-(-count // videos.temporal_patch_size) * h * w // factor ** 2)
-        return len(self.template.encode(conversation, image_tokens, video_tokens, max_length=self.max_length)["input_ids"])
+        return len(self.template.encode(conversation, image_tokens, video_tokens,
+                                        max_length=self.max_length)["input_ids"])

@@ -28,7 +28,8 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56
                  max_pixels: int = 14 * 14 * 4 * 1280):
     """(height, width) rounded to multiples of ``factor`` with the pixel count in [min, max]."""
     if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
+        ratio = max(height, width) / min(height, width)
+        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {ratio}")
     h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
     if h_bar * w_bar > max_pixels:
         beta = math.sqrt((height * width) / max_pixels)

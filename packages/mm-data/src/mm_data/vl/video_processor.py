@@ -22,8 +22,7 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from mm_data.vl.image_processor import (CLIP_MEAN, CLIP_STD, Qwen2VLImageProcessor, _for_each, byte_patches,
-                                        smart_resize)
+from mm_data.vl.image_processor import CLIP_MEAN, CLIP_STD, Qwen2VLImageProcessor, _for_each, byte_patches, smart_resize
 
 
 class Qwen2VLVideoProcessor:

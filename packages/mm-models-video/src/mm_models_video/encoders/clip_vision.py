@@ -23,7 +23,7 @@ from mindspore import Tensor, nn, ops
 from mm_parallel import ops as kernels
 from mm_parallel.blocks import LayerNorm, Linear, PatchConv, activation, patchify
 from mm_parallel.hf_checkpoint import load_weights
-from mm_parallel.tensor_parallel import _param
+from mm_parallel.tensor_parallel import new_parameter
 
 
 @dataclass
@@ -37,18 +37,20 @@ class _Embeddings(nn.Cell):
     def __init__(self, config):
         super().__init__()
         dim, self.patch, self.image_size = config.hidden_size, config.patch_size, config.image_size
-        self.class_embedding = _param((dim,), "class_embedding", 1.0, None)
+        self.class_embedding = new_parameter((dim,), "class_embedding", 1.0, None)
         self.patch_embedding = PatchConv(config.num_channels, dim, (self.patch, self.patch), bias=False)
         self.num_positions = (config.image_size // config.patch_size) ** 2 + 1
         self.position_embedding = nn.Cell()
-        self.position_embedding.weight = _param((self.num_positions, dim), "weight", None, None)
+        self.position_embedding.weight = new_parameter((self.num_positions, dim), "weight", None, None)
 
     def construct(self, pixels):
         b, _, h, w = pixels.shape
         if h != self.image_size or w != self.image_size:
-            raise ValueError(f"input image size ({h}*{w}) doesn't match the model ({self.image_size}*{self.image_size}); "
+            size = self.image_size
+            raise ValueError(f"input image size ({h}*{w}) doesn't match the model ({size}*{size}); "
                              "resize the images (position interpolation is not supported)")
-        patches = self.patch_embedding(patchify(pixels, (self.patch, self.patch))).reshape(b, -1, self.class_embedding.shape[0])
+        dim = self.class_embedding.shape[0]
+        patches = self.patch_embedding(patchify(pixels, (self.patch, self.patch))).reshape(b, -1, dim)
         cls = ops.tile(self.class_embedding.reshape(1, 1, -1), (b, 1, 1))
         x = ops.concat([cls, patches], 1)
         return x + ops.tile(self.position_embedding.weight[None], (b, 1, 1))

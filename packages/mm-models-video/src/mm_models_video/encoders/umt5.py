@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
-import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mm_parallel import ops as kernels
 from mm_parallel.blocks import Indexed, Linear, RMSNorm, activation
 from mm_parallel.hf_checkpoint import load_weights
-from mm_parallel.tensor_parallel import _param
+from mm_parallel.tensor_parallel import new_parameter
 
 
 @dataclass
@@ -61,8 +59,8 @@ class UMT5Attention(nn.Cell):
         self.v = Linear(config.d_model, inner, bias=False)
         self.o = Linear(inner, config.d_model, bias=False)
         self.relative_attention_bias = nn.Cell()
-        self.relative_attention_bias.weight = _param((config.relative_attention_num_buckets, self.heads), "weight",
-                                                     None, None)
+        buckets = config.relative_attention_num_buckets
+        self.relative_attention_bias.weight = new_parameter((buckets, self.heads), "weight", None, None)
 
     def construct(self, x, buckets, key_padding_mask=None):
         b, s = x.shape[0], x.shape[1]
@@ -132,7 +130,7 @@ class UMT5EncoderModel(nn.Cell):
 
         self.config = config if isinstance(config, UMT5Config) else UMT5Config(**config)
         self.shared = nn.Cell()
-        self.shared.weight = _param((self.config.vocab_size, self.config.d_model), "weight", 1.0, None)
+        self.shared.weight = new_parameter((self.config.vocab_size, self.config.d_model), "weight", 1.0, None)
         self.encoder = _Stack(self.config)
 
     @classmethod

@@ -22,30 +22,26 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
+from mm_models_video.wan.config import WanTransformerConfig
+from mm_models_video.wan.transformer import (
+    WanTimeTextImageEmbedding,
+    WanTransformerBlock,
+    _modulate,
+    _sequence_parallel,
+)
 from mm_parallel import mappings
 from mm_parallel.blocks import LayerNorm, Linear, PatchConv, patchify
 from mm_parallel.context_parallel import gather_sequence, split_sequence
-from mm_parallel.lora import PeftAdapters
-from mm_parallel.pipeline import stage_layer_ranges
-from mm_parallel.tensor_parallel import _param
-from mm_parallel.topology import Topology, get_topology
-
-from mm_models_video.wan.config import WanTransformerConfig
-from mm_models_video.wan.transformer import (WanTimeTextImageEmbedding, WanTransformerBlock, _modulate,
-                                             _sequence_parallel)
+from mm_parallel.model_base import ParallelModel
+from mm_parallel.ops.device import host_array as host
+from mm_parallel.tensor_parallel import new_parameter
+from mm_parallel.topology import Topology
 
 
 @dataclass
 class Transformer3DOutput:
     sample: Optional[Tensor] = None
     loss: Optional[Tensor] = None
-
-
-def host(x, dtype=None) -> Optional[np.ndarray]:
-    if x is None:
-        return None
-    value = x.asnumpy() if isinstance(x, Tensor) else np.asarray(x)
-    return value if dtype is None else value.astype(dtype)
 
 
 def rope_tables(grid, head_dim: int, max_seq_len: int = 1024, theta: float = 10000.0):
@@ -83,58 +79,45 @@ def unpatchify(tokens, grid, patch):
     return x.reshape(b, x.shape[1], f * pt, h * ph, w * pw)
 
 
-class WanTransformer3DModel(PeftAdapters, nn.Cell):
+class WanTransformer3DModel(ParallelModel):
     """Wan2.1 DiT; see the module docstring. Under pipeline parallelism the object holds one
-    virtual stage (``chunk`` c of pipeline rank s is virtual stage c * pp + s): the first holds the
-    patch and condition embeddings, the last the output norm and projection."""
+    virtual stage (mm_parallel.model_base): the first holds the patch and condition embeddings,
+    the last the output norm and projection."""
+
+    layer_prefix = "blocks."
+    weights_name = "diffusion_pytorch_model.safetensors"
 
     def __init__(self, config, topology: Optional[Topology] = None, chunk: int = 0, pipeline_num_layers=None):
         super().__init__()
         self.config = config = WanTransformerConfig.load(config)
-        self.topology = topology = get_topology(topology)
-        pp, vpp = topology.pp.size, topology.config.vpp
-        if not 0 <= chunk < vpp:
-            raise ValueError(f"chunk {chunk} does not exist: vpp={vpp} chunks per pipeline rank")
-        layers = stage_layer_ranges(config.num_layers, pp, vpp, pipeline_num_layers)[chunk][topology.pp.rank]
-        self.chunk, self.layer_offset = chunk, layers.start
-        virtual = chunk * pp + topology.pp.rank
-        self.is_first, self.is_last = virtual == 0, virtual == pp * vpp - 1
+        layers = self.build_stage(topology, chunk, config.num_layers, pipeline_num_layers)
         dim = config.inner_dim
         self.patch_embedding = self.condition_embedder = None
         if self.is_first:
             self.patch_embedding = PatchConv(config.in_channels, dim, config.patch_size)
             self.condition_embedder = WanTimeTextImageEmbedding(config)
-        self.blocks = nn.CellList([WanTransformerBlock(config, topology) for _ in layers])
+        self.blocks = nn.CellList([WanTransformerBlock(config, self.topology) for _ in layers])
         self.norm_out = self.proj_out = self.scale_shift_table = None
         if self.is_last:
             self.norm_out = LayerNorm(dim, config.eps, elementwise_affine=False)
             self.proj_out = Linear(dim, config.out_channels * int(np.prod(config.patch_size)))
-            self.scale_shift_table = _param((1, 2, dim), "scale_shift_table", dim ** -0.5, None)
+            self.scale_shift_table = new_parameter((1, 2, dim), "scale_shift_table", dim ** -0.5, None)
+
+    # -- Hugging Face folders (mm_parallel.model_base): config.json + diffusion_pytorch_model[.index].safetensors
 
     @classmethod
-    def from_config(cls, config, topology: Optional[Topology] = None, **stage):
-        return cls(config, topology, **stage)
+    def load_config(cls, config, overrides=None) -> WanTransformerConfig:
+        config = WanTransformerConfig.load(config)
+        return WanTransformerConfig.from_dict({**config.to_dict(), **overrides}) if overrides else config
 
-    @classmethod
-    def from_pretrained(cls, path, topology: Optional[Topology] = None, **overrides):
-        """Load a diffusers folder (config.json + diffusion_pytorch_model[.index].safetensors);
-        ``chunk`` / ``pipeline_num_layers`` choose the pipeline stage, other keywords override config."""
-        from mm_models_video.wan.checkpoint import from_pretrained
+    def write_config(self, path) -> None:
+        self.config.save(path)
 
-        return from_pretrained(cls, path, topology, **overrides)
+    def flops(self, batch: dict) -> float:
+        """Forward FLOPs per sample of a micro-batch (mm_models_video.wan.flops)."""
+        from mm_models_video.wan.flops import batch_flops
 
-    def save_pretrained(self, path, chunks=None):
-        """Write the Hugging Face folder; every rank calls it. With virtual pipeline stages pass
-        every chunk this rank holds as ``chunks``."""
-        from mm_models_video.wan.checkpoint import save_pretrained
-
-        save_pretrained(list(chunks) if chunks else self, path)
-
-    def adapter_name(self, model, name: str) -> str:
-        """A module path with the pipeline stage's layer numbers made the whole model's (PEFT names)."""
-        from mm_models_video.wan.checkpoint import global_name
-
-        return global_name(model, name)
+        return batch_flops(self.config, batch)
 
     # -- host side ---------------------------------------------------------------------------
 
@@ -158,7 +141,7 @@ class WanTransformer3DModel(PeftAdapters, nn.Cell):
 
     def embed(self, hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image=None):
         """(tokens of this rank, text, image tokens or None, timestep_proj, temb)."""
-        topo, cfg = self.topology, self.config
+        cfg = self.config
         latents = ms.Tensor(host(hidden_states, np.float32))
         if latents.shape[1] != cfg.in_channels:
             raise ValueError(f"hidden_states has {latents.shape[1]} channels, the model takes {cfg.in_channels}")
@@ -171,11 +154,7 @@ class WanTransformer3DModel(PeftAdapters, nn.Cell):
         temb, timestep_proj, text, image = self.condition_embedder(
             steps, ms.Tensor(host(encoder_hidden_states, np.float32)),
             None if encoder_hidden_states_image is None else ms.Tensor(host(encoder_hidden_states_image, np.float32)))
-        if topo.cp.size > 1:
-            tokens = split_sequence(tokens, 1, topo)
-        if _sequence_parallel(topo):
-            tokens = mappings.scatter_to_sequence(tokens, topo.tp, 1)
-        return tokens, text, image, timestep_proj, temb
+        return self.enter_sequence(tokens, 1), text, image, timestep_proj, temb
 
     def run_blocks(self, x, text, image, timestep_proj, cos, sin):
         if _sequence_parallel(self.topology):
@@ -195,7 +174,7 @@ class WanTransformer3DModel(PeftAdapters, nn.Cell):
     def loss(self, tokens, target_tokens, total: int, weights=None):
         """mean((pred - target)^2) over all ``total`` elements, or with per-sample ``weights`` (B,)
         mean_b(w_b mean((pred_b - target_b)^2)) (all samples have one size). Under cp each rank adds
-        its part; the all-reduce's backward is the identity (the optimizer sums gradients over cp)."""
+        its part (ParallelModel.reduce_loss_over_cp)."""
         diff = tokens - target_tokens
         squares = diff * diff
         if weights is None:
@@ -205,7 +184,7 @@ class WanTransformer3DModel(PeftAdapters, nn.Cell):
             if weights.shape[0] != tokens.shape[0]:
                 raise ValueError(f"loss_weights has {weights.shape[0]} entries for {tokens.shape[0]} samples")
             loss = (squares.reshape(tokens.shape[0], -1).sum(1) * weights).sum() * (1.0 / total)
-        return mappings.reduce_from_region(loss, self.topology.cp) if self.topology.cp.size > 1 else loss
+        return self.reduce_loss_over_cp(loss)
 
     def target_tokens(self, target, grid):
         tokens = video_tokens(ms.Tensor(host(target, np.float32)), self.config.patch_size)
@@ -219,9 +198,7 @@ class WanTransformer3DModel(PeftAdapters, nn.Cell):
                   target=None, loss_weights=None, return_dict: bool = True, attention_kwargs=None):
         if attention_kwargs:
             raise ValueError("attention_kwargs (LoRA scale) is not supported; apply LoRA with the parallel plan")
-        if not (self.is_first and self.is_last):
-            raise ValueError("this model holds one pipeline stage: train it with pipeline_stage / pipeline_loss "
-                             "under mm_parallel.pipeline's schedules")
+        self.require_whole_model()
         grid = self.grid(tuple(hidden_states.shape))
         cos, sin = self.rotary(grid)
         x, text, image, timestep_proj, temb = self.embed(hidden_states, timestep, encoder_hidden_states,
@@ -236,45 +213,32 @@ class WanTransformer3DModel(PeftAdapters, nn.Cell):
         return out if return_dict else (sample,)
 
     # -- pipeline ----------------------------------------------------------------------------
-    # Between stages one tensor travels: [tokens | text | image tokens | timestep_proj | temb]
-    # concatenated on dim 1 (all of width D), so the later stages get the conditions and send
+    # Between stages a dict travels (mm_parallel.stage_io): the video tokens and the conditions
+    # (text, image tokens, timestep_proj, temb), so the later stages get the conditions and send
     # their gradients back to the embeddings on the first stage.
-
-    def _sizes(self, batch: dict):
-        topo = self.topology
-        grid = self.grid(tuple(batch["hidden_states"].shape))
-        tokens = int(np.prod(grid)) // topo.cp.size // (topo.tp.size if _sequence_parallel(topo) else 1)
-        image = batch.get("encoder_hidden_states_image")
-        image_tokens = 0 if image is None else image.shape[1] * (2 if self.config.pos_embed_seq_len else 1)
-        return grid, [tokens, batch["encoder_hidden_states"].shape[1], image_tokens, 6, 1]
 
     def pipeline_stage(self, x, batch: dict):
         """This virtual stage's forward for mm_parallel.pipeline (``with_batch=True``): ``batch``
-        holds the forward keywords of a micro-batch. Returns the packed stage output, or on the
-        last stage the output tokens."""
-        grid, sizes = self._sizes(batch)
+        holds the forward keywords of a micro-batch, ``x`` the previous stage's dict. Returns the
+        dict for the next stage, or on the last stage the output tokens."""
         if self.is_first:
             tokens, text, image, timestep_proj, temb = self.embed(
                 batch["hidden_states"], batch["timestep"], batch["encoder_hidden_states"],
                 batch.get("encoder_hidden_states_image"))
         else:
-            parts = list(ops.split(x, [n for n in sizes if n], 1))
-            if not sizes[2]:
-                parts.insert(2, None)
-            tokens, text, image, timestep_proj, temb = parts
-            temb = temb[:, 0]
-        cos, sin = self.rotary(grid)
+            tokens, text, image, timestep_proj, temb = (x["tokens"], x["text"], x.get("image"), x["timestep_proj"],
+                                                        x["temb"])
+        cos, sin = self.rotary(self.grid(tuple(batch["hidden_states"].shape)))
         tokens = self.run_blocks(tokens, text, image, timestep_proj, cos, sin)
         if self.is_last:
             return self.head(tokens, temb)
-        parts = [tokens, text] + ([image] if image is not None else []) + [timestep_proj, temb[:, None]]
-        return ops.concat(parts, 1)
+        out = {"tokens": tokens, "text": text, "timestep_proj": timestep_proj, "temb": temb}
+        return out if image is None else {**out, "image": image}
 
     def pipeline_loss(self, tokens, batch: dict):
-        grid, _ = self._sizes(batch)
         target = batch["target"]
-        return self.loss(tokens, self.target_tokens(target, grid), int(np.prod(target.shape)),
-                         batch.get("loss_weights"))
+        return self.loss(tokens, self.target_tokens(target, self.grid(tuple(batch["hidden_states"].shape))),
+                         int(np.prod(target.shape)), batch.get("loss_weights"))
 
 
 def tiled_to_batch(table, batch: int):

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from mm_parallel.lora import LoraConfig as BaseLoraConfig, apply_lora
+from mm_parallel.lora import LoraConfig as BaseLoraConfig
+from mm_parallel.lora import apply_lora
 from mm_parallel.recompute import apply_recompute
 from mm_parallel.topology import Topology
 

@@ -26,19 +26,17 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from mm_parallel import mappings, ops as kernels
+from mm_models_video.wan.config import WanTransformerConfig
+from mm_parallel import ops as kernels
 from mm_parallel.blocks import Activation, FeedForward, Identity, Indexed, LayerNorm, Linear, RMSNorm
 from mm_parallel.ops.device import tiled_to
 from mm_parallel.recompute import CoreAttention
 from mm_parallel.sequence_parallel import mark_sequence_parallel
-from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _param
+from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, new_parameter
 from mm_parallel.topology import Topology
-
-from mm_models_video.wan.config import WanTransformerConfig
 
 
 def _modulate(x, scale, shift):
@@ -106,7 +104,7 @@ class WanTransformerBlock(nn.Cell):
         self.norm2 = LayerNorm(dim, config.eps) if config.cross_attn_norm else None
         self.ffn = FeedForward(dim, config.ffn_dim, act="gelu_pytorch_tanh", topology=topology)
         self.norm3 = LayerNorm(dim, config.eps, elementwise_affine=False)
-        self.scale_shift_table = _param((1, 6, dim), "scale_shift_table", dim ** -0.5, None)
+        self.scale_shift_table = new_parameter((1, 6, dim), "scale_shift_table", dim ** -0.5, None)
         if _sequence_parallel(topology):  # used on a sequence shard: their gradients are partial
             mark_sequence_parallel(self.scale_shift_table)
             if self.norm2 is not None:

@@ -28,7 +28,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mm_parallel.blocks import Indexed
 from mm_parallel.hf_checkpoint import load_weights
 from mm_parallel.ops import attention
-from mm_parallel.tensor_parallel import _param
+from mm_parallel.tensor_parallel import new_parameter
 
 CACHE_T = 2  # frames of each convolution's input kept for the next chunk
 
@@ -44,8 +44,8 @@ class _Conv(nn.Cell):
     def __init__(self, in_channels: int, out_channels: int, kernel, stride=1):
         super().__init__()
         self.kernel, self.stride = tuple(kernel), stride
-        self.weight = _param((out_channels, in_channels) + self.kernel, "weight", None, None)
-        self.bias = _param((out_channels,), "bias", None, None, zeros=True)
+        self.weight = new_parameter((out_channels, in_channels) + self.kernel, "weight", None, None)
+        self.bias = new_parameter((out_channels,), "bias", None, None, zeros=True)
 
     def construct(self, x):
         conv = ops.conv3d if len(self.kernel) == 3 else ops.conv2d

@@ -63,7 +63,7 @@ class Qwen2_5_VLAttention(nn.Cell):
         self.core_attention = CoreAttention(causal=True, topology=topology)
 
     def construct(self, x, cos, sin, key_padding_mask=None, cache: Optional[KVCache] = None):
-        b, s = x.shape[0], x.shape[1]
+        b = x.shape[0]
         q = self.q_proj(x).reshape(b, -1, self.local_heads, self.head_dim)
         k = self.k_proj(x).reshape(b, -1, self.local_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(b, -1, self.local_kv_heads, self.head_dim)
@@ -99,7 +99,8 @@ class Qwen2_5_VLTextModel(nn.Cell):
             raise ValueError("use_sliding_window=True is not supported (no released Qwen2.5-VL checkpoint uses it)")
         rope = config.rope_parameters or {}
         if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"rope_type {rope.get('rope_type')!r} is not supported; Qwen2.5-VL uses 'default' (M-RoPE)")
+            raise ValueError(f"rope_type {rope.get('rope_type')!r} is not supported; Qwen2.5-VL uses 'default' "
+                             "(M-RoPE)")
         last = config.num_hidden_layers if last is None else last
         self.layer_offset = first
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, topology=topology,

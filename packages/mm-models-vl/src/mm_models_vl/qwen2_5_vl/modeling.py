@@ -20,16 +20,16 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-from mm_parallel import mappings
-from mm_parallel.context_parallel import split_sequence
-from mm_parallel.lora import PeftAdapters
-from mm_parallel.pipeline import stage_layer_ranges
-from mm_parallel.tensor_parallel import vocab_parallel_cross_entropy
-from mm_parallel.topology import Topology, get_topology
-
 from mm_models_vl.qwen2_5_vl import positions as pos
+from mm_models_vl.qwen2_5_vl.checkpoint import disk_name
 from mm_models_vl.qwen2_5_vl.language import KVCache, Qwen2_5_VLTextModel, lm_head
 from mm_models_vl.qwen2_5_vl.vision import Qwen2_5_VisionTransformerPretrainedModel
+from mm_parallel import mappings
+from mm_parallel.context_parallel import split_sequence
+from mm_parallel.model_base import ParallelModel
+from mm_parallel.ops.device import host_array as host
+from mm_parallel.tensor_parallel import vocab_parallel_cross_entropy
+from mm_parallel.topology import Topology
 
 
 @dataclass
@@ -38,14 +38,6 @@ class CausalLMOutput:
     logits: Optional[Tensor] = None
     past_key_values: Optional[KVCache] = None
     rope_deltas: Optional[np.ndarray] = None
-
-
-def host(x, dtype=None) -> Optional[np.ndarray]:
-    """A numpy copy of a host-side input (ids, masks, grids), or None."""
-    if x is None:
-        return None
-    value = x.asnumpy() if isinstance(x, Tensor) else np.asarray(x)
-    return value if dtype is None else value.astype(dtype)
 
 
 _PLAN_KEYS = ("input_ids", "attention_mask", "position_ids", "labels", "image_grid_thw", "video_grid_thw",
@@ -134,59 +126,52 @@ class SequencePlan:
     rope_deltas: Optional[np.ndarray]
 
 
-class Qwen2_5_VLForConditionalGeneration(PeftAdapters, nn.Cell):
+class Qwen2_5_VLForConditionalGeneration(ParallelModel):
     """Qwen2.5-VL with its language-model head; see the module docstring.
 
-    Under pipeline parallelism the object holds one virtual stage: ``chunk`` c of pipeline rank s is
-    virtual stage c * pp + s (vpp chunks per rank, Megatron's interleaving); the first holds the
-    vision tower and embedding, the last the final norm and head. Layers are cut evenly or by
-    ``pipeline_num_layers`` (see mm_parallel.pipeline.stage_layer_ranges).
+    Under pipeline parallelism the object holds one virtual stage (mm_parallel.model_base): the
+    first holds the vision tower and embedding, the last the final norm and head. Layers are cut
+    evenly or by ``pipeline_num_layers`` (see mm_parallel.pipeline.stage_layer_ranges).
     """
+
+    layer_prefix = "model.language_model.layers."
 
     def __init__(self, config, topology: Optional[Topology] = None, chunk: int = 0, pipeline_num_layers=None):
         super().__init__()
         self.config = config = load_config(config)
-        self.topology = topology = get_topology(topology)
-        pp, vpp = topology.pp.size, topology.config.vpp
-        if not 0 <= chunk < vpp:
-            raise ValueError(f"chunk {chunk} does not exist: vpp={vpp} chunks per pipeline rank")
-        layers = stage_layer_ranges(config.text_config.num_hidden_layers, pp, vpp, pipeline_num_layers)
-        layers = layers[chunk][topology.pp.rank]
-        self.chunk = chunk
-        virtual = chunk * pp + topology.pp.rank
-        self.is_first, self.is_last = virtual == 0, virtual == pp * vpp - 1
+        layers = self.build_stage(topology, chunk, config.text_config.num_hidden_layers, pipeline_num_layers)
         if config.tie_word_embeddings and not (self.is_first and self.is_last):
             raise ValueError("tie_word_embeddings with pipeline parallelism is not supported yet: the embedding "
                              "and the head live on different stages; use pp=1 for this checkpoint")
-        self.model = Qwen2_5_VLModel(config, topology, layers.start, layers.stop, self.is_first, self.is_last)
-        self.lm_head = lm_head(config.text_config, topology) if self.is_last else None
+        self.model = Qwen2_5_VLModel(config, self.topology, layers.start, layers.stop, self.is_first, self.is_last)
+        self.lm_head = lm_head(config.text_config, self.topology) if self.is_last else None
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.language_model.embed_tokens.weight
 
-    @classmethod
-    def from_config(cls, config, topology: Optional[Topology] = None, **stage):
-        return cls(config, topology, **stage)
+    # -- Hugging Face folders (mm_parallel.model_base) ---------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path, topology: Optional[Topology] = None, **overrides):
-        """Load a transformers folder; ``chunk`` / ``pipeline_num_layers`` choose the pipeline stage,
-        other keywords override config values."""
-        from mm_models_vl.qwen2_5_vl.checkpoint import from_pretrained
+    def load_config(cls, config, overrides=None):
+        """transformers' config; an override goes to text_config when only text_config has the key."""
+        config = load_config(config)
+        for key, value in (overrides or {}).items():
+            target = config.text_config if hasattr(config.text_config, key) and not hasattr(config, key) else config
+            setattr(target, key, value)
+        return config
 
-        return from_pretrained(cls, path, topology, **overrides)
+    def write_config(self, path) -> None:
+        self.config.save_pretrained(path)
 
-    def save_pretrained(self, path, chunks=None):
-        """Write the Hugging Face folder; every rank calls it. With virtual pipeline stages pass
-        every chunk this rank holds as ``chunks``."""
-        from mm_models_vl.qwen2_5_vl.checkpoint import save_pretrained
+    def disk_names(self, name: str):
+        """The released checkpoints' layout (``model.layers.*``, ``visual.*``) first, then
+        transformers 5's module names: both are found in the wild and transformers reads both."""
+        return (disk_name(name), name) if disk_name(name) != name else (name,)
 
-        save_pretrained(list(chunks) if chunks else self, path)
+    def flops(self, batch: dict) -> float:
+        """Forward FLOPs per sample of a micro-batch (mm_models_vl.qwen2_5_vl.flops)."""
+        from mm_models_vl.qwen2_5_vl.flops import batch_flops
 
-    def adapter_name(self, model, name: str) -> str:
-        """A module path with the pipeline stage's layer numbers made the whole model's (PEFT names)."""
-        from mm_models_vl.qwen2_5_vl.checkpoint import global_name
-
-        return global_name(model, name)
+        return batch_flops(self.config, batch)
 
     # -- host side ---------------------------------------------------------------------------
 
@@ -228,14 +213,9 @@ class Qwen2_5_VLForConditionalGeneration(PeftAdapters, nn.Cell):
               video_grid_thw=None):
         """Embeddings with the vision features in place, cut to this rank's part of the sequence:
         the context-parallel split over cp, then the sequence-parallel chunk over tp."""
-        topo = self.topology
         embeds = self.model.inputs_embeds(host(input_ids, np.int64), pixel_values, image_grid_thw,
                                           pixel_values_videos, video_grid_thw)
-        if topo.cp.size > 1:
-            embeds = split_sequence(embeds, 1, topo)
-        if topo.config.sequence_parallel and topo.tp.size > 1:
-            embeds = mappings.scatter_to_sequence(embeds, topo.tp, 1)
-        return embeds
+        return self.enter_sequence(embeds, 1)
 
     # -- forward -----------------------------------------------------------------------------
 
@@ -245,9 +225,7 @@ class Qwen2_5_VLForConditionalGeneration(PeftAdapters, nn.Cell):
                   rope_deltas=None, **unused: Any):
         if unused:
             raise TypeError(f"unexpected forward arguments: {sorted(unused)}")
-        if not (self.is_first and self.is_last):
-            raise ValueError("this model holds one pipeline stage: train it with pipeline_stage / pipeline_loss "
-                             "under mm_parallel.pipeline's schedules")
+        self.require_whole_model()
         ids = host(input_ids, np.int64)
         if ids is None or ids.ndim != 2:
             raise ValueError("input_ids must be given as (batch, seq)")
@@ -280,10 +258,9 @@ class Qwen2_5_VLForConditionalGeneration(PeftAdapters, nn.Cell):
 
     def loss(self, logits, targets, count: int):
         """Mean next-token cross entropy over the ``count`` targets != -100 (transformers'
-        ForCausalLMLoss). Under cp each rank adds its part of the sum; the all-reduce's backward is
-        the identity, so each rank differentiates its own part (the optimizer sums them over cp)."""
+        ForCausalLMLoss); under cp the ranks' parts are summed (ParallelModel.reduce_loss_over_cp)."""
         loss = vocab_parallel_cross_entropy(logits, targets, self.topology.tp, reduction="sum") / max(count, 1)
-        return mappings.reduce_from_region(loss, self.topology.cp) if self.topology.cp.size > 1 else loss
+        return self.reduce_loss_over_cp(loss)
 
     def generate(self, input_ids, max_new_tokens: int = 20, eos_token_id=None, **inputs) -> np.ndarray:
         """Greedy decoding with a key/value cache; returns prompt + new tokens, as transformers' generate.

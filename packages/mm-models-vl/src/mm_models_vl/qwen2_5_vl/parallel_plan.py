@@ -20,8 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
-from mm_parallel.lora import LoraConfig as BaseLoraConfig, apply_lora
-from mm_parallel.recompute import apply_recompute, recompute as mark_recompute
+from mm_parallel.lora import LoraConfig as BaseLoraConfig
+from mm_parallel.lora import apply_lora
+from mm_parallel.recompute import apply_recompute
+from mm_parallel.recompute import recompute as mark_recompute
 from mm_parallel.topology import Topology
 
 FREEZABLE = ("vision", "merger", "language_model")
@@ -39,7 +41,8 @@ def _freeze(model, parts: Sequence[str]) -> None:
         raise ValueError(f"cannot freeze {sorted(unknown)}; choose among {list(FREEZABLE)}")
     visual = model.model.visual
     groups = {
-        "vision": [] if visual is None else [p for n, p in visual.parameters_and_names() if not n.startswith("merger.")],
+        "vision": [] if visual is None else
+                  [p for n, p in visual.parameters_and_names() if not n.startswith("merger.")],
         "merger": [] if visual is None else list(visual.merger.get_parameters()),
         "language_model": list(model.model.language_model.get_parameters()) +
                           ([] if model.lm_head is None else list(model.lm_head.get_parameters())),

@@ -10,10 +10,9 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Tensor, nn, ops
 
+from mm_models_vl.qwen2_5_vl import positions as pos
 from mm_parallel import ops as kernels
 from mm_parallel.blocks import Activation, GatedMLP, Linear, PatchConv, RMSNorm
-
-from mm_models_vl.qwen2_5_vl import positions as pos
 
 
 class Qwen2_5_VisionPatchEmbed(nn.Cell):

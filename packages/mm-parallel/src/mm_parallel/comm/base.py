@@ -41,8 +41,8 @@ class Backend:
     def group_name(self, group: Group) -> str:
         ranks = tuple(group.ranks)
         if ranks not in self._names:
-            from mindspore.communication.management import GlobalComm
             import mindspore.mint.distributed as dist
+            from mindspore.communication.management import GlobalComm
 
             if self._world_size is not None and ranks == tuple(range(self._world_size)):
                 self._names[ranks] = GlobalComm.WORLD_COMM_GROUP

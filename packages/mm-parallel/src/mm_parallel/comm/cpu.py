@@ -14,7 +14,10 @@ Measured on MindSpore 2.7.2 CPU (DESIGN §4): ``all_reduce``, ``all_gather`` (li
 
 Dtypes mccl refuses (measured): all_reduce has no float64, uint8, bool; all_gather and
 broadcast have no int16, bool, bfloat16. A refused dtype travels as a lossless carrier dtype, and
-a reduction mccl cannot do is an all_gather followed by a local reduction. Errors from mccl
+a reduction mccl cannot do is an all_gather followed by a local reduction. mccl's all_reduce and
+broadcast of int32 / int64 go through float32 (measured: 2^24 + 1 arrives as 2^24, 2^31 - 1 as
+-2^31), while all_gather moves them exactly; so integers of 32 and 64 bits are reduced and
+broadcast by way of all_gather (one collective either way). Errors from mccl
 surface asynchronously (at the next sync), so dtypes are checked here before the call.
 all_gather and broadcast send tensors over 4 MB in pieces: larger single messages fail.
 ``barrier`` is a waited-for one-element all_reduce: mccl's own barrier breaks a following large
@@ -30,8 +33,10 @@ from mindspore import ops
 
 from mm_parallel.comm.base import Backend, chunk
 from mm_parallel.comm.schedules import round_robin, shift_rounds
+from mm_parallel.ops.device import zeros
 
-_REDUCE_DTYPES = {ms.float32, ms.float16, ms.bfloat16, ms.int8, ms.int16, ms.int32, ms.int64}
+_REDUCE_DTYPES = {ms.float32, ms.float16, ms.bfloat16, ms.int8, ms.int16}  # exact in mccl's float32 path
+_WIDE_INTEGERS = {ms.int32, ms.int64}  # all_reduce / broadcast round them through float32: gathered instead
 _MOVE_DTYPES = {ms.float32, ms.float16, ms.float64, ms.int8, ms.uint8, ms.int32, ms.int64}
 # Lossless stand-ins for dtypes that all_gather / broadcast refuse.
 _MOVE_CARRIER = {ms.bool_: ms.int8, ms.int16: ms.int32, ms.bfloat16: ms.float32}
@@ -131,6 +136,8 @@ class CpuBackend(Backend):
     def broadcast(self, x, src, group):
         import mindspore.mint.distributed as dist
 
+        if x.dtype in _WIDE_INTEGERS:  # exact through all_gather, not through broadcast (docstring)
+            return self._gather_list(x, group)[group.group_rank_of(src)]
         moved, dtype = _carried(x)
         pieces = [p.copy() for p in _pieces(moved)]
         for piece in pieces:
@@ -149,7 +156,7 @@ class CpuBackend(Backend):
         self.broadcast(x, me, self.pair(me, dst))
 
     def recv(self, shape, dtype, src, me):
-        return self.broadcast(ops.zeros(shape, dtype), src, self.pair(me, src))
+        return self.broadcast(zeros(shape, dtype), src, self.pair(me, src))
 
     def exchange(self, x, peer, me, recv_shape):
         return self._swap(x, self.pair(me, peer), peer, recv_shape)
@@ -189,7 +196,7 @@ class CpuBackend(Backend):
         width = max(numel, recv_numel)
         flat = x.reshape(-1)
         if width > numel:
-            flat = ops.concat([flat, ops.zeros((width - numel,), x.dtype)])
+            flat = ops.concat([flat, zeros((width - numel,), x.dtype)])
         parts = self._gather_list(flat, group)
         return parts[group.group_rank_of(src)][:recv_numel].reshape(tuple(recv_shape))
 

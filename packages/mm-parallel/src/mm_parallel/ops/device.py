@@ -1,24 +1,30 @@
 """Which kernels to use: fused Ascend kernels on Ascend, the CPU reference path elsewhere.
 
-``MM_KERNELS=reference`` forces the reference path on any device (to compare the two on Ascend).
+``MM_KERNELS=reference`` (read once, at import) forces the reference path on any device (to
+compare the two on Ascend).
 """
 
 import functools
 import os
+from typing import Optional
 
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
+_FORCE_REFERENCE = os.environ.get("MM_KERNELS") == "reference"  # read once, when mm_parallel loads
+
 
 def use_fused() -> bool:
-    if os.environ.get("MM_KERNELS") == "reference":
-        return False
-    return ms.get_context("device_target") == "Ascend"
+    """Fused Ascend kernels: on Ascend unless MM_KERNELS=reference was set at start-up."""
+    return not _FORCE_REFERENCE and ms.get_context("device_target") == "Ascend"
 
 
-def host_array(x, dtype=None) -> np.ndarray:
-    """A Tensor's (or array-like's) values as a numpy array on the host."""
+def host_array(x, dtype=None) -> Optional[np.ndarray]:
+    """A Tensor's (or array-like's) values as a numpy array on the host; None stays None (an
+    optional input: masks, grids)."""
+    if x is None:
+        return None
     return np.asarray(x.asnumpy() if isinstance(x, Tensor) else x, dtype=dtype)
 
 
@@ -26,6 +32,11 @@ def as_type(x, dtype):
     """x in ``dtype``, without the copy ``astype`` makes when x already has it (0.75 ms per call on
     a 2048 x 512 float32 activation, ~150 calls in a Wan forward)."""
     return x if x.dtype == dtype else x.astype(dtype)
+
+
+def zeros(shape, dtype=ms.float32):
+    """A new tensor of zeros in any dtype (ops.zeros has no CPU kernel for bfloat16)."""
+    return Tensor(np.zeros(tuple(shape), np.float32), dtype)
 
 
 @functools.lru_cache(maxsize=256)

@@ -16,7 +16,8 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5):
     if use_fused():
         weight = ops.ones((hidden,), ms.float32) if weight is None else as_type(weight, ms.float32)
         bias = ops.zeros((hidden,), ms.float32) if bias is None else as_type(bias, ms.float32)
-        out = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=eps)(as_type(x, ms.float32), weight, bias)[0]
+        layer_norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=eps)
+        out = layer_norm(as_type(x, ms.float32), weight, bias)[0]
         return as_type(out, dtype)
     h = as_type(x, ms.float32)
     column = ones((hidden, 1))

@@ -33,7 +33,8 @@ class ModelSpec:
         from ``path`` and planned as ``case`` says (recompute, LoRA, freezing ...)
     split(batch, index, parts) -> part ``index`` of ``parts`` equal slices of the batch's samples
     samples(batch) -> the number of samples in a batch
-    global_name(model, name) -> a parameter's name in the whole model (pipeline numbering)
+    global_name(model, name) -> a parameter's name in the whole model (pipeline numbering; default
+        ParallelModel.global_name)
     loss(model, batch) -> the loss of a whole-model forward
     save(chunks, folder) -> write the chunks' model (save_pretrained) and LoRA adapters (to
         folder/adapters); every rank calls it (for `save_under_layouts`)
@@ -41,7 +42,7 @@ class ModelSpec:
     build: Callable
     split: Callable[[dict, int, int], dict]
     samples: Callable[[dict], int]
-    global_name: Callable
+    global_name: Callable = field(default=lambda model, name: model.global_name(name))
     loss: Callable = field(default=lambda model, batch: model(**batch).loss)
     save: Optional[Callable] = None
 

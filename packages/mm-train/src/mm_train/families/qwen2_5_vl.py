@@ -1,0 +1,131 @@
+"""The Qwen2.5-VL family: vision-language SFT on LLaMA-Factory data.
+
+`VLTask` supplies the model (Qwen2.5-VL from a Hugging Face folder, or an inline config with the
+tokenizer's vocabulary and special tokens) and the data: mm-data's `VLSFTDataset` from the
+recipe's data section (the tiny built-in set is generated first), a `BucketBatchSampler` over
+global batches (seed = train.seed) and the shared loader. Step ``s`` is global batch ``s mod B``
+of epoch ``s div B`` (B batches an epoch), so the stream is a function of the step: resuming at
+any step, under any layout, continues it exactly. Bad samples are replaced by mm-data and
+counted; past ``data.max_bad_fraction`` the run stops naming them. Micro-batches are padded to a
+length every layout can cut: a multiple of 2 cp (and of tp under sequence parallelism), so the
+padding — ignored by the loss — is the same for one process as for the layout.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+from mm_train.families import BuiltinRecipe, FamilySpec, register
+from mm_train.recipe import DataSection
+from mm_train.task import FamilyTask, load_tokenizer, once_on_rank_zero
+
+QWEN_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+
+
+@dataclass
+class VLDataSection(DataSection):
+    """data.kind tiny_vl (the built-in set, generated at data.path or a cache folder) or
+    llamafactory (a LLaMA-Factory JSON / JSONL file at data.path)."""
+
+    kind: str = "tiny_vl"
+    media_dir: Optional[str] = None  # where image / video paths start (default: the file's folder)
+    tokenizer: Optional[str] = None  # a folder or tokenizer.json (default: model.path)
+    samples: int = 256  # tiny_vl only
+    max_length: int = 2048
+    system: Optional[str] = "You are a helpful assistant."  # the default system turn; "" or null: none
+    min_pixels: Optional[int] = None  # image / video frame pixel bounds (default: the processors')
+    max_pixels: Optional[int] = None
+    video_fps: float = 2.0
+
+    def __post_init__(self):
+        if self.kind == "llamafactory":
+            self.require_path("a LLaMA-Factory JSON / JSONL file")
+
+
+class VLTask(FamilyTask):
+    """See the module docstring and mm_train.task."""
+
+    def __init__(self, recipe, topo):
+        from mm_data import BucketBatchSampler
+        from mm_data.vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor, VLSFTDataset
+
+        super().__init__(recipe, topo)
+        data, train = recipe.data, recipe.train
+        if data.kind == "tiny_vl":
+            from mm_train.tiny_data import default_folder, generate
+
+            folder = data.path or default_folder()
+            once_on_rank_zero(topo, lambda: generate(folder, data.samples))  # the set exists before anyone reads it
+            annotations, tokenizer_path = os.path.join(folder, "data.json"), os.path.join(folder, "tokenizer.json")
+        else:
+            annotations, tokenizer_path = data.path, data.tokenizer or recipe.model.path
+        self.tokenizer = load_tokenizer(tokenizer_path, pad_token="<|endoftext|>", eos_token="<|im_end|>")
+        pixels = {k: v for k, v in (("min_pixels", data.min_pixels), ("max_pixels", data.max_pixels)) if v}
+        self.dataset = VLSFTDataset.from_file(
+            annotations, self.tokenizer, media_dir=data.media_dir, max_bad_fraction=data.max_bad_fraction,
+            image_processor=Qwen2VLImageProcessor(**pixels), video_processor=Qwen2VLVideoProcessor(**pixels),
+            max_length=data.max_length, video_fps=data.video_fps, default_system=data.system)
+        self.sampler = BucketBatchSampler(len(self.dataset), train.global_batch_size, topo.dp.rank, topo.dp.size,
+                                          seed=train.seed)
+        par = recipe.parallel  # sequences cut into equal parts: 2 per cp rank (load-balanced ring), tp under sp
+        self.collate = self.dataset.collator((2 * par.cp if par.cp > 1 else 1) *
+                                             (par.tp if par.sequence_parallel else 1))
+
+    def token_ids(self) -> dict:
+        """Vocabulary size (rounded up to 64, so any tp up to 64 divides it) and special-token ids
+        for an inline model config."""
+        ids = {name: self.tokenizer.convert_tokens_to_ids(token) for name, token in zip(
+            ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"), QWEN_TOKENS)}
+        ids["vocab_size"] = -(-len(self.tokenizer) // 64) * 64
+        ids["pad_token_id"] = self.tokenizer.pad_token_id
+        ids["eos_token_id"] = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        return ids
+
+    def inline_config(self):
+        """The recipe's inline transformers config with the tokenizer's vocabulary and special tokens."""
+        from transformers import Qwen2_5_VLConfig
+
+        values = dict(self.recipe.model.config)
+        ids = self.token_ids()
+        values["text_config"] = {**values.get("text_config", {}), "vocab_size": ids["vocab_size"],
+                                 "pad_token_id": ids["pad_token_id"], "eos_token_id": ids["eos_token_id"],
+                                 "bos_token_id": ids["eos_token_id"]}
+        media = {k: v for k, v in ids.items() if k.endswith("token_id") and k not in ("pad_token_id", "eos_token_id")}
+        return Qwen2_5_VLConfig(**values, **media, bos_token_id=ids["eos_token_id"], eos_token_id=ids["eos_token_id"],
+                                pad_token_id=ids["pad_token_id"])
+
+    @staticmethod
+    def tokens(batch: Dict) -> int:
+        return int(batch["attention_mask"].sum())
+
+    def model_inputs(self, batch: Dict) -> Dict:
+        if self.topo.cp.size > 1:
+            # the model takes whole unpadded rows under cp; right padding is harmless without the
+            # mask: causal attention keeps real tokens from seeing it and its labels are -100
+            return {k: v for k, v in batch.items() if k != "attention_mask"}
+        return batch
+
+
+SPEC = register(FamilySpec(
+    name="qwen2_5_vl",
+    description="Qwen2.5-VL (3B / 7B / 32B / 72B): vision-language SFT and LoRA",
+    models={"qwen2_5_vl": "mm_models_vl:Qwen2_5_VLForConditionalGeneration"},
+    task="mm_train.families.qwen2_5_vl:VLTask",
+    data_sections={"tiny_vl": VLDataSection, "llamafactory": VLDataSection},
+    plan="mm_models_vl.qwen2_5_vl.parallel_plan:parallelize",
+    lora_config="mm_models_vl.qwen2_5_vl.parallel_plan:LoraConfig",
+    extra="vl",
+    recipes=(
+        BuiltinRecipe("qwen2_5_vl_tiny", "qwen2_5_vl_tiny.yaml",
+                      "a tiny random Qwen2.5-VL captions generated pictures (about a minute)", "1-2 CPU processes",
+                      default=True),
+        BuiltinRecipe("qwen2_5_vl_tiny_lora", "qwen2_5_vl_tiny_lora.yaml",
+                      "LoRA adapters on the tiny Qwen2.5-VL", "1-2 CPU processes"),
+        BuiltinRecipe("qwen2_5_vl_7b_sft", "qwen2_5_vl_7b_sft.yaml",
+                      "Qwen2.5-VL-7B-Instruct SFT on LLaMA-Factory data (TP1 PP2 ZeRO-1)", "1 x 8 Ascend NPUs"),
+        BuiltinRecipe("qwen2_5_vl_72b_sft", "qwen2_5_vl_72b_sft.yaml",
+                      "Qwen2.5-VL-72B-Instruct SFT (TP2 PP8)", "2 x 8 Ascend NPUs"),
+    ),
+))

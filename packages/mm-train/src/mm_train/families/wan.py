@@ -1,0 +1,119 @@
+"""The Wan2.1 family: video DiT pre-training (T2V, I2V) on flow matching.
+
+`WanTask` supplies the model (WanTransformer3DModel from a diffusers folder or an inline config;
+the plan's recompute and LoRA) and the data (`video_data.WanTrainData`: a feature cache of VAE
+latents and UMT5 embeddings — or clips encoded every step — turned into flow-matching
+micro-batches). The model's ``loss`` is diffusers' flow-matching objective:
+mean((v_pred - (noise - x0))^2), optionally weighted per sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+from mm_train.families import BuiltinRecipe, FamilySpec, register
+from mm_train.recipe import DataSection
+from mm_train.task import FamilyTask
+
+
+@dataclass
+class VideoDataSection(DataSection):
+    """data.kind tiny_video (the built-in clips) | video (annotations: data.json / data.txt /
+    data.jsonl / videos + labels, encoded by data.vae and data.text_encoder into a feature cache
+    and trained from it) | video_features (a ready feature cache at data.path)."""
+
+    kind: str = "tiny_video"
+    samples: int = 256  # tiny_video only
+    tokenizer: Optional[str] = None  # the text encoder's tokenizer (default: data.text_encoder)
+    vae: Optional[str] = None  # a diffusers AutoencoderKLWan folder
+    text_encoder: Optional[str] = None  # a transformers UMT5 encoder folder
+    image_encoder: Optional[str] = None  # I2V: a transformers CLIP vision folder
+    image_processor: Optional[str] = None  # I2V: its preprocessor_config.json folder (default: image_encoder)
+    features_dir: Optional[str] = None  # the feature cache (default: output_dir/features)
+    num_frames: int = 81  # clip length, 1 + 4n
+    fps: float = 16.0
+    max_area: int = 480 * 832
+    text_max_length: int = 512
+    caption_dropout: float = 0.0
+    online: bool = False  # encode clips every step (random crops) instead of once into the cache
+
+    def __post_init__(self):
+        if self.kind == "video":
+            self.require_path("video annotations")
+            if not (self.vae and self.text_encoder):
+                raise ValueError("data.kind video needs data.vae and data.text_encoder (the encoders of the "
+                                 "feature cache)")
+        if self.kind == "video_features":
+            self.require_path("a feature cache folder")
+
+
+@dataclass
+class DiffusionSection:
+    """Flow matching for the video DiTs (mm_models_video.flow_matching)."""
+
+    shift: float = 3.0
+    num_train_timesteps: int = 1000
+    density: str = "uniform"  # uniform | logit_normal | mode
+    weighting: str = "none"  # none | sigma_sqrt | cosmap
+
+    def __post_init__(self):
+        from_choices = {"density": ("uniform", "logit_normal", "mode"), "weighting": ("none", "sigma_sqrt", "cosmap")}
+        for name, choices in from_choices.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"diffusion.{name} {getattr(self, name)!r} is not one of {choices}")
+
+
+class WanTask(FamilyTask):
+    """See the module docstring and mm_train.task."""
+
+    def __init__(self, recipe, topo):
+        from mm_data import Collator
+        from mm_train.video_data import WanTrainData
+
+        super().__init__(recipe, topo)
+        self.data = WanTrainData(recipe, topo)
+        self.dataset, self.sampler, self.collate = self.data.dataset, self.data.sampler, Collator()
+
+    def plan(self, model, lora) -> None:
+        super().plan(model, lora)
+        self.patch_size = tuple(model.config.patch_size)
+
+    def stream(self, first_step: int):
+        """The shared loader's micro-batches of features as flow-matching forward keywords."""
+        features = super().stream(first_step)
+        try:
+            for step, batches in enumerate(features, first_step):
+                yield self.data.prepare(step, batches)
+        finally:
+            features.close()
+
+    def tokens(self, batch: Dict) -> int:
+        from mm_train.video_data import latent_tokens
+
+        return latent_tokens(batch, self.patch_size)
+
+
+_TINY, _ASCEND = "1-2 CPU processes", "Ascend NPUs"
+
+SPEC = register(FamilySpec(
+    name="wan",
+    description="Wan2.1 (1.3B, 14B): text- and image-to-video DiT pre-training and LoRA on flow matching",
+    models={"WanTransformer3DModel": "mm_models_video:WanTransformer3DModel"},
+    task="mm_train.families.wan:WanTask",
+    data_sections={"tiny_video": VideoDataSection, "video": VideoDataSection, "video_features": VideoDataSection},
+    sections={"diffusion": DiffusionSection},
+    plan="mm_models_video.wan.parallel_plan:parallelize",
+    lora_config="mm_models_video.wan.parallel_plan:LoraConfig",
+    extra="video",
+    recipes=(
+        BuiltinRecipe("wan2_1_t2v_tiny", "wan2_1_t2v_tiny.yaml",
+                      "a tiny random Wan2.1 T2V DiT on the built-in clips (feature cache)", _TINY),
+        BuiltinRecipe("wan2_1_i2v_tiny", "wan2_1_i2v_tiny.yaml",
+                      "a tiny random Wan2.1 I2V DiT on the built-in clips and their first frames", _TINY),
+        BuiltinRecipe("wan2_1_t2v_1_3b", "wan2_1_t2v_1_3b.yaml",
+                      "Wan2.1-T2V-1.3B pre-training (CP4 Ulysses, DP2, ZeRO-1)", f"1 x 8 {_ASCEND}"),
+        BuiltinRecipe("wan2_1_t2v_14b", "wan2_1_t2v_14b.yaml",
+                      "Wan2.1-T2V-14B pre-training (CP8 Ulysses, DP2)", f"2 x 8 {_ASCEND}"),
+    ),
+))

@@ -1,0 +1,127 @@
+"""A training task: what a family gives the shared loop (mm_train.loop) — its model and its data.
+
+`Task` is the protocol the loop calls. `FamilyTask` implements the parts every family shares:
+the model class from the family's registry entry (by the config.json of ``model.path`` or the
+inline config), the plan (recompute, LoRA, freezing) through the family's ``parallelize``, the
+data position (the sampler's state at a step) and the stream of this rank's micro-batches
+through mm-data's resumable loader. A family's task sets ``dataset``, ``sampler`` and ``collate``
+and says how many tokens a micro-batch holds.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from typing import Callable, Dict, Iterator, List, Optional, Protocol
+
+from mm_train.families import resolve
+
+
+class Task(Protocol):
+    """What the loop needs of a family (see `FamilyTask`)."""
+
+    model_class: type
+
+    def inline_config(self): ...  # the recipe's inline config, completed (vocabulary, special tokens)
+
+    def lora_config(self, **options): ...  # the family's LoRA config (its default target modules)
+
+    def plan(self, model, lora) -> None: ...  # recompute, LoRA, freezing on one model chunk
+
+    def stream(self, first_step: int) -> Iterator[List[Dict]]: ...  # this rank's micro-batches per step
+
+    def position(self, step: int) -> dict: ...  # the data position saved with a checkpoint
+
+    def tokens(self, batch: Dict) -> int: ...  # real tokens of a micro-batch (throughput)
+
+    def model_inputs(self, batch: Dict) -> Dict: ...  # a micro-batch as forward keywords
+
+    def flops_per_sample(self, model, batch: Dict) -> float: ...  # forward FLOPs of one sample (MFU)
+
+
+class MicroBatches:
+    """Collate a rank's share of a step into consecutive micro-batches of ``size`` samples."""
+
+    def __init__(self, collate: Callable, size: int):
+        self.collate, self.size = collate, size
+
+    def __call__(self, samples: List[dict]) -> List[Dict]:
+        return [self.collate(samples[i:i + self.size]) for i in range(0, len(samples), self.size)]
+
+
+def load_tokenizer(path: str, **special_tokens):
+    """A transformers tokenizer from a model folder, or from a tokenizer.json file with the given
+    special tokens (pad_token=..., eos_token=...); no remote code."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if not path:
+        raise ValueError("no tokenizer: set data.tokenizer (a folder or a tokenizer.json) or model.path")
+    if os.path.isfile(path):
+        return PreTrainedTokenizerFast(tokenizer_file=path, **special_tokens)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+
+
+def once_on_rank_zero(topo, make: Callable):
+    """Run ``make`` on global rank 0 (e.g. write a built-in data set), then wait for it everywhere."""
+    if topo.rank == 0:
+        make()
+    if topo.world_size > 1:
+        from mm_parallel import comm
+
+        comm.barrier(topo.world)
+
+
+class FamilyTask:
+    """The shared part of a family's task; see the module docstring."""
+
+    dataset = sampler = None
+    collate: Optional[Callable] = None
+
+    def __init__(self, recipe, topo):
+        self.recipe, self.topo, self.spec = recipe, topo, recipe.family
+        self.model_class = self.spec.model_class(self.config_json())
+        self.parallelize = resolve(self.spec.plan, self.spec.extra)
+        if recipe.model.freeze and "freeze" not in inspect.signature(self.parallelize).parameters:
+            raise ValueError(f"model.freeze is not available for family {self.spec.name}: its plan freezes nothing "
+                             "(use model.lora to train adapters only)")
+
+    def config_json(self) -> dict:
+        """The model's config.json: from model.path, else the inline config."""
+        if self.recipe.model.path:
+            with open(os.path.join(self.recipe.model.path, "config.json")) as f:
+                return json.load(f)
+        return dict(self.recipe.model.config)
+
+    def inline_config(self):
+        return dict(self.recipe.model.config)
+
+    def lora_config(self, **options):
+        return resolve(self.spec.lora_config, self.spec.extra)(**options)
+
+    def plan(self, model, lora) -> None:
+        spec = self.recipe.model
+        options = dict(recompute=spec.recompute, recompute_num_layers=spec.recompute_num_layers, lora=lora)
+        if spec.freeze:
+            options["freeze"] = spec.freeze
+        self.parallelize(model, **options)
+
+    def position(self, step: int) -> dict:
+        """The data loader's state at the start of ``step``."""
+        return self.sampler.state_at(step)
+
+    def stream(self, first_step: int) -> Iterator[List[Dict]]:
+        """This rank's micro-batches of every step from ``first_step`` on (mm-data's loader:
+        ``data.num_workers`` processes, resumed at the step's position)."""
+        from mm_data import DataLoader
+
+        loader = DataLoader(self.dataset, self.sampler, MicroBatches(self.collate, self.recipe.train.micro_batch_size),
+                            num_workers=self.recipe.data.num_workers)
+        loader.load_state_dict(self.position(first_step))
+        return iter(loader)
+
+    def model_inputs(self, batch: Dict) -> Dict:
+        return batch
+
+    def flops_per_sample(self, model, batch: Dict) -> float:
+        return model.flops(batch)

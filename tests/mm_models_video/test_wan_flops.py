@@ -1,0 +1,37 @@
+"""The Wan2.1 DiT's analytic FLOPs equal an independent count: torch's FlopCounterMode run over
+diffusers' WanTransformer3DModel, forward only."""
+
+import pytest
+
+
+@pytest.mark.parametrize("i2v", [False, True])
+def test_wan_dit_flops_equal_torch_flop_counter(i2v):
+    import torch
+    from diffusers import WanTransformer3DModel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mm_models_video.wan.flops import batch_flops, wan_dit_flops
+
+    channels = 4
+    config = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=channels,
+                  out_channels=channels, text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2,
+                  qk_norm="rms_norm_across_heads", cross_attn_norm=True)
+    if i2v:
+        config.update(image_dim=24, added_kv_proj_dim=32, in_channels=2 * channels + 4)
+    torch.manual_seed(0)
+    model = WanTransformer3DModel(**config).eval()
+    # the math backend decomposes attention into bmm, which FlopCounterMode counts (the fused CPU
+    # kernel of the default backend is invisible to it)
+    model.set_attention_backend("_native_math")
+    frames, height, width = 3, 8, 12
+    text_len = 512 if i2v else 16  # diffusers' I2V takes the last 512 context tokens as text
+    image_len = 10 if i2v else 0
+    inputs = {"hidden_states": torch.randn(1, config["in_channels"], frames, height, width),
+              "timestep": torch.tensor([500]), "encoder_hidden_states": torch.randn(1, text_len, 32)}
+    if i2v:
+        inputs["encoder_hidden_states_image"] = torch.randn(1, image_len, 24)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(**inputs)
+    expected = counter.get_total_flops()
+    assert wan_dit_flops(config, frames, height, width, text_len, image_len) == expected
+    assert batch_flops(config, {k: v.numpy() for k, v in inputs.items()}) == expected  # model.flops(batch)
