@@ -96,14 +96,12 @@ def local_loss_and_grads(loss_fn, params, topo, *inputs):
 
 def full_arrays(model, topo, params, tensors):
     """{parameter name: full numpy array} of per-parameter tensors, tp shards gathered."""
-    from mm_parallel.tensor_parallel import unshard
+    from mm_parallel.sharding import sharding_of
 
-    cells = dict(model.cells_and_names())
     full = {}
     for p, t in zip(params, tensors):
-        owner, _, attr = p.name.rpartition(".")
-        dim = getattr(cells.get(owner), "tp_split_dims", {}).get(attr)
-        full[p.name] = (t if dim is None else unshard(t, topo.tp, dim)).asnumpy()
+        spec = sharding_of(p)
+        full[p.name] = (spec.gather(t, topo) if spec.splits else t).asnumpy()
     return full
 
 

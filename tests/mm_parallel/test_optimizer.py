@@ -86,11 +86,11 @@ def test_optimizer_errors(tmp_path):
     opt = DistributedOptimizer(stack, topology=SOLO)
     with pytest.raises(ValueError, match="gradients for"):
         opt.step([])
-    with pytest.raises(FileNotFoundError, match="no optimizer state"):
+    with pytest.raises(FileNotFoundError, match="no optimizer-stage"):
         opt.load(str(tmp_path))
     opt.save(str(tmp_path))
     other = DistributedOptimizer(build_stack(SOLO, layers=2), topology=SOLO)
-    with pytest.raises(ValueError, match="saved for other parameters"):
+    with pytest.raises(KeyError, match="saved for other trainable parameters"):
         other.load(str(tmp_path))
 
 

@@ -19,6 +19,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mm_parallel import mappings
 from mm_parallel import ops as kernels
 from mm_parallel.ops.device import as_type, ones, tiled_to
+from mm_parallel.sharding import split
 from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _linear, new_parameter
 from mm_parallel.topology import Topology, get_topology
 
@@ -41,8 +42,6 @@ def activation(name: str):
 
 class Linear(nn.Cell):
     """torch.nn.Linear: y = x W^T + b with W (out_features, in_features); replicated on every rank."""
-
-    tp_split_dims: dict = {}
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, init_std: Optional[float] = None):
         super().__init__()
@@ -112,8 +111,6 @@ class RMSNorm(nn.Cell):
     depends on every rank's squares): copy_to_region(reduce_from_region(.)).
     """
 
-    tp_split_dims: dict = {}
-
     def __init__(self, hidden_size: int, eps: float = 1e-6, *, split_over_tp: bool = False,
                  topology: Optional[Topology] = None):
         super().__init__()
@@ -124,10 +121,11 @@ class RMSNorm(nn.Cell):
             if hidden_size % self.group.size:
                 raise ValueError(f"RMSNorm over {hidden_size} features cannot be split over tp={self.group.size}")
             local = hidden_size // self.group.size
-            self.tp_split_dims = {"weight": 0}
         else:
             self.group = None
         self.weight = Parameter(Tensor(np.ones((local,), np.float32)), name="weight")
+        if self.group is not None:
+            split(self.weight, (0, "tp"))
 
     def construct(self, x):
         if self.group is None:

@@ -6,9 +6,9 @@ keeps and bfloat16 checkpoints load without a framework (bf16 widens exactly to 
 holds ``model.safetensors`` or ``model.safetensors.index.json`` with its shards (transformers), or
 ``diffusion_pytorch_model.safetensors[.index.json]`` (diffusers).
 
-Which slice a parameter takes comes from the layer that owns it: tensor-parallel layers list the
-split dim of each parameter in ``tp_split_dims`` (absent: replicated). For writing, `full_state`
-gathers split parameters over tp; `write_weights` / `write_index` write the files (the model's
+Which slice a parameter takes comes from its sharding spec (mm_parallel.sharding: dims split over
+tp / ep, fused parts); absent, it is replicated. For writing, `full_state` gathers split
+parameters over their groups; `write_weights` / `write_index` write the files (the model's
 save_pretrained decides which rank writes what: one file per pipeline stage, then the index).
 """
 
@@ -21,8 +21,8 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 import numpy as np
 from mindspore import Parameter, Tensor, nn
 
-from mm_parallel.tensor_parallel import unshard
-from mm_parallel.topology import Group
+from mm_parallel.sharding import sharding_of
+from mm_parallel.topology import get_topology
 
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
            "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
@@ -104,18 +104,8 @@ def owned_parameters(model: nn.Cell) -> Iterator[Tuple[str, Parameter, nn.Cell, 
             yield (f"{prefix}.{attr}" if prefix else attr), param, cell, attr
 
 
-def tp_split(cell: nn.Cell, attr: str) -> Tuple[Optional[int], Optional[Group]]:
-    """(dim, tp group) along which parameter ``attr`` of ``cell`` is split, or (None, None) when
-    it is whole on every rank. A LoRA adapter is split over its base layer's group."""
-    dim = getattr(cell, "tp_split_dims", {}).get(attr)
-    group = getattr(cell, "group", None)
-    if group is None and hasattr(cell, "base_layer"):
-        group = getattr(cell.base_layer, "group", None)
-    return (dim, group) if dim is not None and group is not None and group.size > 1 else (None, None)
-
-
 def load_weights(model: nn.Cell, path: str, name_map: Callable[[str], Optional[str]] = lambda n: n) -> int:
-    """Set every parameter of ``model`` from the folder at ``path``, keeping this rank's tp shard.
+    """Set every parameter of ``model`` from the folder at ``path``, keeping this rank's shard.
 
     ``name_map`` turns a parameter's path into its checkpoint name, or a tuple of names to try in
     order (older checkpoint layouts), or None (not in checkpoints, e.g. LoRA adapters). A missing
@@ -123,8 +113,9 @@ def load_weights(model: nn.Cell, path: str, name_map: Callable[[str], Optional[s
     Returns the number of tensors loaded.
     """
     folder = SafetensorsFolder(path)
+    topology = get_topology(getattr(model, "topology", None))
     loaded = 0
-    for name, param, cell, attr in owned_parameters(model):
+    for name, param, _, _ in owned_parameters(model):
         keys = name_map(name)
         if keys is None:
             continue
@@ -132,18 +123,12 @@ def load_weights(model: nn.Cell, path: str, name_map: Callable[[str], Optional[s
         key = next((k for k in keys if k in folder), None)
         if key is None:
             raise KeyError(f"{' / '.join(keys)} (parameter {name}) is missing from the checkpoint at {path}")
-        dim, group = tp_split(cell, attr)
         full_shape = folder.shape(key)
-        if dim is None:
-            value = folder.read(key)
-        else:
-            size = full_shape[dim] // group.size
-            if full_shape[dim] % group.size:
-                raise ValueError(f"{key}: dim {dim} of shape {full_shape} cannot be split over {group.size} "
-                                 f"tensor-parallel ranks; choose a tp dividing {full_shape[dim]}")
-            index = [slice(None)] * len(full_shape)
-            index[dim] = slice(group.rank * size, (group.rank + 1) * size)
-            value = folder.read(key, tuple(index))
+        try:
+            index = sharding_of(param).local_index(full_shape, topology)
+        except ValueError as error:
+            raise ValueError(f"{key}: {error}") from None
+        value = folder.read(key, index)
         if tuple(value.shape) != tuple(param.shape):
             raise ValueError(f"{key}: checkpoint shape {full_shape} gives {value.shape} on this rank, the model "
                              f"expects {tuple(param.shape)}; does config.json match the weights?")
@@ -153,14 +138,16 @@ def load_weights(model: nn.Cell, path: str, name_map: Callable[[str], Optional[s
 
 
 def full_state(model: nn.Cell, name_map: Callable[[str], Optional[str]] = lambda n: n) -> Dict[str, np.ndarray]:
-    """Checkpoint name -> full numpy tensor, tp shards gathered (a collective: every tp rank calls it)."""
+    """Checkpoint name -> full numpy tensor, shards gathered (a collective: every rank of the split
+    groups calls it)."""
+    topology = get_topology(getattr(model, "topology", None))
     state = {}
-    for name, param, cell, attr in owned_parameters(model):
+    for name, param, _, _ in owned_parameters(model):
         key = name_map(name)
         if key is None:
             continue
-        dim, group = tp_split(cell, attr)
-        value = param if dim is None else unshard(param, group, dim)
+        spec = sharding_of(param)
+        value = spec.gather(param, topology) if spec.splits else param
         state[key] = value.asnumpy().astype(np.float32)
     return state
 

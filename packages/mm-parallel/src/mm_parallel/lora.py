@@ -29,6 +29,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from mm_parallel import comm, mappings
 from mm_parallel.sequence_parallel import mark_sequence_parallel
+from mm_parallel.sharding import sharding_of, split
 from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _linear, init_rng, shard, unshard
 from mm_parallel.topology import get_topology
 
@@ -69,8 +70,11 @@ class LoraLinear(nn.Cell):
         a_local = shard(a_full, group, 1) if self.kind == "row" else a_full
         self.lora_A = Parameter(Tensor(np.ascontiguousarray(a_local)), name="lora_A")
         self.lora_B = Parameter(Tensor(np.zeros((out_local, r), np.float32)), name="lora_B")
-        # which dim of each adapter tensor is split over tp (absent: whole on every rank)
-        self.tp_split_dims = {"lora_B": 0} if self.kind == "column" else {"lora_A": 1} if self.kind == "row" else {}
+        # the adapters are split like their base weight: B's rows of a column layer, A's columns of a row layer
+        if self.kind == "column":
+            split(self.lora_B, (0, "tp"))
+        elif self.kind == "row":
+            split(self.lora_A, (1, "tp"))
         if self.kind == "column" and group.size > 1:
             mark_sequence_parallel(self.lora_A)
         if self.kind == "row" and base.sequence_parallel:
@@ -173,7 +177,7 @@ def save_lora(model, path: str, target_modules: List[str], r: int, alpha: float,
         for name, layer in lora_layers(chunk).items():
             for which in ("lora_A", "lora_B"):
                 value = getattr(layer, which)
-                dim = layer.tp_split_dims.get(which)
+                dim = sharding_of(value).dim("tp")
                 full = value if dim is None else unshard(value, layer.base_layer.group, dim)
                 key = f"base_model.model.{name_map(chunk, name)}.{which}.weight"
                 tensors[key] = np.ascontiguousarray(full.asnumpy())
@@ -211,9 +215,9 @@ def load_lora(model: nn.Cell, path: str, name_map: Callable[[nn.Cell, str], str]
     for name, layer in layers.items():
         for which in ("lora_A", "lora_B"):
             full = tensors[f"base_model.model.{name}.{which}.weight"]
-            dim = layer.tp_split_dims.get(which)
-            local = full if dim is None else shard(full, layer.base_layer.group, dim)
             param = getattr(layer, which)
+            dim = sharding_of(param).dim("tp")
+            local = full if dim is None else shard(full, layer.base_layer.group, dim)
             if tuple(local.shape) != tuple(param.shape):
                 raise ValueError(f"{name}.{which}: file shape {full.shape} does not fit {tuple(param.shape)} "
                                  "(rank r differs?)")

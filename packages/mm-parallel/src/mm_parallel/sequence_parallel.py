@@ -9,17 +9,19 @@ gradients over tp before the optimizer step (Megatron's ``sequence_parallel`` at
 from typing import Iterable, List, Optional
 
 from mm_parallel import comm
+from mm_parallel.sharding import mark_partial_over_tp, sharding_of
 from mm_parallel.topology import Group, get_topology
 
 
 def mark_sequence_parallel(*params):
-    """Flag parameters that are replicated over tp but see only a sequence shard."""
+    """Flag parameters that are replicated over tp but see only a sequence shard (their sharding
+    spec's ``partial_over_tp``, mm_parallel.sharding)."""
     for param in params:
-        param.sequence_parallel = True
+        mark_partial_over_tp(param)
 
 
 def is_sequence_parallel(param) -> bool:
-    return bool(getattr(param, "sequence_parallel", False))
+    return sharding_of(param).partial_over_tp
 
 
 def sync_sequence_parallel_grads(params: Iterable, grads: Iterable, group: Optional[Group] = None) -> List:

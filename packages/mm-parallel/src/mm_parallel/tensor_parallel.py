@@ -1,8 +1,8 @@
 """Tensor-parallel layers (Megatron's column / row / vocabulary split) and weight sharding helpers.
 
 Weights keep the torch ``nn.Linear`` layout (out_features, in_features) and the names ``weight`` /
-``bias``, so a Hugging Face tensor maps onto a shard by one slice. Each layer records in
-``tp_split_dims`` which dim of each parameter is split over the tp group (absent: replicated).
+``bias``, so a Hugging Face tensor maps onto a shard by one slice. Each layer declares its
+parameters' sharding (mm_parallel.sharding: which dim is split over tp; absent: replicated).
 
     ColumnParallelLinear   A split by output rows:  Y_r = X A_r^T + b_r        (Y gathered if asked)
     RowParallelLinear      A split by input cols:   Y = sum_r X_r A_r^T + b     (X split if not yet)
@@ -25,6 +25,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mm_parallel import comm, mappings
 from mm_parallel.ops.device import as_type, host_array, ones, tiled_to
 from mm_parallel.sequence_parallel import mark_sequence_parallel
+from mm_parallel.sharding import sharding_of, split
 from mm_parallel.topology import Group, Topology, get_topology
 
 _matmul_nt = ops.MatMul(transpose_b=True)
@@ -103,20 +104,20 @@ def seed_parameters(seed: int) -> None:
 
 def new_parameter(full_shape, name, init_std: Optional[float], group: Group, split_dim: Optional[int] = None,
                   zeros: bool = False):
-    """A parameter drawn whole (normal(0, init_std or 0.02), or zeros) and cut to this rank's shard."""
+    """A parameter drawn whole (normal(0, init_std or 0.02), or zeros) and cut to this rank's shard
+    of ``group`` (declared split over tp along ``split_dim``, see mm_parallel.sharding)."""
     if zeros:
         value = np.zeros(full_shape, np.float32)
     else:
         value = init_rng().normal(0.0, init_std or 0.02, full_shape).astype(np.float32)
     if split_dim is not None:
         value = shard(value, group, split_dim)
-    return Parameter(Tensor(np.ascontiguousarray(value)), name=name)
+    param = Parameter(Tensor(np.ascontiguousarray(value)), name=name)
+    return split(param, (split_dim, "tp")) if split_dim is not None else param
 
 
 class _TensorParallel(nn.Cell):
-    """Shared bookkeeping: the tp group, sequence-parallel flag and split dims."""
-
-    tp_split_dims: dict = {}
+    """Shared bookkeeping: the tp group and the sequence-parallel flag."""
 
     def __init__(self, topology: Optional[Topology], sequence_parallel: Optional[bool], seq_dim: int):
         super().__init__()
@@ -129,7 +130,7 @@ class _TensorParallel(nn.Cell):
         """Set parameters from full (unsharded) arrays, e.g. load_full(weight=W, bias=b)."""
         for name, value in full.items():
             param = getattr(self, name)
-            dim = self.tp_split_dims.get(name)
+            dim = sharding_of(param).dim("tp")
             value = host_array(value, np.float32)
             local = value if dim is None else shard(value, self.group, dim)
             if tuple(local.shape) != tuple(param.shape):
@@ -140,8 +141,6 @@ class _TensorParallel(nn.Cell):
 
 class ColumnParallelLinear(_TensorParallel):
     """Linear whose output features are split over tp; see the module docstring."""
-
-    tp_split_dims = {"weight": 0, "bias": 0}
 
     def __init__(self, in_features, out_features, bias=True, gather_output=False, *, topology=None,
                  sequence_parallel=None, seq_dim=1, init_std=None):
@@ -164,8 +163,6 @@ class ColumnParallelLinear(_TensorParallel):
 class RowParallelLinear(_TensorParallel):
     """Linear whose input features are split over tp; see the module docstring."""
 
-    tp_split_dims = {"weight": 1}
-
     def __init__(self, in_features, out_features, bias=True, input_is_parallel=True, *, topology=None,
                  sequence_parallel=None, seq_dim=1, init_std=None):
         super().__init__(topology, sequence_parallel, seq_dim)
@@ -177,7 +174,7 @@ class RowParallelLinear(_TensorParallel):
         self.weight = new_parameter((out_features, in_features), "weight", init_std, self.group, 1)
         self.bias = new_parameter((out_features,), "bias", None, self.group, zeros=True) if bias else None
         if self.bias is not None and self.sequence_parallel:
-            mark_sequence_parallel(self.bias)  # added on a sequence shard: its grad is partial
+            mark_sequence_parallel(self.bias)  # added on a sequence shard: its grad is partial over tp
 
     def construct(self, x):
         if not self.input_is_parallel:
@@ -192,8 +189,6 @@ class RowParallelLinear(_TensorParallel):
 
 class VocabParallelEmbedding(_TensorParallel):
     """Embedding whose vocabulary rows are split over tp; see the module docstring."""
-
-    tp_split_dims = {"weight": 0}
 
     def __init__(self, num_embeddings, embedding_dim, *, topology=None, sequence_parallel=None, seq_dim=1,
                  init_std=None):

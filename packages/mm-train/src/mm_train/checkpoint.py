@@ -3,8 +3,9 @@
     step_N/model/              the model in its Hugging Face form (save_pretrained; tp gathered)
     step_N/adapters/           PEFT adapters, when the run trains LoRA
     step_N/optimizer-stageK.safetensors   per trainable parameter of pipeline stage K (by its name
-                               in the whole model): <name>.master, .exp_avg, .exp_avg_sq, full tensors
-    step_N/trainer_state.json  step, optimizer counters, the data position (epoch, batch), the layout
+                               in the whole model): <name>.master, .exp_avg, .exp_avg_sq, full tensors,
+                               and the step counters (DistributedOptimizer.save: its one format)
+    step_N/trainer_state.json  step, the data position (epoch, batch), the layout
                                that wrote it (parameter names: the whole model's, ``model.adapter_name``)
 
 Everything is stored whole (tp shards and ZeRO slices gathered, stages by global names), so a run
@@ -21,9 +22,7 @@ import json
 import os
 import re
 import shutil
-from typing import Dict, Optional
-
-import numpy as np
+from typing import Optional
 
 _STEP = re.compile(r"^step_(\d+)$")
 
@@ -50,24 +49,19 @@ def latest(out: str) -> Optional[str]:
     return os.path.join(root, max(steps)[1]) if steps else None
 
 
-def _owners(chunks) -> Dict[int, tuple]:
-    """id(parameter) -> (its name in the whole model, owning cell, attribute) over every chunk."""
+def _names(chunks, optimizer):
+    """Each optimizer parameter's name in the whole model (pipeline stages numbered as one)."""
     from mm_parallel.hf_checkpoint import owned_parameters
 
-    return {id(p): (chunk.adapter_name(chunk, name), cell, attr)
-            for chunk in chunks for name, p, cell, attr in owned_parameters(chunk)}
+    names = {id(p): chunk.adapter_name(chunk, name) for chunk in chunks for name, p, _, _ in owned_parameters(chunk)}
+    return [names[id(p)] for p in optimizer.params]
 
 
 def save(out: str, step: int, chunks, optimizer, topo, lora=None, keep: int = 2,
          data_state: Optional[dict] = None) -> Optional[str]:
     """Write step_N (every rank calls: the gathers are collectives); returns its path.
     ``chunks``: the model chunks (virtual pipeline stages) this rank holds, usually one."""
-    from mindspore import Tensor
-    from safetensors.numpy import save_file
-
     from mm_parallel import comm
-    from mm_parallel.hf_checkpoint import tp_split
-    from mm_parallel.tensor_parallel import unshard
 
     root = os.path.join(out, "checkpoints")
     final, tmp = os.path.join(root, f"step_{step}"), os.path.join(root, f".step_{step}.tmp")
@@ -79,20 +73,9 @@ def save(out: str, step: int, chunks, optimizer, topo, lora=None, keep: int = 2,
     chunks[0].save_pretrained(os.path.join(tmp, "model"), chunks)
     if lora is not None:
         chunks[0].save_adapter(os.path.join(tmp, "adapters"), lora, chunks)
-    owners, tensors = _owners(chunks), {}
-    for param, state in zip(optimizer.params, optimizer.param_states()):
-        name, cell, attr = owners[id(param)]
-        dim, group = tp_split(cell, attr)
-        for key, value in state.items():
-            if dim is not None:
-                value = unshard(Tensor(value), group, dim).asnumpy()
-            tensors[f"{name}.{key}"] = np.ascontiguousarray(value)
-    if topo.tp.rank == 0 and topo.cp.rank == 0 and topo.dp.rank == 0:  # one writer per pipeline stage
-        save_file(tensors, os.path.join(tmp, f"optimizer-stage{topo.pp.rank:03d}.safetensors"))
-    if topo.world_size > 1:
-        comm.barrier(topo.world)  # every stage's part is written
+    optimizer.save(tmp, _names(chunks, optimizer))  # one file per pipeline stage; waits for every stage
     if topo.rank == 0:
-        state = {"step": step, "optimizer": optimizer.counters(), "data": data_state,
+        state = {"step": step, "data": data_state,
                  "layout": {"world_size": topo.world_size, "tp": topo.tp.size, "pp": topo.pp.size, "dp": topo.dp.size}}
         with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
             json.dump(state, f, indent=2)
@@ -117,29 +100,6 @@ def _prune(root: str, keep: int) -> None:
 def load_optimizer(folder: str, chunks, optimizer) -> int:
     """Set the optimizer (and through its master weights the parameters) from step_N; returns
     the step to continue from."""
-    from safetensors import safe_open
-
-    from mm_parallel.hf_checkpoint import tp_split
-    from mm_parallel.tensor_parallel import shard
-
-    owners, states = _owners(chunks), []
-    files = sorted(n for n in os.listdir(folder) if n.startswith("optimizer-stage") and n.endswith(".safetensors"))
-    handles = [safe_open(os.path.join(folder, n), "np") for n in files]
-    where = {key: h for h in handles for key in h.keys()}
-    for param in optimizer.params:
-        name, cell, attr = owners[id(param)]
-        dim, group = tp_split(cell, attr)
-        state = {}
-        for key in optimizer.STATES:
-            tensor = f"{name}.{key}"
-            if tensor not in where:
-                raise KeyError(f"{tensor} is not in {folder}: the checkpoint was written for other trainable "
-                               "parameters (another model, LoRA or freeze setting)")
-            value = where[tensor].get_tensor(tensor)
-            state[key] = shard(value, group, dim) if dim is not None else value
-        states.append(state)
-    optimizer.load_param_states(states)
+    optimizer.load(folder, _names(chunks, optimizer))
     with open(os.path.join(folder, "trainer_state.json")) as f:
-        trainer_state = json.load(f)
-    optimizer.load_counters(trainer_state["optimizer"])
-    return int(trainer_state["step"])
+        return int(json.load(f)["step"])

@@ -49,18 +49,18 @@ class ModelSpec:
 
 def full_arrays(spec: ModelSpec, chunks, topo, tensors) -> Dict[str, np.ndarray]:
     """{global parameter name: full numpy array} of one tensor per trainable parameter of the
-    chunks (in order), tp shards gathered."""
+    chunks (in order), shards gathered."""
     from mm_parallel.hf_checkpoint import owned_parameters
-    from mm_parallel.tensor_parallel import unshard
+    from mm_parallel.sharding import sharding_of
 
     out, tensors = {}, iter(tensors)
     for model in chunks:
         owners = {id(p): (name, cell, attr) for name, p, cell, attr in owned_parameters(model)}
         for param in model.trainable_params():
             tensor = next(tensors)
-            name, cell, attr = owners[id(param)]
-            dim = getattr(cell, "tp_split_dims", {}).get(attr)
-            full = tensor if dim is None or topo.tp.size == 1 else unshard(tensor, topo.tp, dim)
+            name, _, _ = owners[id(param)]
+            sharding = sharding_of(param)
+            full = sharding.gather(tensor, topo) if sharding.splits else tensor
             out[spec.global_name(model, name)] = full.asnumpy()
     return out
 
