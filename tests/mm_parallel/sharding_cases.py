@@ -87,6 +87,7 @@ def one_process():
 def run_sharding_cases(root):
     """-> [problems] of this rank."""
     import mindspore as ms
+    from safetensors.numpy import load_file
 
     import mm_parallel
     from mm_parallel import ParallelConfig, comm
@@ -138,6 +139,10 @@ def run_sharding_cases(root):
         if topo.rank == 0:
             write_weights(state, saved)
         opt.save(saved)
+        on_disk = load_file(os.path.join(saved, "model.safetensors"))
+        for name, want in history[1].items():  # what was saved is the one-process model after two steps
+            if not np.allclose(on_disk[name], want, rtol=1e-5, atol=1e-6):
+                problems.append(f"saved {name} differs from one process")
         topo = mm_parallel.initialize(ParallelConfig(ep=1))  # resume under ep=1: every expert on every rank
         model, _, got = run(topo, [2], saved, opt_state=saved)
         if not np.allclose(got, norms[2:], rtol=1e-5):

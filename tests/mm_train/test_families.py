@@ -71,3 +71,10 @@ def test_a_family_from_the_test_suite_trains_through_mm_train_run(tmp_path):
     export = toy_cli("convert", "checkpoint", str(tmp_path / "tp2" / "checkpoints" / "step_6"), str(tmp_path / "out"))
     assert export.returncode == 0, export.stderr[-3000:]
     assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "toy_mlp"
+
+
+def test_a_family_module_that_cannot_be_imported_is_named():
+    command = shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
+    result = subprocess.run([command, "recipes"], env={**os.environ, "MM_TRAIN_FAMILIES": "no_such_family_module"},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "MM_TRAIN_FAMILIES names 'no_such_family_module'" in result.stderr, result.stderr

@@ -189,9 +189,9 @@ def parse_override(text: str):
 
 def build_recipe(values: Optional[dict] = None, overrides: Sequence[str] = ()) -> Recipe:
     """A Recipe from a mapping (a loaded YAML file) and ``--set`` overrides."""
-    values = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (values or {}).items()}
     from mm_train import families
 
+    values = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (values or {}).items()}
     known = set(GENERIC_SECTIONS) | {name for f in families.families().values() for name in f.sections}
     for key in values:  # a misspelt section is named before the family decides which ones exist
         if key not in known:

@@ -106,7 +106,11 @@ def _discover() -> None:
     for point in entry_points(group=ENTRY_POINT_GROUP):
         register(point.load())
     for module in filter(None, (m.strip() for m in os.environ.get("MM_TRAIN_FAMILIES", "").split(","))):
-        importlib.import_module(module)
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ValueError(f"$MM_TRAIN_FAMILIES names {module!r}, which cannot be imported ({error}); put its "
+                             "folder on PYTHONPATH or install its package") from error
 
 
 def families() -> Dict[str, FamilySpec]:
