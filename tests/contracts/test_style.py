@@ -61,3 +61,19 @@ def test_kernel_switches_are_read_once():
             if "os.environ" in text and "lru_cache" not in "".join(ast.unparse(d) for d in function.decorator_list):
                 calls.append(f"{path.name}:{function.name}")
     assert not calls
+
+
+def test_the_public_names_design_lists_exist():
+    """DESIGN §3's names for mm-parallel and the wave-2 shared modules, as users call them."""
+    import mm_parallel
+
+    for name in ("ParallelConfig", "initialize", "Topology", "Group", "comm", "mappings", "ColumnParallelLinear",
+                 "RowParallelLinear", "VocabParallelEmbedding", "vocab_parallel_cross_entropy", "attention",
+                 "DistributedOptimizer", "recompute", "lora", "sharding", "stage_io", "model_base"):
+        assert hasattr(mm_parallel, name), name
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv"):
+        assert callable(getattr(mm_parallel.comm, name)), name
+    assert callable(mm_parallel.lora.apply_lora) and callable(mm_parallel.lora.merge_lora)
+    from mm_train import families
+
+    assert callable(families.get) and families.FamilySpec

@@ -12,7 +12,7 @@ from mm_parallel import runtime
 
 runtime.configure()
 
-from mm_parallel import comm, mappings, ops, pipeline, recompute
+from mm_parallel import comm, lora, mappings, model_base, ops, pipeline, recompute, sharding, stage_io
 from mm_parallel.__about__ import __version__
 from mm_parallel.config import ParallelConfig
 from mm_parallel.context_parallel import attention, gather_sequence, split_sequence
@@ -45,13 +45,17 @@ __all__ = [
     "gather_sequence",
     "get_topology",
     "initialize",
+    "lora",
     "mappings",
+    "model_base",
     "mark_sequence_parallel",
     "ops",
     "pipeline",
     "recompute",
     "shard",
+    "sharding",
     "split_sequence",
+    "stage_io",
     "sync_sequence_parallel_grads",
     "unshard",
     "vocab_parallel_cross_entropy",
