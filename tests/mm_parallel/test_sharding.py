@@ -39,7 +39,7 @@ def test_fused_parts_are_cut_one_by_one():
     assert spec.local(full, _Topo(tp=(1, 2))).tolist() == [2, 3, 5, 7]
     assert spec.local(full, _Topo(tp=(0, 2))).tolist() == [0, 1, 4, 6]
     gathered = np.concatenate([spec.local(full, _Topo(tp=(r, 2))) for r in range(2)])
-    assert gathered[np.argsort(spec.local_index_all((8,), 2, 0))].tolist() == full.tolist()
+    assert gathered[np.argsort(spec.fused_rows(2))].tolist() == full.tolist()
 
 
 @pytest.mark.parametrize("spec, message", [

@@ -94,12 +94,12 @@ class ParamSharding:
                 continue
             local = comm.all_gather(local, group, dim)
             if name == "tp" and self.fused:  # [rank 0's parts | rank 1's parts ...] -> [part 0 | part 1 ...]
-                order = np.argsort(self.local_index_all(tuple(local.shape), group.size, dim))
+                order = np.argsort(self.fused_rows(group.size))
                 local = ops.gather(local, Tensor(order.astype(np.int32)), dim)
         return local
 
-    def local_index_all(self, full_shape, size: int, dim: int) -> np.ndarray:
-        """The full-tensor rows of dim ``dim`` held by ranks 0..size-1, concatenated in rank order."""
+    def fused_rows(self, size: int) -> np.ndarray:
+        """The full tensor's rows (of the fused dim) that tp ranks 0..size-1 hold, concatenated in rank order."""
         parts, starts = self.fused, np.concatenate([[0], np.cumsum(self.fused)[:-1]])
         return np.concatenate([s + r * (p // size) + np.arange(p // size) for r in range(size)
                                for s, p in zip(starts, parts)])
