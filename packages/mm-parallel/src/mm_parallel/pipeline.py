@@ -111,14 +111,13 @@ def _micro_backward(fn: Callable, x, params: List, needs_dx: bool, objective: Ca
     ``objective(fn(x))`` (the loss / m on the last stage, sum(fn(x) * dy) elsewhere), the gradient
     of ``x`` (a tensor, or a dict over its floating tensors; None unless ``needs_dx``) and the
     gradients of ``params``."""
-    if not needs_dx:  # x (the first stage's input: anything, e.g. a dict of host data) stays out of autodiff
+    # x of the first stage (anything, e.g. a dict of host data) stays out of autodiff; a dict of
+    # only ids / masks has nothing to differentiate (an empty dict goes back)
+    names = stage_io.differentiable(x) if needs_dx else []
+    inputs = [x] if needs_dx and not isinstance(x, dict) else [x[n] for n in names]
+    if not inputs:
         value, grads = ms.value_and_grad(lambda: objective(fn(x)), None, params)()
-        return value, None, grads
-    names = stage_io.differentiable(x)
-    inputs = [x] if not isinstance(x, dict) else [x[n] for n in names]
-    if not inputs:  # only ids / masks crossed the boundary: an empty dict goes back
-        value, grads = ms.value_and_grad(lambda: objective(fn(x)), None, params)()
-        return value, {}, grads
+        return value, ({} if needs_dx else None), grads
     run = lambda *tensors: objective(fn(stage_io.with_tensors(x, names, tensors)))  # noqa: E731
     value, (dxs, grads) = ms.value_and_grad(run, tuple(range(len(inputs))), params)(*inputs)
     dxs = list(dxs) if isinstance(dxs, (tuple, list)) else [dxs]

@@ -71,10 +71,8 @@ class ParamSharding:
             if len(parts) == 1:
                 size = length // group.size
                 index[dim] = slice(group.rank * size, (group.rank + 1) * size)
-            else:
-                starts = np.concatenate([[0], np.cumsum(parts)[:-1]])
-                index[dim] = np.concatenate([s + group.rank * (p // group.size) + np.arange(p // group.size)
-                                             for s, p in zip(starts, parts)])
+            else:  # this rank's block of the rows every rank holds, in rank order
+                index[dim] = self.fused_rows(group.size).reshape(group.size, -1)[group.rank]
         return tuple(index)
 
     def local(self, full, topology):

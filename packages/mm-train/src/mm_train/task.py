@@ -80,7 +80,8 @@ class FamilyTask:
 
     def __init__(self, recipe, topo):
         self.recipe, self.topo, self.spec = recipe, topo, recipe.family
-        self.model_class = self.spec.model_class(self.config_json())
+        self.model_json = self.config_json()  # read once: the model class and the family's task use it
+        self.model_class = self.spec.model_class(self.model_json)
         self.parallelize = resolve(self.spec.plan, self.spec.extra)
         if recipe.model.freeze and "freeze" not in inspect.signature(self.parallelize).parameters:
             raise ValueError(f"model.freeze is not available for family {self.spec.name}: its plan freezes nothing "

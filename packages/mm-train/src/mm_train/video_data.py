@@ -70,17 +70,6 @@ def _encoders(vae, text, image_encoder=None, image_processor=None):
     return encoders
 
 
-def image_to_video(recipe: Recipe) -> bool:
-    """Whether the recipe's DiT is an I2V one (its config has an image_dim)."""
-    import json
-
-    config = recipe.model.config
-    if recipe.model.path:
-        with open(os.path.join(recipe.model.path, "config.json")) as f:
-            config = json.load(f)
-    return config.get("image_dim") is not None
-
-
 class _Source:
     """Where a recipe's clips come from and how they are read and encoded."""
 
@@ -140,13 +129,13 @@ class _Source:
 class WanTrainData:
     """See the module docstring."""
 
-    def __init__(self, recipe: Recipe, topo):
+    def __init__(self, recipe: Recipe, topo, i2v: bool):
         from mm_data import BucketBatchSampler, FeatureDataset
         from mm_models_video.flow_matching import FlowMatchingSchedule
 
         self.recipe, self.topo = recipe, topo
         data, train = recipe.data, recipe.train
-        self.i2v = image_to_video(recipe)
+        self.i2v = i2v  # an I2V DiT (its config has an image_dim)
         self.online = data.online and data.kind != "video_features"
         if self.online:  # clips decoded and encoded every step (random crops and clip starts)
             source = _Source(recipe, topo, self.i2v)

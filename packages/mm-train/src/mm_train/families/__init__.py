@@ -163,11 +163,6 @@ def _family_of(path: str, config: dict) -> FamilySpec:
     raise ValueError(f"{path} describes {sorted(keys) or 'an unknown model'}; the registered families know {known}")
 
 
-def detect(folder: str) -> FamilySpec:
-    """The family whose model a Hugging Face / diffusers folder holds (by its config.json)."""
-    return _family_of(*_config_json(folder))
-
-
 def model_class_of(folder: str):
     """The model class that loads a Hugging Face / diffusers folder."""
     path, config = _config_json(folder)

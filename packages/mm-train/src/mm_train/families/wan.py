@@ -72,7 +72,7 @@ class WanTask(FamilyTask):
         from mm_train.video_data import WanTrainData
 
         super().__init__(recipe, topo)
-        self.data = WanTrainData(recipe, topo)
+        self.data = WanTrainData(recipe, topo, i2v=self.model_json.get("image_dim") is not None)
         self.dataset, self.sampler, self.collate = self.data.dataset, self.data.sampler, Collator()
 
     def plan(self, model, lora) -> None:
