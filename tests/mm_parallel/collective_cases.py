@@ -56,6 +56,7 @@ def case_names(world_size: int) -> List[str]:
         for s, g in ALL_TO_ALL_DIMS:
             names.append(f"{kind}/all_to_all/{s}to{g}")
         names += [f"{kind}/all_to_all/int64", f"{kind}/broadcast/float32", f"{kind}/broadcast/bool"]
+        names += [f"{kind}/all_to_all_v/{sizes}" for sizes in ("random", "empty")]
         names += [f"{kind}/ring_shift/{d}" for d in ("+1", "-1", "+2", "+3")] + [f"{kind}/barrier"]
         names += [f"{kind}/map/{m}" for m in MAPS]
         names += [f"{kind}/errors/not_divisible"]
@@ -153,6 +154,8 @@ def _run_case(name: str, topo) -> str:
         got = _to_np(comm.all_to_all(_to_ms(xs[me], "float32"), group, s, g))
         want = np.concatenate([_chunks(x, n, s)[me] for x in xs], axis=g)
         return _compare(got, want)
+    if what == "all_to_all_v":
+        return _run_all_to_all_v(parts[2], group)
     if what == "broadcast":
         dtype = parts[2]
         xs = [_data(r, name, dtype=dtype) for r in group.ranks]
@@ -173,6 +176,25 @@ def _run_case(name: str, topo) -> str:
     if what == "errors":
         return _run_errors(group)
     raise KeyError(name)
+
+
+def _run_all_to_all_v(which: str, group) -> str:
+    """sizes[j, k] rows from rank j to rank k, the same matrix on every rank; "empty": rank 0
+    receives nothing and rank 1 sends nothing."""
+    from mindspore import Tensor
+
+    from mm_parallel import comm
+
+    n, me = group.size, group.rank
+    sizes = np.random.default_rng(len(which) + n).integers(0, 4, (n, n))
+    if which == "empty":
+        sizes[:, 0] = 0
+        sizes[min(1, n - 1), :] = 0
+    xs = [np.random.default_rng([j, 7]).standard_normal((int(sizes[j].sum()), 3)).astype(np.float32)
+          for j in range(n)]
+    want = [xs[j][sizes[j, :me].sum():sizes[j, :me + 1].sum()] for j in range(n)]
+    got = comm.all_to_all_v(Tensor(xs[me]), group, sizes[me].tolist(), sizes[:, me].tolist())
+    return _compare(got.asnumpy().reshape(-1, 3), np.concatenate(want))
 
 
 def _run_large(what: str, megabytes: int, group, name) -> str:

@@ -12,11 +12,12 @@ from mm_parallel import runtime
 
 runtime.configure()
 
-from mm_parallel import comm, lora, mappings, model_base, ops, pipeline, recompute, sharding, stage_io
+from mm_parallel import comm, lora, mappings, model_base, moe, ops, pipeline, recompute, sharding, stage_io
 from mm_parallel.__about__ import __version__
 from mm_parallel.config import ParallelConfig
 from mm_parallel.context_parallel import attention, gather_sequence, split_sequence
 from mm_parallel.lr_schedule import LRSchedule
+from mm_parallel.moe import MoELayer
 from mm_parallel.optimizer import DistributedOptimizer, OptimizerConfig
 from mm_parallel.sequence_parallel import mark_sequence_parallel, sync_sequence_parallel_grads
 from mm_parallel.tensor_parallel import (
@@ -34,6 +35,7 @@ __all__ = [
     "DistributedOptimizer",
     "Group",
     "LRSchedule",
+    "MoELayer",
     "OptimizerConfig",
     "ParallelConfig",
     "RowParallelLinear",
@@ -48,6 +50,7 @@ __all__ = [
     "lora",
     "mappings",
     "model_base",
+    "moe",
     "mark_sequence_parallel",
     "ops",
     "pipeline",

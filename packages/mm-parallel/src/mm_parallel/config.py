@@ -22,7 +22,9 @@ class ParallelConfig:
     tp: tensor parallel; pp: pipeline stages; vpp: virtual (interleaved) chunks per stage;
     cp: context parallel, split by ``cp_algo`` ("ulysses" all-to-all, "ring" attention, or
     "hybrid" = Ulysses of ``ulysses_degree`` inside x Ring of ``cp / ulysses_degree`` across);
-    ep: expert parallel (inside dp x cp); sequence_parallel: shard activations along the sequence
+    ep: expert parallel (inside dp x cp); expert_tp: the tensor parallelism of each expert, 1
+    (experts whole on every tp rank) or tp (each expert's intermediate dim split over tp, the
+    default); sequence_parallel: shard activations along the sequence
     inside the TP group (needs tp > 1); zero_stage: 0 plain DP, 1 sharded optimizer state,
     2 sharded state and gradients.
     """
@@ -34,6 +36,7 @@ class ParallelConfig:
     cp_algo: str = "ulysses"
     ulysses_degree: Optional[int] = None
     ep: int = 1
+    expert_tp: Optional[int] = None
     sequence_parallel: bool = False
     zero_stage: int = 0
 
@@ -58,6 +61,14 @@ class ParallelConfig:
                 "sequence_parallel=True shards activations over the tensor-parallel group; it needs tp > 1"
             )
         self._check_ulysses_degree()
+        if self.expert_tp is not None and self.expert_tp not in (1, self.tp):
+            raise ValueError(f"expert_tp={self.expert_tp!r} must be 1 (whole experts on every tp rank) or tp={self.tp} "
+                             "(each expert split over the tp group)")
+
+    @property
+    def expert_tp_size(self) -> int:
+        """The tensor parallelism of each expert: ``expert_tp``, by default tp."""
+        return self.tp if self.expert_tp is None else self.expert_tp
 
     def _check_ulysses_degree(self):
         u = self.ulysses_degree

@@ -115,11 +115,17 @@ def load_weights(model: nn.Cell, path: str, name_map: Callable[[str], Optional[s
     folder = SafetensorsFolder(path)
     topology = get_topology(getattr(model, "topology", None))
     loaded = 0
-    for name, param, _, _ in owned_parameters(model):
+    for name, param, cell, attr in owned_parameters(model):
         keys = name_map(name)
         if keys is None:
             continue
         keys = (keys,) if isinstance(keys, str) else tuple(keys)
+        # a cell with its own ways on disk (MoE experts' layouts, an optional router bias); None: the usual read
+        value = cell.read_hf_tensor(folder, keys, attr) if hasattr(cell, "read_hf_tensor") else None
+        if value is not None:
+            _set(param, value, keys[0], value.shape)
+            loaded += 1
+            continue
         key = next((k for k in keys if k in folder), None)
         if key is None:
             raise KeyError(f"{' / '.join(keys)} (parameter {name}) is missing from the checkpoint at {path}")
@@ -128,13 +134,16 @@ def load_weights(model: nn.Cell, path: str, name_map: Callable[[str], Optional[s
             index = sharding_of(param).local_index(full_shape, topology)
         except ValueError as error:
             raise ValueError(f"{key}: {error}") from None
-        value = folder.read(key, index)
-        if tuple(value.shape) != tuple(param.shape):
-            raise ValueError(f"{key}: checkpoint shape {full_shape} gives {value.shape} on this rank, the model "
-                             f"expects {tuple(param.shape)}; does config.json match the weights?")
-        param.set_data(Tensor(np.ascontiguousarray(value.astype(np.float32)), param.dtype))
+        _set(param, folder.read(key, index), key, full_shape)
         loaded += 1
     return loaded
+
+
+def _set(param, value: np.ndarray, key: str, full_shape) -> None:
+    if tuple(value.shape) != tuple(param.shape):
+        raise ValueError(f"{key}: checkpoint shape {tuple(full_shape)} gives {value.shape} on this rank, the model "
+                         f"expects {tuple(param.shape)}; does config.json match the weights?")
+    param.set_data(Tensor(np.ascontiguousarray(value.astype(np.float32)), param.dtype))
 
 
 def full_state(model: nn.Cell, name_map: Callable[[str], Optional[str]] = lambda n: n) -> Dict[str, np.ndarray]:
@@ -142,13 +151,16 @@ def full_state(model: nn.Cell, name_map: Callable[[str], Optional[str]] = lambda
     groups calls it)."""
     topology = get_topology(getattr(model, "topology", None))
     state = {}
-    for name, param, _, _ in owned_parameters(model):
+    for name, param, cell, attr in owned_parameters(model):
         key = name_map(name)
         if key is None:
             continue
         spec = sharding_of(param)
-        value = spec.gather(param, topology) if spec.splits else param
-        state[key] = value.asnumpy().astype(np.float32)
+        value = (spec.gather(param, topology) if spec.splits else param).asnumpy().astype(np.float32)
+        if hasattr(cell, "hf_tensors"):  # a cell that chooses its own tensors on disk (MoE experts)
+            state.update(cell.hf_tensors(key, attr, value))
+        else:
+            state[key] = value
     return state
 
 

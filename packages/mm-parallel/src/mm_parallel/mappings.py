@@ -16,6 +16,8 @@ t along d; ``cat(.., d)`` concatenates in group-rank order.
     reduce_scatter_to_sequence   y_i = chunk_i(sum_j x_j, d)      cat_j(dy_j, d)          (all-gather)
     all_to_all                   y_i = cat_j(chunk_i(x_j, s), g)  the inverse all-to-all  (g <-> s)
     ring_shift                   y_i = x_{i-k}                    dy shifted back: dx_i = dy_{i+k}
+    all_to_all_v                 y_i = cat_j(rows x_j sends to i) the inverse all-to-all  (sizes swapped)
+                                 (MoE token dispatch; sizes per peer, known on the host)
 
 Tensor-parallel regions default to the last dim (hidden / heads); sequence regions to dim 1,
 the sequence dim of the batch-first (batch, seq, ...) layout used by every model here.
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mindspore import nn
+from mindspore import nn, ops
 
 from mm_parallel import comm
 from mm_parallel.comm.base import chunk
@@ -115,6 +117,26 @@ class _RingShift(_Region):
         return comm.ring_shift(dy, self.group, -self.dims["offset"])
 
 
+class _AllToAllV(_Region):
+    """Rows with a trailing placeholder: x has sum(send) + 1 rows, y sum(recv) + 1, the last row
+    zeros and never sent. MindSpore's autodiff fails on empty tensors (measured: the gradient of a
+    gather with no rows), and a rank may send or receive no token; the placeholder keeps every
+    tensor the model differentiates non-empty."""
+
+    def forward(self, x):
+        return _with_placeholder(comm.all_to_all_v(x[:-1], self.group, self.dims["send"], self.dims["recv"]), x)
+
+    def backward(self, dy):
+        return _with_placeholder(comm.all_to_all_v(dy[:-1], self.group, self.dims["recv"], self.dims["send"]), dy)
+
+
+def _with_placeholder(rows, like):
+    from mm_parallel.ops.device import zeros
+
+    placeholder = zeros((1,) + tuple(like.shape[1:]), like.dtype)
+    return ops.concat([rows, placeholder], 0) if rows.shape[0] else placeholder
+
+
 def _check_divisible(x, dim, group):
     if x.shape[dim] % group.size != 0:
         raise ValueError(
@@ -177,6 +199,15 @@ def all_to_all(x, group: Group, scatter_dim: int, gather_dim: int):
     return _apply(_AllToAll, x, group, scatter_dim=scatter_dim % x.ndim, gather_dim=gather_dim % x.ndim)
 
 
+def all_to_all_v(x, group: Group, send_sizes, recv_sizes):
+    """Forward: rank i sends its next ``send_sizes[k]`` rows to rank k and stacks the
+    ``recv_sizes[k]`` rows each rank k sends it; backward: the same exchange with the sizes swapped.
+    ``x`` carries one trailing placeholder row (not sent); so does the result (zeros)."""
+    if group.size == 1:
+        return x
+    return _AllToAllV(group, send=tuple(int(s) for s in send_sizes), recv=tuple(int(r) for r in recv_sizes))(x)
+
+
 def ring_shift(x, group: Group, offset: int = 1):
     """Forward: rank i gets x of rank i - offset (ring order of the group); backward: the inverse shift.
 
@@ -186,6 +217,7 @@ def ring_shift(x, group: Group, offset: int = 1):
 
 __all__ = [
     "all_to_all",
+    "all_to_all_v",
     "copy_to_region",
     "gather_from_region",
     "gather_from_sequence",

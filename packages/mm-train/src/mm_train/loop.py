@@ -86,12 +86,16 @@ class _Progress:
     def __init__(self, total: int, enabled: bool):
         self.total, self.enabled, self.start = total, enabled, time.perf_counter()
 
-    def update(self, step: int, loss: float, samples_per_s: float):
+    def update(self, step: int, loss: float, samples_per_s: float, routing: Optional[Dict] = None):
         if not self.enabled:
             return
         done = int(30 * step / self.total)
+        moe = ""
+        if routing:  # the worst MoE layer's imbalance (max / mean tokens per expert) and dropped share
+            moe = (f"  moe imbalance {max(r['imbalance'] for r in routing.values()):4.2f}"
+                   f" dropped {max(r['dropped_fraction'] for r in routing.values()):4.1%}")
         line = (f"\rstep {step:>5}/{self.total} [{'#' * done}{'.' * (30 - done)}] loss {loss:8.4f}  "
-                f"{samples_per_s:6.1f} samples/s  {time.perf_counter() - self.start:6.1f}s")
+                f"{samples_per_s:6.1f} samples/s{moe}  {time.perf_counter() - self.start:6.1f}s")
         print(line, end="\n" if step == self.total else "", flush=True, file=sys.stderr)
 
 
@@ -172,6 +176,8 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
             else:  # skipped like the optimizer skips a non-finite gradient: the schedule still advances
                 stats = {"lr": optimizer.lr_at(optimizer.iteration), "grad_norm": float("nan"), "skipped": True}
                 optimizer.iteration += 1
+            for chunk in chunks:  # aux-loss-free MoE balancing (nothing to do without expert biases)
+                mm_parallel.moe.update_expert_biases(chunk)
             bad_in_a_row = bad_in_a_row + 1 if stats["skipped"] else 0
             skipped_total += int(stats["skipped"])
             seconds = time.perf_counter() - start
@@ -181,11 +187,14 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
             row = {"step": step + 1, "loss": _finite(loss), "grad_norm": _finite(stats["grad_norm"]), "lr": stats["lr"],
                    "samples_per_s": speed["cluster_samples_per_s"], "tokens_per_s": speed["cluster_tokens_per_s"],
                    "mfu": speed["mfu"], "mem_bytes": memory()["peak_host_rss_bytes"], "skipped": stats["skipped"]}
+            routing = _routing_metrics(chunks)
+            if routing:
+                row["moe"] = routing
             metrics.append(row)
             if writer and (step + 1) % recipe.train.log_every == 0:
                 log.write(json.dumps(row) + "\n")
                 log.flush()
-            bar.update(step + 1, loss, row["samples_per_s"])
+            bar.update(step + 1, loss, row["samples_per_s"], routing)
             if bad_in_a_row >= recipe.train.max_nonfinite_steps:
                 raise RuntimeError(f"{bad_in_a_row} steps in a row (up to step {step + 1}) had a non-finite loss or "
                                    f"gradient and were skipped ({skipped_total} in all); lower optim.lr, check the "
@@ -241,6 +250,17 @@ def _losses_and_grads(chunks, params, grad_fn, batches, topo):
 def _finite(value):
     """JSON has no nan / inf: a non-finite figure is written as null."""
     return value if value is None or np.isfinite(value) else None
+
+
+def _routing_metrics(chunks) -> Dict:
+    """Per MoE layer of this rank's chunks (mm_parallel.moe.routing_metrics), keyed by the layer's
+    module path in the whole model; empty without MoE layers."""
+    from mm_parallel.moe import routing_metrics
+
+    out = {}
+    for chunk in chunks:
+        out.update(routing_metrics(chunk, names=chunk.global_name))
+    return out
 
 
 def _metrics_log(path: str, first: int):

@@ -9,6 +9,8 @@ These functions are not differentiable; `mm_parallel.mappings` wraps them with t
     all_gather(x, g, dim)       every rank gets cat(x_0, ..., x_{n-1}; dim)     (group-rank order)
     reduce_scatter(x, g, dim)   rank i gets chunk i (along dim) of sum_j x_j
     all_to_all(x, g, s, c)      rank i gets cat_j(chunk i along s of x_j; along c)
+    all_to_all_v(x, g, s, r)    rank i gets cat_j(rows of x_j addressed to i; dim 0): rank j sends
+                                its next s[k] rows to rank k and receives r[k] rows from rank k
     broadcast(x, src, g)        every rank gets x_src                            (src: global rank)
     send / recv                 one-way transfer between two global ranks
     exchange(x, peer)           two ranks swap tensors at once (pipeline send-and-receive)
@@ -123,6 +125,24 @@ def all_to_all(x, group: Optional[Group] = None, scatter_dim: int = 0, gather_di
     return get_backend().all_to_all(x, group, scatter_dim, gather_dim)
 
 
+def all_to_all_v(x, group: Optional[Group], send_sizes: Sequence[int], recv_sizes: Sequence[int]):
+    """Variable-size all-to-all along dim 0 (MoE token dispatch): x's rows are cut into pieces of
+    ``send_sizes[k]`` rows, piece k going to group rank k; the result stacks the ``recv_sizes[k]``
+    rows group rank k addressed here, in group-rank order. Every rank's sizes must agree with its
+    peers' (what j sends to i is what i expects from j); a piece may be empty."""
+    group = _group(group)
+    send_sizes, recv_sizes = [int(s) for s in send_sizes], [int(r) for r in recv_sizes]
+    if len(send_sizes) != group.size or len(recv_sizes) != group.size or min(send_sizes + recv_sizes) < 0:
+        raise ValueError(f"all_to_all_v: need {group.size} non-negative send and receive sizes, "
+                         f"got {send_sizes} and {recv_sizes}")
+    if sum(send_sizes) != x.shape[0]:
+        raise ValueError(f"all_to_all_v: send sizes {send_sizes} add up to {sum(send_sizes)} rows, "
+                         f"x has {x.shape[0]}")
+    if group.size == 1:
+        return x
+    return get_backend().all_to_all_v(x, group, send_sizes, recv_sizes)
+
+
 def broadcast(x, src: int, group: Optional[Group] = None):
     """Every member gets the ``x`` of global rank ``src`` (``x`` elsewhere gives shape and dtype)."""
     group = _group(group)
@@ -185,6 +205,7 @@ __all__ = [
     "all_gather",
     "all_reduce",
     "all_to_all",
+    "all_to_all_v",
     "barrier",
     "broadcast",
     "exchange",

@@ -7,6 +7,8 @@ Measured on MindSpore 2.7.2 CPU (DESIGN §4): ``all_reduce``, ``all_gather`` (li
     reduce_scatter(x)  = the group-rank-th chunk of all_reduce(x)
     all_to_all(x)      = small: all_gather(x), keep the chunks addressed here; large (or n = 2):
                          n-1 round-robin rounds, each swapping the addressed chunk with one partner
+    all_to_all_v(x)    = n = 2: one exchange of the two pieces; else all_gather the send sizes, then
+                         every rank's rows padded to the longest, keep the pieces addressed here
     send / recv        = broadcast inside the two-rank group {sender, receiver}
     exchange(x, peer)  = all_gather inside the two-rank group {me, peer}
     ring_shift(x)      = one-way broadcasts in two-rank groups, 2-3 rounds of disjoint pairs
@@ -29,7 +31,8 @@ from __future__ import annotations
 from typing import List, Sequence, Tuple
 
 import mindspore as ms
-from mindspore import ops
+import numpy as np
+from mindspore import Tensor, ops
 
 from mm_parallel.comm.base import Backend, chunk
 from mm_parallel.comm.schedules import round_robin, shift_rounds
@@ -132,6 +135,35 @@ class CpuBackend(Backend):
                 received[j] = self._swap(pieces[j].contiguous(), self.pair(group.global_rank, group.ranks[j]),
                                          group.ranks[j], pieces[j].shape)
         return ops.concat([received[j] for j in range(n)], gather_dim)
+
+    def all_to_all_v(self, x, group, send_sizes, recv_sizes):
+        n, me, row = group.size, group.rank, tuple(x.shape[1:])
+        offsets = [sum(send_sizes[:k]) for k in range(n + 1)]  # Python ints: Tensor slices refuse numpy ints
+        if n == 2:
+            peer = 1 - me
+            received = [None, None]
+            received[me] = x[offsets[me]:offsets[me + 1]]
+            if send_sizes[peer] or recv_sizes[peer]:
+                received[peer] = self._swap(x[offsets[peer]:offsets[peer + 1]], group, group.ranks[peer],
+                                            (recv_sizes[peer],) + row)
+        else:
+            sizes = self._gather_list(Tensor(np.asarray(send_sizes, np.int32)), group)
+            sizes = np.stack([s.asnumpy() for s in sizes])  # sizes[j, k]: rows j sends to k
+            width = int(sizes.sum(1).max())
+            if width == 0:
+                return zeros((0,) + row, x.dtype)
+            flat = x.reshape(-1)
+            if x.shape[0] < width:
+                flat = ops.concat([flat, zeros(((width - x.shape[0]) * _numel(row),), x.dtype)])
+            parts = self._gather_list(flat, group)
+            received = []
+            for j, part in enumerate(parts):
+                start = int(sizes[j, :me].sum())
+                received.append(part.reshape((width,) + row)[start:start + int(sizes[j, me])])
+        pieces = [p for p in received if p is not None and p.shape[0]]
+        if not pieces:
+            return zeros((0,) + row, x.dtype)
+        return pieces[0] if len(pieces) == 1 else ops.concat(pieces, 0)
 
     def broadcast(self, x, src, group):
         import mindspore.mint.distributed as dist

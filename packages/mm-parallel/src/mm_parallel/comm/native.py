@@ -56,6 +56,14 @@ class NativeBackend(Backend):
         pieces = ops.split(_from_front(out, scatter_dim), x.shape[scatter_dim] // group.size, scatter_dim)
         return ops.concat(pieces, gather_dim)
 
+    def all_to_all_v(self, x, group, send_sizes, recv_sizes):
+        import mindspore.mint.distributed as dist
+
+        out = ops.zeros((sum(recv_sizes),) + tuple(x.shape[1:]), x.dtype)
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=list(recv_sizes),
+                               input_split_sizes=list(send_sizes), group=self.group_name(group))
+        return out
+
     def broadcast(self, x, src, group):
         import mindspore.mint.distributed as dist
 

@@ -38,6 +38,8 @@ class ModelSpec:
     loss(model, batch) -> the loss of a whole-model forward
     save(chunks, folder) -> write the chunks' model (save_pretrained) and LoRA adapters (to
         folder/adapters); every rank calls it (for `save_under_layouts`)
+    after_step(chunks) -> what the trainer does after each optimizer step (default: MoE expert-bias
+        updates, mm_parallel.moe.update_expert_biases)
     """
     build: Callable
     split: Callable[[dict, int, int], dict]
@@ -45,6 +47,17 @@ class ModelSpec:
     global_name: Callable = field(default=lambda model, name: model.global_name(name))
     loss: Callable = field(default=lambda model, batch: model(**batch).loss)
     save: Optional[Callable] = None
+    after_step: Optional[Callable] = None
+
+
+def _after_step(spec: ModelSpec, chunks) -> None:
+    if spec.after_step is not None:
+        spec.after_step(chunks)
+        return
+    from mm_parallel.moe import update_expert_biases
+
+    for model in chunks:
+        update_expert_biases(model)
 
 
 def full_arrays(spec: ModelSpec, chunks, topo, tensors) -> Dict[str, np.ndarray]:
@@ -66,14 +79,15 @@ def full_arrays(spec: ModelSpec, chunks, topo, tensors) -> Dict[str, np.ndarray]
 
 
 def finalised(params, topo, grads) -> List:
-    """Gradients as the optimizer reduces them (cp sum, sequence-parallel over tp, dp mean)."""
+    """Gradients as the optimizer reduces them (sequence-parallel ones over tp; summed over each
+    parameter's replicas, dp_cp or expert-dp; divided by dp)."""
     from mm_parallel import comm
     from mm_parallel.sequence_parallel import sync_sequence_parallel_grads
+    from mm_parallel.sharding import sharding_of
 
     if topo.tp.size > 1:
         grads = sync_sequence_parallel_grads(params, grads, topo.tp)
-    if topo.dp_cp.size > 1:
-        grads = [comm.all_reduce(g, topo.dp_cp) for g in grads]
+    grads = [comm.all_reduce(g, topo.groups[sharding_of(p).grad_sync]) for p, g in zip(params, grads)]
     return [g / topo.dp.size for g in grads] if topo.dp.size > 1 else list(grads)
 
 
@@ -130,6 +144,7 @@ def train(spec: ModelSpec, path: str, topo, case: dict, batch: dict, steps: int 
         if first is None:
             first = full_arrays(spec, chunks, topo, finalised(params, topo, grads))
         opt.step(grads)
+        _after_step(spec, chunks)
     return losses, first, full_arrays(spec, chunks, topo, [p for model in chunks for p in model.trainable_params()])
 
 
@@ -151,7 +166,8 @@ def compare(got, want, loss_rtol: float = 1e-5, rel: float = 1e-4) -> List[str]:
     return problems
 
 
-def run_cases(spec: ModelSpec, path: str, cases: Dict[str, dict], batch: dict, reference_key=lambda case: ()):
+def run_cases(spec: ModelSpec, path: str, cases: Dict[str, dict], batch: dict, reference_key=lambda case: (),
+              steps: int = 2):
     """cases: {name: {"layout": ParallelConfig kwargs, "checkpoint": sub-folder of path, ... what
     spec.build reads}} -> {name: [problems], name + ":names": [parameter names this rank checked],
     name + ":reference_names": [...]}. One single-process reference per (checkpoint,
@@ -168,9 +184,9 @@ def run_cases(spec: ModelSpec, path: str, cases: Dict[str, dict], batch: dict, r
         try:
             if key not in references:
                 plain = {k: v for k, v in case.items() if k not in ("layout", "recompute")}
-                references[key] = train(spec, folder, solo, plain, batch)
+                references[key] = train(spec, folder, solo, plain, batch, steps)
             topo = mm_parallel.initialize(ParallelConfig(**case["layout"]))
-            got = train(spec, folder, topo, case, batch)
+            got = train(spec, folder, topo, case, batch, steps)
             results[name] = compare(got, references[key])
             results[f"{name}:names"] = sorted(got[1])
             results[f"{name}:reference_names"] = sorted(references[key][1])
