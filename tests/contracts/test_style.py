@@ -69,9 +69,13 @@ def test_the_public_names_design_lists_exist():
 
     for name in ("ParallelConfig", "initialize", "Topology", "Group", "comm", "mappings", "ColumnParallelLinear",
                  "RowParallelLinear", "VocabParallelEmbedding", "vocab_parallel_cross_entropy", "attention",
-                 "DistributedOptimizer", "recompute", "lora", "sharding", "stage_io", "model_base"):
+                 "DistributedOptimizer", "recompute", "lora", "sharding", "stage_io", "model_base", "moe", "MoELayer"):
         assert hasattr(mm_parallel, name), name
-    for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "recv"):
+    for name in ("TopKRouter", "AllToAllDispatcher", "AllGatherDispatcher", "GroupedExperts", "MoELayer", "MoEConfig",
+                 "auxiliary_loss", "routing_metrics", "update_expert_biases"):
+        assert hasattr(mm_parallel.moe, name), name
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v", "broadcast", "send",
+                 "recv"):
         assert callable(getattr(mm_parallel.comm, name)), name
     assert callable(mm_parallel.lora.apply_lora) and callable(mm_parallel.lora.merge_lora)
     from mm_train import families

@@ -109,8 +109,8 @@ def write_checkpoints(root):
     shared = {**CONFIG, "moe": {**CONFIG["moe"], "score_order": "topk_softmax", "shared_expert_intermediate_size": 6,
                                 "shared_expert_gate": True}}
     toy_class()(shared, topo).save_pretrained(os.path.join(root, "shared"))
-    convert_folder(os.path.join(root, "base"), os.path.join(root, "transposed"), "fused_transposed", H)
-    convert_folder(os.path.join(root, "base"), os.path.join(root, "per_expert"), "per_expert", H)
+    convert_folder(os.path.join(root, "base"), os.path.join(root, "transposed"), "fused_transposed")
+    convert_folder(os.path.join(root, "base"), os.path.join(root, "per_expert"), "per_expert")
 
 
 def batch():

@@ -217,9 +217,10 @@ def test_every_expert_layout_loads_and_saves_back_as_read(tmp_path, layout):
         np.testing.assert_array_equal(folder.read(name), value)
 
 
-def test_convert_folder_between_layouts_and_the_square_case(tmp_path):
+def test_convert_folder_between_layouts_in_shards(tmp_path, monkeypatch):
     from mm_parallel.hf_checkpoint import SafetensorsFolder, write_weights
-    from mm_parallel.moe.checkpoint import convert_folder, detect_layout, disk_tensors
+    from mm_parallel.moe import checkpoint
+    from mm_parallel.moe.checkpoint import convert_folder, disk_tensors
 
     rng = np.random.default_rng(0)
     gate_up = rng.standard_normal((4, 2 * INNER, H)).astype(np.float32)
@@ -228,22 +229,37 @@ def test_convert_folder_between_layouts_and_the_square_case(tmp_path):
     for attr, full in (("gate_up_proj", gate_up), ("down_proj", down)):
         state.update(disk_tensors("model.layers.0.mlp.experts.", attr, full, "per_expert"))
     write_weights(state, str(tmp_path / "a"))
-    (tmp_path / "a" / "config.json").write_text('{"text_config": {"hidden_size": %d}}' % H)
-    assert convert_folder(str(tmp_path / "a"), str(tmp_path / "b"), "fused_transposed") == \
-        {"model.layers.0.mlp.experts.": "per_expert"}
-    assert convert_folder(str(tmp_path / "b"), str(tmp_path / "c"), "fused") == \
-        {"model.layers.0.mlp.experts.": "fused_transposed"}
+    (tmp_path / "a" / "config.json").write_text("{}")
+    prefix = "model.layers.0.mlp.experts."
+    assert convert_folder(str(tmp_path / "a"), str(tmp_path / "b"), "fused_transposed") == {prefix: "per_expert"}
+    monkeypatch.setattr(checkpoint, "_SHARD_BYTES", gate_up.nbytes)  # gate_up alone, then down with the norm
+    assert convert_folder(str(tmp_path / "b"), str(tmp_path / "c"), "fused") == {prefix: "fused_transposed"}
+    assert (tmp_path / "c" / "model.safetensors.index.json").exists() and (tmp_path / "c" / "config.json").exists()
     c = SafetensorsFolder(str(tmp_path / "c"))
-    np.testing.assert_array_equal(c.read("model.layers.0.mlp.experts.gate_up_proj"), gate_up)
+    assert len(set(c.files.values())) == 2
+    np.testing.assert_array_equal(c.read(prefix + "gate_up_proj"), gate_up)
+    np.testing.assert_array_equal(c.read(prefix + "down_proj"), down)
     np.testing.assert_array_equal(c.read("model.norm.weight"), state["model.norm.weight"])
-    assert (tmp_path / "c" / "config.json").exists()
-    square = {"e.gate_up_proj": np.zeros((2, 8, 8), np.float32)}  # 2I = H: both fused layouts fit; read as fused
-    write_weights(square, str(tmp_path / "sq"))
-    assert detect_layout(SafetensorsFolder(str(tmp_path / "sq")), "e.", "gate_up_proj", 2, 8, 4) == "fused"
-    with pytest.raises(KeyError, match="per-expert keys"):
-        detect_layout(SafetensorsFolder(str(tmp_path / "sq")), "f.", "gate_up_proj", 2, 8, 4)
+
+
+def test_the_pair_of_shapes_tells_the_fused_layouts_apart():
+    from mm_parallel.moe.checkpoint import fused_layout
+
+    assert fused_layout((2, 8, 8), (2, 8, 4)) == "fused"  # 2I = H: gate_up alone is ambiguous
+    assert fused_layout((2, 8, 8), (2, 4, 8)) == "fused_transposed"
+    assert fused_layout((2, 8, 4), (2, 4, 4)) == "fused"  # I = H: down alone is ambiguous
+    assert fused_layout((2, 4, 8), (2, 4, 4)) == "fused_transposed"
     with pytest.raises(ValueError, match="neither"):
-        detect_layout(SafetensorsFolder(str(tmp_path / "sq")), "e.", "gate_up_proj", 2, 8, 3)
+        fused_layout((2, 8, 4), (2, 8, 4))
+
+
+def test_a_missing_expert_stack_is_named(tmp_path):
+    from mm_parallel.hf_checkpoint import SafetensorsFolder, write_weights
+    from mm_parallel.moe.checkpoint import detect_layout
+
+    write_weights({"other": np.zeros(2, np.float32)}, str(tmp_path))
+    with pytest.raises(KeyError, match="per-expert keys"):
+        detect_layout(SafetensorsFolder(str(tmp_path)), "model.layers.3.mlp.experts.")
 
 
 def test_grouped_matmul_equals_a_loop_over_experts():

@@ -73,6 +73,35 @@ def test_a_family_from_the_test_suite_trains_through_mm_train_run(tmp_path):
     assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "toy_mlp"
 
 
+def test_moe_routing_metrics_reach_metrics_jsonl_and_ep2_trains_as_one_process(tmp_path):
+    """The toy family with MoE blocks (top 2 of 4 experts): each step's row carries every MoE
+    layer's figures; under ep2 (dp2) the losses equal one process's; convert rewrites its experts."""
+    from mm_parallel.hf_checkpoint import SafetensorsFolder
+    from mm_parallel.moe.checkpoint import LAYOUTS
+    from mm_train.convert import EXPERT_LAYOUTS
+
+    assert EXPERT_LAYOUTS == LAYOUTS
+    got = {}
+    for name, extra in {"single": [], "ep2": ["--nproc", "2", "--set", "parallel.ep=2"]}.items():
+        out = tmp_path / name
+        result = toy_cli("run", "toy_tiny", "--set", f"output_dir={out}", "--set", "model.config.experts=4",
+                         "--set", "checkpoint.every=6", *extra)
+        assert result.returncode == 0, result.stderr[-3000:]
+        got[name] = losses(out)
+        row = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+        assert sorted(row["moe"]) == ["layers.0.mlp", "layers.1.mlp"], row
+        layer = row["moe"]["layers.0.mlp"]
+        assert len(layer["tokens_per_expert"]) == 4 and layer["imbalance"] >= 1.0 and layer["dropped_fraction"] == 0
+        assert layer["aux_loss"] > 0 and layer["z_loss"] > 0
+        if name == "single":
+            assert "moe imbalance" in result.stderr, result.stderr[-2000:]
+    assert got["ep2"] == pytest.approx(got["single"], rel=1e-4)
+    model = tmp_path / "ep2" / "checkpoints" / "step_6" / "model"
+    done = toy_cli("convert", "experts", str(model), str(tmp_path / "per_expert"), "--layout", "per_expert")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "layers.1.mlp.experts.3.down_proj.weight" in SafetensorsFolder(str(tmp_path / "per_expert")).names()
+
+
 def test_a_family_module_that_cannot_be_imported_is_named():
     command = shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
     result = subprocess.run([command, "recipes"], env={**os.environ, "MM_TRAIN_FAMILIES": "no_such_family_module"},

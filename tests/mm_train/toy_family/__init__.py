@@ -16,6 +16,7 @@ from mindspore import Tensor, nn, ops
 from mm_parallel import ColumnParallelLinear, RowParallelLinear
 from mm_parallel.blocks import Linear
 from mm_parallel.model_base import ParallelModel
+from mm_parallel.moe import MoEConfig, MoELayer, auxiliary_loss
 from mm_parallel.ops.device import host_array
 from mm_train.families import BuiltinRecipe, FamilySpec, register
 from mm_train.recipe import DataSection
@@ -27,12 +28,21 @@ HERE = Path(__file__).resolve().parent
 # -- the model (its own "model package") -----------------------------------------------------------
 
 class Block(nn.Cell):
+    """x + down(tanh(up(x))); with ``experts`` in the config, x + a top-2 MoE layer instead."""
+
     def __init__(self, config, topology):
         super().__init__()
+        self.mlp = None
+        if config.get("experts"):
+            self.mlp = MoELayer(MoEConfig(hidden_size=config["hidden"], moe_intermediate_size=config["width"],
+                                          num_experts=config["experts"], top_k=2, aux_loss_coef=0.01), topology)
+            return
         self.up = ColumnParallelLinear(config["hidden"], config["width"], topology=topology)
         self.down = RowParallelLinear(config["width"], config["hidden"], topology=topology)
 
     def construct(self, x):
+        if self.mlp is not None:
+            return x + self.mlp(x)
         return x + self.down(ops.tanh(self.up(x)))
 
 
@@ -80,7 +90,7 @@ class ToyMLP(ParallelModel):
 
     def pipeline_loss(self, prediction, batch):
         diff = prediction - Tensor(host_array(batch["y"], np.float32))
-        return (diff * diff).mean()
+        return (diff * diff).mean() + auxiliary_loss(self)  # this stage's MoE layers' aux loss (0 without)
 
     def construct(self, x, y=None):
         self.require_whole_model()

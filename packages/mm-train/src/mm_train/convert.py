@@ -7,6 +7,9 @@
   are copied along.
 - ``checkpoint STEP_DIR OUT``: a training checkpoint (OUT/checkpoints/step_N) as a standalone
   folder, its LoRA adapters merged if the run trained some.
+- ``experts SRC OUT --layout L``: a MoE model's expert tensors rewritten in another layout (fused
+  in-memory, the hub's transposed fused, or per-expert keys; mm_parallel.moe.checkpoint), every
+  other tensor and file as it is. Any layout loads as it is; this is for tools that need one.
 
 Why there is no "sharded checkpoint of a layout": every checkpoint here is a whole Hugging Face
 folder and `from_pretrained(path, topology)` cuts each rank's shard while reading, so any layout
@@ -67,6 +70,22 @@ def export_checkpoint(step_dir: str, out: str) -> str:
     return out
 
 
+# mm_parallel.moe.checkpoint.LAYOUTS, named here so the CLI starts without importing MindSpore (a test checks)
+EXPERT_LAYOUTS = ("fused", "fused_transposed", "per_expert")
+
+
+def convert_experts(source: str, out: str, layout: str) -> str:
+    """``source`` with its MoE expert tensors in ``layout`` written to ``out``; returns ``out``."""
+    from mm_parallel.moe.checkpoint import convert_folder
+
+    found = convert_folder(source, out, layout)
+    if not found:
+        raise ValueError(f"{source} holds no MoE expert tensors (...experts.gate_up_proj or "
+                         "...experts.0.gate_proj.weight)")
+    print(f"{len(found)} expert stacks, read as {', '.join(sorted(set(found.values())))}, written as {layout}")
+    return out
+
+
 def add_parser(commands) -> None:
     convert = commands.add_parser(
         "convert", help="checkpoints to Hugging Face folders; merge LoRA adapters",
@@ -81,11 +100,20 @@ def add_parser(commands) -> None:
                               description="Write the model of OUT/checkpoints/step_N into OUT, LoRA merged.")
     export.add_argument("step_dir", help="a checkpoint folder, e.g. runs/x/checkpoints/step_100")
     export.add_argument("out", help="the model folder to write")
+    experts = which.add_parser("experts", help="rewrite MoE expert tensors in another layout",
+                               description="Write SRC into OUT with its expert tensors in --layout.")
+    experts.add_argument("source", help="a Hugging Face folder of a MoE model")
+    experts.add_argument("out", help="the folder to write")
+    experts.add_argument("--layout", required=True, choices=EXPERT_LAYOUTS,
+                         help="fused: (E, 2I, H) / (E, H, I), transformers' in-memory layout; fused_transposed: the "
+                              "hub's (E, H, 2I) / (E, I, H); per_expert: experts.{e}.gate_proj / up_proj / down_proj")
 
 
 def run(args) -> int:
     if args.conversion == "merge-lora":
         out = merge_lora(args.base, args.adapters, args.out)
+    elif args.conversion == "experts":
+        out = convert_experts(args.source, args.out, args.layout)
     else:
         out = export_checkpoint(args.step_dir, args.out)
     print(f"wrote {out}")

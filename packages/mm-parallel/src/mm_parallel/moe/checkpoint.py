@@ -6,18 +6,19 @@
                                                          .down_proj (H, I)
 
 A rank reads only its experts (and under expert tensor parallelism only its rows of I) from any
-of them. When 2I = H the two fused layouts have the same shapes; the file is then read as
-``fused``, as transformers does (its loader transposes only on a shape mismatch). Saving writes
-the layout the weights were read in, or the one set in ``GroupedExperts.save_layout``;
-`convert_folder` rewrites a folder from one layout to another without building a model.
+of them. The two fused layouts are told apart by the pair of shapes: gate_up (E, a, b) with down
+(E, b, a / 2) is fused, with down (E, b / 2, a) transposed; one tensor alone can be ambiguous
+(gate_up when 2I = H, down when I = H — transformers' loader, which checks gate_up alone,
+reads a transposed file with 2I = H as fused), the pair never is. Saving writes the layout the
+weights were read in, or the one set in ``GroupedExperts.save_layout``; `convert_folder`
+rewrites a folder from one layout to another without building a model.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 
@@ -29,21 +30,27 @@ def memory_shapes(num_experts: int, hidden: int, intermediate: int) -> Dict[str,
     return {"gate_up_proj": (num_experts, 2 * intermediate, hidden), "down_proj": (num_experts, hidden, intermediate)}
 
 
-def detect_layout(folder, prefix: str, attr: str, num_experts: int, hidden: int, intermediate: int) -> str:
-    """Which layout ``folder`` (a SafetensorsFolder) stores the ``prefix`` experts in."""
-    key, want = prefix + attr, memory_shapes(num_experts, hidden, intermediate)[attr]
-    if key in folder:
-        shape = folder.shape(key)
-        if shape == want:
+def fused_layout(gate_up_shape, down_shape) -> str:
+    """"fused" or "fused_transposed" from the shapes of a stack's two fused tensors (module docstring)."""
+    g, d = tuple(gate_up_shape), tuple(down_shape)
+    if len(g) == len(d) == 3 and g[0] == d[0]:
+        if g[1] == 2 * d[2] and g[2] == d[1]:
             return "fused"
-        if shape == (want[0], want[2], want[1]):
+        if g[2] == 2 * d[1] and g[1] == d[2]:
             return "fused_transposed"
-        raise ValueError(f"{key}: shape {shape} is neither {want} (fused) nor {(want[0], want[2], want[1])} "
-                         f"(transposed); does config.json match the weights?")
+    raise ValueError(f"expert tensors gate_up_proj {g} and down_proj {d} are neither (E, 2I, H) and (E, H, I) "
+                     "(fused) nor (E, H, 2I) and (E, I, H) (transposed)")
+
+
+def detect_layout(folder, prefix: str) -> str:
+    """Which layout ``folder`` (a SafetensorsFolder) stores the ``prefix`` experts in."""
+    gate_up, down = prefix + "gate_up_proj", prefix + "down_proj"
+    if gate_up in folder and down in folder:
+        return fused_layout(folder.shape(gate_up), folder.shape(down))
     if prefix + "0." + _PER_EXPERT["down"] in folder:
         return "per_expert"
-    raise KeyError(f"{key} is missing from the checkpoint at {folder.path}, and so are per-expert keys "
-                   f"({prefix}0.gate_proj.weight ...)")
+    raise KeyError(f"{gate_up} / {down} are missing from the checkpoint at {folder.path}, and so are per-expert "
+                   f"keys ({prefix}0.gate_proj.weight ...)")
 
 
 def read_local(folder, prefix: str, attr: str, experts) -> Tuple[np.ndarray, str]:
@@ -52,7 +59,7 @@ def read_local(folder, prefix: str, attr: str, experts) -> Tuple[np.ndarray, str
 
     param = getattr(experts, attr)
     full = memory_shapes(experts.num_experts, experts.hidden, experts.intermediate)[attr]
-    layout = detect_layout(folder, prefix, attr, experts.num_experts, experts.hidden, experts.intermediate)
+    layout = detect_layout(folder, prefix)
     index = sharding_of(param).local_index(full, experts.topology)
     if layout == "fused":
         return folder.read(prefix + attr, index), layout
@@ -96,61 +103,97 @@ _FUSED_KEY = re.compile(r"^(.*\.experts\.)(gate_up_proj|down_proj)$")
 _EXPERT_KEY = re.compile(r"^(.*\.experts\.)(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
-def convert_folder(source: str, out: str, layout: str, hidden_size: Optional[int] = None) -> Dict[str, str]:
-    """Rewrite a Hugging Face folder's expert tensors in ``layout`` (every other tensor and file as
-    it is). ``hidden_size`` tells the fused layouts apart (default: config.json's, or its text
-    config's). Returns {experts prefix: the layout it was in}."""
+_SHARD_BYTES = 2 << 30  # output files of at most ~2 GB, as transformers' save_pretrained shards
+
+
+def convert_folder(source: str, out: str, layout: str) -> Dict[str, str]:
+    """Rewrite a Hugging Face folder's expert tensors in ``layout``, every other tensor and file as
+    it is. One expert stack (or one other tensor) is in memory at a time; the output is
+    ``model.safetensors``, or shards of ~2 GB with their index. Returns {experts prefix: the
+    layout it was in}."""
     import shutil
 
-    from mm_parallel.hf_checkpoint import SafetensorsFolder, write_weights
+    from mm_parallel.hf_checkpoint import SafetensorsFolder
 
     if layout not in LAYOUTS:
         raise ValueError(f"expert layout {layout!r} is unknown; use one of {', '.join(LAYOUTS)}")
-    hidden_size = hidden_size or _hidden_size(source)
-    folder = SafetensorsFolder(source)
-    state, found = {}, {}
-    experts = {}
-    for name in folder.names():
-        fused, single = _FUSED_KEY.match(name), _EXPERT_KEY.match(name)
-        if fused:
-            experts.setdefault(fused.group(1), {})[fused.group(2)] = folder.read(name)
-        elif single:
-            experts.setdefault(single.group(1), {}).setdefault(int(single.group(2)), {})[single.group(3)] = \
-                folder.read(name)
-        else:
-            state[name] = folder.read(name)
-    for prefix, tensors in experts.items():
-        memory, found[prefix] = _in_memory(prefix, tensors, hidden_size)
-        for attr, full in memory.items():
-            state.update(disk_tensors(prefix, attr, full, layout))
+    folder, units = SafetensorsFolder(source), {}
+    for name in folder.names():  # a unit: one expert stack's tensors, or one other tensor
+        match = _FUSED_KEY.match(name) or _EXPERT_KEY.match(name)
+        units.setdefault(match.group(1) if match else name, []).append(name)
     os.makedirs(out, exist_ok=True)
+    writer, found = _ShardWriter(out), {}
+    for unit, names in units.items():
+        if not (_FUSED_KEY.match(names[0]) or _EXPERT_KEY.match(names[0])):
+            writer.add({unit: folder.read(unit)})
+            continue
+        tensors = {}
+        for name in names:
+            fused, single = _FUSED_KEY.match(name), _EXPERT_KEY.match(name)
+            if fused:
+                tensors[fused.group(2)] = folder.read(name)
+            else:
+                tensors.setdefault(int(single.group(2)), {})[single.group(3)] = folder.read(name)
+        memory, found[unit] = _in_memory(unit, tensors)
+        for attr, full in memory.items():
+            writer.add(disk_tensors(unit, attr, full, layout))
+    writer.close()
     for name in os.listdir(source):
         path = os.path.join(source, name)
         if os.path.isfile(path) and not name.startswith("model.safetensors") and not name.startswith("model-"):
             shutil.copy2(path, os.path.join(out, name))
-    write_weights(state, out)
     return found
 
 
-def _in_memory(prefix: str, tensors: dict, hidden: int):
-    if "gate_up_proj" in tensors:
+class _ShardWriter:
+    """Tensors written in order into files of at most _SHARD_BYTES (one file: model.safetensors)."""
+
+    def __init__(self, out: str):
+        self.out, self.files, self.pending, self.size = out, [], {}, 0
+
+    def add(self, tensors: Dict[str, np.ndarray]) -> None:
+        nbytes = sum(t.nbytes for t in tensors.values())
+        if self.pending and self.size + nbytes > _SHARD_BYTES:
+            self._flush()
+        self.pending.update(tensors)
+        self.size += nbytes
+
+    def _flush(self) -> None:
+        from mm_parallel.hf_checkpoint import write_weights
+
+        file = f"part-{len(self.files):05d}.safetensors"
+        write_weights(self.pending, self.out, file)
+        self.files.append((file, list(self.pending)))
+        self.pending, self.size = {}, 0
+
+    def close(self) -> None:
+        from mm_parallel.hf_checkpoint import write_index
+
+        if self.pending or not self.files:
+            self._flush()
+        if len(self.files) == 1:
+            os.replace(os.path.join(self.out, self.files[0][0]), os.path.join(self.out, "model.safetensors"))
+            return
+        weight_map, total = {}, len(self.files)
+        for index, (file, names) in enumerate(self.files):
+            final = f"model-{index + 1:05d}-of-{total:05d}.safetensors"
+            os.replace(os.path.join(self.out, file), os.path.join(self.out, final))
+            weight_map.update({name: final for name in names})
+        write_index(self.out, weight_map)
+
+
+def _in_memory(prefix: str, tensors: dict):
+    """({gate_up_proj, down_proj} in the in-memory layout, the layout they were in)."""
+    if "gate_up_proj" in tensors or "down_proj" in tensors:
+        if set(tensors) != {"gate_up_proj", "down_proj"}:
+            raise ValueError(f"{prefix}: found {sorted(tensors)}, need both gate_up_proj and down_proj")
         gate_up, down = tensors["gate_up_proj"], tensors["down_proj"]
-        if gate_up.shape[2] == hidden:
-            return {"gate_up_proj": gate_up, "down_proj": down}, "fused"
-        if gate_up.shape[1] != hidden:
-            raise ValueError(f"{prefix}gate_up_proj {gate_up.shape} has no dim of hidden_size={hidden}")
-        return {"gate_up_proj": gate_up.transpose(0, 2, 1), "down_proj": down.transpose(0, 2, 1)}, "fused_transposed"
+        layout = fused_layout(gate_up.shape, down.shape)
+        if layout == "fused_transposed":
+            gate_up, down = gate_up.transpose(0, 2, 1), down.transpose(0, 2, 1)
+        return {"gate_up_proj": gate_up, "down_proj": down}, layout
     order = sorted(tensors)
     if order != list(range(len(order))):
         raise ValueError(f"{prefix}: experts {order} are not numbered 0..{len(order) - 1}")
     gate_up = np.stack([np.concatenate([tensors[e]["gate_proj"], tensors[e]["up_proj"]], 0) for e in order])
     return {"gate_up_proj": gate_up, "down_proj": np.stack([tensors[e]["down_proj"] for e in order])}, "per_expert"
-
-
-def _hidden_size(source: str) -> int:
-    with open(os.path.join(source, "config.json")) as f:
-        config = json.load(f)
-    for part in (config, config.get("text_config") or {}, config.get("thinker_config", {}).get("text_config") or {}):
-        if "hidden_size" in part:
-            return int(part["hidden_size"])
-    raise ValueError(f"{source}/config.json has no hidden_size; pass hidden_size")
