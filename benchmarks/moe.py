@@ -10,7 +10,7 @@ load balance a skewed router reaches with no balancing, the aux loss, or the exp
    matmul against a Python loop over experts; the ratio loop / grouped.
 3. Balance: a router whose weights favour expert 0, trained 50 steps (AdamW, lr 1e-2) on a
    regression target; imbalance = max / mean tokens per expert at steps 1, 10, 50, with no
-   balancing, aux_loss_coef 0.1, and the expert bias (rate 0.01).
+   balancing, aux_loss_coef 0.1, and the expert bias (rates 0.01 and 0.05).
 """
 
 from __future__ import annotations
@@ -101,10 +101,11 @@ def balance(steps):
     x = Tensor(np.abs(rng.standard_normal((256, 32))).astype(np.float32))
     target = Tensor(rng.standard_normal((256, 32)).astype(np.float32))
     for label, options in (("none", {}), ("aux 0.1", {"aux_loss_coef": 0.1}),
-                           ("bias 0.01", {"expert_bias": True, "bias_update_rate": 0.01})):
+                           ("bias 0.01", {"expert_bias": True, "bias_update_rate": 0.01}),
+                           ("bias 0.05", {"expert_bias": True, "bias_update_rate": 0.05})):
         layer = MoELayer(MoEConfig(hidden_size=32, moe_intermediate_size=16, num_experts=E, top_k=K, **options))
         skew = np.random.default_rng(1).standard_normal((E, 32)).astype(np.float32) * 0.1
-        skew[0] += 0.5
+        skew[0] += 0.15  # expert 0 first for every token, its softmax weight ~0.5
         layer.gate.weight.set_data(Tensor(skew))
         opt = DistributedOptimizer(layer, OptimizerConfig(lr=1e-2, weight_decay=0.0, clip_grad=0.0))
         params, seen = layer.trainable_params(), {}

@@ -124,10 +124,13 @@ class _AllToAllV(_Region):
     tensor the model differentiates non-empty."""
 
     def forward(self, x):
-        return _with_placeholder(comm.all_to_all_v(x[:-1], self.group, self.dims["send"], self.dims["recv"]), x)
+        rows = comm.all_to_all_v(x[:-1], self.group, self.dims["send"], self.dims["recv"], self.dims["sizes"])
+        return _with_placeholder(rows, x)
 
     def backward(self, dy):
-        return _with_placeholder(comm.all_to_all_v(dy[:-1], self.group, self.dims["recv"], self.dims["send"]), dy)
+        sizes = self.dims["sizes"]
+        back = None if sizes is None else [list(column) for column in zip(*sizes)]  # j -> k becomes k -> j
+        return _with_placeholder(comm.all_to_all_v(dy[:-1], self.group, self.dims["recv"], self.dims["send"], back), dy)
 
 
 def _with_placeholder(rows, like):
@@ -199,13 +202,16 @@ def all_to_all(x, group: Group, scatter_dim: int, gather_dim: int):
     return _apply(_AllToAll, x, group, scatter_dim=scatter_dim % x.ndim, gather_dim=gather_dim % x.ndim)
 
 
-def all_to_all_v(x, group: Group, send_sizes, recv_sizes):
+def all_to_all_v(x, group: Group, send_sizes, recv_sizes, all_sizes=None):
     """Forward: rank i sends its next ``send_sizes[k]`` rows to rank k and stacks the
     ``recv_sizes[k]`` rows each rank k sends it; backward: the same exchange with the sizes swapped.
-    ``x`` carries one trailing placeholder row (not sent); so does the result (zeros)."""
+    ``x`` carries one trailing placeholder row (not sent); so does the result (zeros).
+    ``all_sizes`` (every rank's send sizes, when all know them) saves the CPU backend a collective."""
     if group.size == 1:
         return x
-    return _AllToAllV(group, send=tuple(int(s) for s in send_sizes), recv=tuple(int(r) for r in recv_sizes))(x)
+    sizes = None if all_sizes is None else tuple(tuple(int(v) for v in row) for row in all_sizes)
+    return _AllToAllV(group, send=tuple(int(s) for s in send_sizes), recv=tuple(int(r) for r in recv_sizes),
+                      sizes=sizes)(x)
 
 
 def ring_shift(x, group: Group, offset: int = 1):

@@ -125,11 +125,14 @@ def all_to_all(x, group: Optional[Group] = None, scatter_dim: int = 0, gather_di
     return get_backend().all_to_all(x, group, scatter_dim, gather_dim)
 
 
-def all_to_all_v(x, group: Optional[Group], send_sizes: Sequence[int], recv_sizes: Sequence[int]):
+def all_to_all_v(x, group: Optional[Group], send_sizes: Sequence[int], recv_sizes: Sequence[int],
+                 all_sizes: Optional[Sequence[Sequence[int]]] = None):
     """Variable-size all-to-all along dim 0 (MoE token dispatch): x's rows are cut into pieces of
     ``send_sizes[k]`` rows, piece k going to group rank k; the result stacks the ``recv_sizes[k]``
     rows group rank k addressed here, in group-rank order. Every rank's sizes must agree with its
-    peers' (what j sends to i is what i expects from j); a piece may be empty."""
+    peers' (what j sends to i is what i expects from j); a piece may be empty. ``all_sizes``, when
+    every rank knows it (``all_sizes[j][k]``: rows j sends to k), spares the CPU backend its
+    exchange of sizes."""
     group = _group(group)
     send_sizes, recv_sizes = [int(s) for s in send_sizes], [int(r) for r in recv_sizes]
     if len(send_sizes) != group.size or len(recv_sizes) != group.size or min(send_sizes + recv_sizes) < 0:
@@ -138,9 +141,14 @@ def all_to_all_v(x, group: Optional[Group], send_sizes: Sequence[int], recv_size
     if sum(send_sizes) != x.shape[0]:
         raise ValueError(f"all_to_all_v: send sizes {send_sizes} add up to {sum(send_sizes)} rows, "
                          f"x has {x.shape[0]}")
+    if all_sizes is not None:
+        all_sizes = [[int(v) for v in row] for row in all_sizes]
+        if all_sizes[group.rank] != send_sizes or [row[group.rank] for row in all_sizes] != recv_sizes:
+            raise ValueError(f"all_to_all_v: all_sizes {all_sizes} disagree with this rank's send sizes "
+                             f"{send_sizes} / receive sizes {recv_sizes}")
     if group.size == 1:
         return x
-    return get_backend().all_to_all_v(x, group, send_sizes, recv_sizes)
+    return get_backend().all_to_all_v(x, group, send_sizes, recv_sizes, all_sizes)
 
 
 def broadcast(x, src: int, group: Optional[Group] = None):

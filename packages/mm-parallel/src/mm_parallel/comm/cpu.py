@@ -7,8 +7,9 @@ Measured on MindSpore 2.7.2 CPU (DESIGN §4): ``all_reduce``, ``all_gather`` (li
     reduce_scatter(x)  = the group-rank-th chunk of all_reduce(x)
     all_to_all(x)      = small: all_gather(x), keep the chunks addressed here; large (or n = 2):
                          n-1 round-robin rounds, each swapping the addressed chunk with one partner
-    all_to_all_v(x)    = n = 2: one exchange of the two pieces; else all_gather the send sizes, then
-                         every rank's rows padded to the longest, keep the pieces addressed here
+    all_to_all_v(x)    = n = 2: one exchange of the two pieces; else all_gather the send sizes (unless
+                         the caller knows them all), then every rank's rows padded to the longest
+                         in one all_gather, keep the pieces addressed here
     send / recv        = broadcast inside the two-rank group {sender, receiver}
     exchange(x, peer)  = all_gather inside the two-rank group {me, peer}
     ring_shift(x)      = one-way broadcasts in two-rank groups, 2-3 rounds of disjoint pairs
@@ -136,7 +137,7 @@ class CpuBackend(Backend):
                                          group.ranks[j], pieces[j].shape)
         return ops.concat([received[j] for j in range(n)], gather_dim)
 
-    def all_to_all_v(self, x, group, send_sizes, recv_sizes):
+    def all_to_all_v(self, x, group, send_sizes, recv_sizes, all_sizes=None):
         n, me, row = group.size, group.rank, tuple(x.shape[1:])
         offsets = [sum(send_sizes[:k]) for k in range(n + 1)]  # Python ints: Tensor slices refuse numpy ints
         if n == 2:
@@ -147,8 +148,9 @@ class CpuBackend(Backend):
                 received[peer] = self._swap(x[offsets[peer]:offsets[peer + 1]], group, group.ranks[peer],
                                             (recv_sizes[peer],) + row)
         else:
-            sizes = self._gather_list(Tensor(np.asarray(send_sizes, np.int32)), group)
-            sizes = np.stack([s.asnumpy() for s in sizes])  # sizes[j, k]: rows j sends to k
+            if all_sizes is None:
+                all_sizes = [s.asnumpy() for s in self._gather_list(Tensor(np.asarray(send_sizes, np.int32)), group)]
+            sizes = np.asarray(all_sizes, np.int64)  # sizes[j, k]: rows j sends to k
             width = int(sizes.sum(1).max())
             if width == 0:
                 return zeros((0,) + row, x.dtype)

@@ -56,7 +56,7 @@ class NativeBackend(Backend):
         pieces = ops.split(_from_front(out, scatter_dim), x.shape[scatter_dim] // group.size, scatter_dim)
         return ops.concat(pieces, gather_dim)
 
-    def all_to_all_v(self, x, group, send_sizes, recv_sizes):
+    def all_to_all_v(self, x, group, send_sizes, recv_sizes, all_sizes=None):
         import mindspore.mint.distributed as dist
 
         out = ops.zeros((sum(recv_sizes),) + tuple(x.shape[1:]), x.dtype)

@@ -4,7 +4,8 @@ Notation: P ranks in the ep group, E experts, E_l = E / P per rank (rank p holds
 rank i routes T_i tokens, slot (t, j) goes to expert e[t, j] with weight w[t, j].
 
 AllToAllDispatcher (dropless; Megatron's "alltoall"):
-    counts     c_i[e] = slots of rank i for expert e; all-gathered, so every rank knows C[i, e]
+    counts     c_i[e] = slots of rank i for expert e; all-gathered, so every rank knows C[i, e] (and
+               so every exchange's sizes: no further size exchange)
     dispatch   rank i sends its slots sorted by expert: sum_{e of rank p} c_i[e] rows to rank p
                (mappings.all_to_all_v; backward: the same exchange reversed)
     experts    rank p stacks the rows for its experts from every source and groups them by expert
@@ -61,8 +62,7 @@ class _Sent:
     """What an all-to-all combine needs from its dispatch."""
 
     row_of_slot: np.ndarray
-    send_sizes: list
-    recv_sizes: list
+    sizes: np.ndarray  # sizes[j, k]: rows rank j sent to rank k
     groups: ExpertGroups
     weights: Tensor
 
@@ -84,19 +84,21 @@ class AllToAllDispatcher:
         else:
             gathered = comm.all_gather(Tensor(layout.counts.astype(np.int32)), self.group)
             counts = gathered.asnumpy().reshape(p, self.num_experts)
-        send_sizes = [int(layout.counts[q * local:(q + 1) * local].sum()) for q in range(p)]
-        recv_sizes = [int(counts[q, self.group.rank * local:(self.group.rank + 1) * local].sum()) for q in range(p)]
+        sizes = counts.reshape(p, p, local).sum(2)  # sizes[j, k]: rows rank j sends to rank k
+        send_sizes, recv_sizes = sizes[self.group.rank].tolist(), sizes[:, self.group.rank].tolist()
         rows = np.where(layout.tokens < 0, tokens, layout.tokens)
         sent = ops.gather(_with_zero_row(x), _index(np.append(rows, tokens)), 0)
-        received = mappings.all_to_all_v(sent, self.group, send_sizes, recv_sizes)
+        received = mappings.all_to_all_v(sent, self.group, send_sizes, recv_sizes, sizes)
         experts = np.append(received_experts(counts, self.group.rank, local), -1)  # the zero row: no expert
         groups = expert_groups(experts, local, sink=len(experts) - 1)
-        return received, groups, _Sent(layout.row_of_slot, send_sizes, recv_sizes, groups, routing.weights)
+        return received, groups, _Sent(layout.row_of_slot, sizes, groups, routing.weights)
 
     def combine(self, expert_out, state: _Sent):
         """(T, H): every token's weighted sum of its experts' outputs."""
         back = ops.gather(expert_out, _index(state.groups.slot), 0)
-        returned = mappings.all_to_all_v(back, self.group, state.recv_sizes, state.send_sizes)
+        me, back_sizes = self.group.rank, state.sizes.T  # the way back: k returns to j what j sent k
+        returned = mappings.all_to_all_v(back, self.group, back_sizes[me].tolist(), back_sizes[:, me].tolist(),
+                                         back_sizes)
         sink = returned.shape[0] - 1
         return weighted_sum(returned, np.where(state.row_of_slot < 0, sink, state.row_of_slot), state.weights)
 
