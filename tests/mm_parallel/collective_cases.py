@@ -56,7 +56,7 @@ def case_names(world_size: int) -> List[str]:
         for s, g in ALL_TO_ALL_DIMS:
             names.append(f"{kind}/all_to_all/{s}to{g}")
         names += [f"{kind}/all_to_all/int64", f"{kind}/broadcast/float32", f"{kind}/broadcast/bool"]
-        names += [f"{kind}/all_to_all_v/{sizes}" for sizes in ("random", "empty", "known")]
+        names += [f"{kind}/all_to_all_v/{sizes}" for sizes in ("random", "empty", "known", "megabytes")]
         names += [f"{kind}/ring_shift/{d}" for d in ("+1", "-1", "+2", "+3")] + [f"{kind}/barrier"]
         names += [f"{kind}/map/{m}" for m in MAPS]
         names += [f"{kind}/errors/not_divisible"]
@@ -180,7 +180,8 @@ def _run_case(name: str, topo) -> str:
 
 def _run_all_to_all_v(which: str, group) -> str:
     """sizes[j, k] rows from rank j to rank k, the same matrix on every rank; "empty": rank 0
-    receives nothing and rank 1 sends nothing; "known": the whole matrix passed (no size exchange)."""
+    receives nothing and rank 1 sends nothing; "known": the whole matrix passed (no size exchange);
+    "megabytes": rows of ~1 MB, so more than two ranks go pairwise (comm/cpu.py)."""
     from mindspore import Tensor
 
     from mm_parallel import comm
@@ -190,12 +191,13 @@ def _run_all_to_all_v(which: str, group) -> str:
     if which == "empty":
         sizes[:, 0] = 0
         sizes[min(1, n - 1), :] = 0
-    xs = [np.random.default_rng([j, 7]).standard_normal((int(sizes[j].sum()), 3)).astype(np.float32)
+    width = 2 ** 18 + 3 if which == "megabytes" else 3
+    xs = [np.random.default_rng([j, 7]).standard_normal((int(sizes[j].sum()), width)).astype(np.float32)
           for j in range(n)]
     want = [xs[j][sizes[j, :me].sum():sizes[j, :me + 1].sum()] for j in range(n)]
     got = comm.all_to_all_v(Tensor(xs[me]), group, sizes[me].tolist(), sizes[:, me].tolist(),
                             sizes.tolist() if which == "known" else None)
-    return _compare(got.asnumpy().reshape(-1, 3), np.concatenate(want))
+    return _compare(got.asnumpy().reshape(-1, width), np.concatenate(want))
 
 
 def _run_large(what: str, megabytes: int, group, name) -> str:

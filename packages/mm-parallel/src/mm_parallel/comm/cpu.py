@@ -8,8 +8,9 @@ Measured on MindSpore 2.7.2 CPU (DESIGN §4): ``all_reduce``, ``all_gather`` (li
     all_to_all(x)      = small: all_gather(x), keep the chunks addressed here; large (or n = 2):
                          n-1 round-robin rounds, each swapping the addressed chunk with one partner
     all_to_all_v(x)    = n = 2: one exchange of the two pieces; else all_gather the send sizes (unless
-                         the caller knows them all), then every rank's rows padded to the longest
-                         in one all_gather, keep the pieces addressed here
+                         the caller knows them all), then small: every rank's rows padded to the
+                         longest in one all_gather, keep the pieces addressed here; large: the
+                         pairwise rounds of all_to_all with pieces of any size
     send / recv        = broadcast inside the two-rank group {sender, receiver}
     exchange(x, peer)  = all_gather inside the two-rank group {me, peer}
     ring_shift(x)      = one-way broadcasts in two-rank groups, 2-3 rounds of disjoint pairs
@@ -140,32 +141,37 @@ class CpuBackend(Backend):
     def all_to_all_v(self, x, group, send_sizes, recv_sizes, all_sizes=None):
         n, me, row = group.size, group.rank, tuple(x.shape[1:])
         offsets = [sum(send_sizes[:k]) for k in range(n + 1)]  # Python ints: Tensor slices refuse numpy ints
-        if n == 2:
-            peer = 1 - me
-            received = [None, None]
-            received[me] = x[offsets[me]:offsets[me + 1]]
-            if send_sizes[peer] or recv_sizes[peer]:
-                received[peer] = self._swap(x[offsets[peer]:offsets[peer + 1]], group, group.ranks[peer],
-                                            (recv_sizes[peer],) + row)
-        else:
+        pieces = [x[offsets[k]:offsets[k + 1]] for k in range(n)]
+        received = [None] * n
+        received[me] = pieces[me]
+        if n > 2:
             if all_sizes is None:
                 all_sizes = [s.asnumpy() for s in self._gather_list(Tensor(np.asarray(send_sizes, np.int32)), group)]
             sizes = np.asarray(all_sizes, np.int64)  # sizes[j, k]: rows j sends to k
             width = int(sizes.sum(1).max())
             if width == 0:
                 return zeros((0,) + row, x.dtype)
-            flat = x.reshape(-1)
-            if x.shape[0] < width:
-                flat = ops.concat([flat, zeros(((width - x.shape[0]) * _numel(row),), x.dtype)])
-            parts = self._gather_list(flat, group)
-            received = []
-            for j, part in enumerate(parts):
-                start = int(sizes[j, :me].sum())
-                received.append(part.reshape((width,) + row)[start:start + int(sizes[j, me])])
-        pieces = [p for p in received if p is not None and p.shape[0]]
-        if not pieces:
-            return zeros((0,) + row, x.dtype)
-        return pieces[0] if len(pieces) == 1 else ops.concat(pieces, 0)
+            if width * _numel(row) * x.itemsize < _PAIRWISE_ALL_TO_ALL_BYTES:
+                return self._all_to_all_v_gathered(x, group, sizes, width, row)
+        # two ranks, or large pieces: in each round-robin round swap with one partner the piece for it
+        for partners in round_robin(n) if n > 2 else [[1, 0]]:
+            j = partners[me]
+            if j is not None and (send_sizes[j] or recv_sizes[j]):
+                received[j] = self._swap(pieces[j], self.pair(group.global_rank, group.ranks[j]), group.ranks[j],
+                                         (recv_sizes[j],) + row)
+        return _stacked([p for p in received if p is not None], row, x.dtype)
+
+    def _all_to_all_v_gathered(self, x, group, sizes, width: int, row):
+        """Small pieces: every rank's rows padded to the longest, one all_gather, keep the pieces for me."""
+        me = group.rank
+        flat = x.reshape(-1)
+        if x.shape[0] < width:
+            flat = ops.concat([flat, zeros(((width - x.shape[0]) * _numel(row),), x.dtype)])
+        received = []
+        for j, part in enumerate(self._gather_list(flat, group)):
+            start = int(sizes[j, :me].sum())
+            received.append(part.reshape((width,) + row)[start:start + int(sizes[j, me])])
+        return _stacked(received, row, x.dtype)
 
     def broadcast(self, x, src, group):
         import mindspore.mint.distributed as dist
@@ -233,6 +239,14 @@ class CpuBackend(Backend):
             flat = ops.concat([flat, zeros((width - numel,), x.dtype)])
         parts = self._gather_list(flat, group)
         return parts[group.group_rank_of(src)][:recv_numel].reshape(tuple(recv_shape))
+
+
+def _stacked(pieces, row, dtype):
+    """The non-empty pieces concatenated along dim 0 (zero rows if none)."""
+    pieces = [p for p in pieces if p.shape[0]]
+    if not pieces:
+        return zeros((0,) + tuple(row), dtype)
+    return pieces[0] if len(pieces) == 1 else ops.concat(pieces, 0)
 
 
 def _numel(shape: Sequence[int]) -> int:
