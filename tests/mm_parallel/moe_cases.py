@@ -30,6 +30,7 @@ CASES = {
     "capacity_allgather_ep2": {"layout": {"ep": 2}, "moe": {**CAPACITY, "dispatcher": "allgather"}},
     "skewed_ep4": {"layout": {"ep": 4}, "checkpoint": "skewed"},
     "skewed_allgather_ep4": {"layout": {"ep": 4}, "checkpoint": "skewed", "moe": {"dispatcher": "allgather"}},
+    "skewed_top1_ep4": {"layout": {"ep": 4}, "checkpoint": "skewed", "moe": {"top_k": 1}},  # all to expert 0
     "expert_bias_ep2": {"layout": {"ep": 2}, "moe": {"expert_bias": True, "bias_update_rate": 0.05}},
     "topk_softmax_shared_ep2_tp2_sp": {"layout": {"tp": 2, "ep": 2, "sequence_parallel": True}, "checkpoint": "shared"},
     "topk_softmax_shared_ep2_tp2_sp_etp1": {"layout": {"tp": 2, "ep": 2, "expert_tp": 1, "sequence_parallel": True},

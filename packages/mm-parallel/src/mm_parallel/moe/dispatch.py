@@ -57,6 +57,15 @@ def weighted_sum(outputs, rows: np.ndarray, weights):
     return _bmm(weights.astype(picked.dtype).reshape(tokens, 1, k), picked).reshape(tokens, -1)
 
 
+class _Dispatcher:
+    """The ep group and this rank's experts; ``dispatch(x, routing, pad_to)`` -> (expert input
+    buffer (N + 1, H), its `ExpertGroups`, state), ``combine(expert_out, state)`` -> (T, H)."""
+
+    def __init__(self, num_experts: int, topology: Topology):
+        self.num_experts, self.group = num_experts, topology.ep
+        self.local = num_experts // self.group.size
+
+
 @dataclass
 class _Sent:
     """What an all-to-all combine needs from its dispatch."""
@@ -67,12 +76,8 @@ class _Sent:
     weights: Tensor
 
 
-class AllToAllDispatcher:
+class AllToAllDispatcher(_Dispatcher):
     """See the module docstring."""
-
-    def __init__(self, num_experts: int, topology: Topology):
-        self.num_experts, self.group = num_experts, topology.ep
-        self.local = num_experts // self.group.size
 
     def dispatch(self, x, routing: Routing, pad_to: Optional[int] = None):
         """-> (expert input buffer (N + 1, H), its `ExpertGroups`, state for `combine`)."""
@@ -105,17 +110,15 @@ class AllToAllDispatcher:
 
 @dataclass
 class _Gathered:
+    """What an all-gather combine needs from its dispatch."""
+
     tokens: int
     slot_of_slots: np.ndarray
     weights: Tensor
 
 
-class AllGatherDispatcher:
+class AllGatherDispatcher(_Dispatcher):
     """See the module docstring."""
-
-    def __init__(self, num_experts: int, topology: Topology):
-        self.num_experts, self.group = num_experts, topology.ep
-        self.local = num_experts // self.group.size
 
     def dispatch(self, x, routing: Routing, pad_to: Optional[int] = None):
         tokens, k = routing.experts.shape
