@@ -275,6 +275,58 @@ def test_grouped_matmul_equals_a_loop_over_experts():
                                rtol=1e-5, atol=1e-6)
 
 
+def grouped_matmul_stand_in(calls):
+    """Ascend's grouped_matmul as MindSpore documents it for split_item=3, group_type=0 (the
+    differentiable mode): x one 2-D tensor (M, K), weight one 3-D tensor (E, N, K) with
+    transpose_b, group_list the int64 cumulative row counts (E,) ending at M; rows
+    [g_{e-1}, g_e) times weight[e]^T. Records each call's arguments in ``calls``."""
+    from mindspore import ops
+
+    def kernel(x, weight, group_list):
+        ends = group_list.asnumpy()
+        calls.append((tuple(x.shape), tuple(weight.shape), str(group_list.dtype), ends.tolist()))
+        assert ends.dtype == np.int64 and ends.shape == (weight.shape[0],) and ends[-1] == x.shape[0]
+        starts = np.concatenate([[0], ends[:-1]])
+        parts = [ops.matmul(x[int(a):int(b)], weight[e].T) for e, (a, b) in enumerate(zip(starts, ends)) if b > a]
+        return ops.concat(parts, 0) if len(parts) > 1 else parts[0]
+
+    return kernel
+
+
+def test_the_ascend_grouped_matmul_branch_equals_the_batched_path(monkeypatch):
+    """The fused branch (forced on, the kernel a documented-semantics stand-in) against the CPU
+    path: outputs and gradients of tokens and both expert tensors, one expert without rows."""
+    import sys
+
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from mm_parallel.moe import GroupedExperts
+    from mm_parallel.moe import experts as experts_module
+
+    kernel_module = sys.modules["mm_parallel.ops.grouped_matmul"]  # the module (mm_parallel.ops exports the function)
+
+    experts = GroupedExperts(4, H, INNER)
+    rows = np.random.default_rng(2).standard_normal((6, H))
+    tokens = Tensor(np.concatenate([rows, np.zeros((1, H))]).astype(np.float32))
+    groups = tl.expert_groups(np.array([3, 0, 3, 3, 0, 1, -1]), local=4, sink=6)  # expert 2 gets nothing
+    params = experts.trainable_params()
+
+    def run():
+        return ms.value_and_grad(lambda t: (experts(t, groups) ** 2).sum(), 0, params)(tokens)
+
+    want_loss, (want_dx, want_grads) = run()
+    calls = []
+    monkeypatch.setattr(experts_module, "use_fused", lambda: True)
+    monkeypatch.setattr(kernel_module, "_fused_kernel", grouped_matmul_stand_in(calls))
+    got_loss, (got_dx, got_grads) = run()
+    assert calls and calls[0] == ((6, H), (4, 2 * INNER, H), "Int64", [2, 3, 3, 6])
+    np.testing.assert_allclose(got_loss.asnumpy(), want_loss.asnumpy(), rtol=1e-5)
+    np.testing.assert_allclose(got_dx.asnumpy(), want_dx.asnumpy(), rtol=1e-4, atol=1e-6)
+    for got, want in zip(got_grads, want_grads):
+        np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-4, atol=1e-6)
+
+
 # -- metrics, expert bias, errors -----------------------------------------------------------------
 
 def test_metrics_and_the_expert_bias_push_against_the_overloaded_expert():

@@ -11,9 +11,12 @@ parallelism (``expert_tp`` = tp) cuts I over tp as a tensor-parallel MLP does (g
 rows, each part alone; down by columns), the output a partial sum that one all-reduce over tp
 completes. Gradients are averaged over expert-dp (mm_parallel.sharding ``grad_sync="edp"``).
 
-Grouped matmul on CPU: the rows of each local expert are gathered into a (E_local, M, H) block
+Grouped matmul: on CPU the rows of each local expert are gathered into a (E_local, M, H) block
 padded to the largest group M (mm_parallel.moe.token_layout), then two BatchMatMuls compute every
-expert at once; no Python loop over experts (benchmarks/moe.py measures both).
+expert at once; no Python loop over experts (benchmarks/moe.py measures both). On Ascend the rows
+are gathered expert after expert without padding and Ascend's grouped_matmul kernel computes
+them (mm_parallel.ops.grouped_matmul); the outputs are laid out as the padded block's, so both
+paths return the same thing.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from mm_parallel import mappings
 from mm_parallel.blocks import activation
-from mm_parallel.ops.device import zeros
+from mm_parallel.ops.device import use_fused, zeros
+from mm_parallel.ops.grouped_matmul import grouped_matmul
 from mm_parallel.sharding import ParamSharding, set_sharding
 from mm_parallel.tensor_parallel import init_rng
 from mm_parallel.topology import Topology, get_topology
@@ -91,6 +95,8 @@ class GroupedExperts(nn.Cell):
         return disk_tensors(key[: -len(attr)], attr, full, self.save_layout or self.checkpoint_layout or "fused")
 
     def construct(self, tokens, groups):
+        if use_fused() and groups.counts.sum():
+            return self._grouped_kernel(tokens, groups)
         local, width = self.local, groups.width
         x = ops.gather(tokens, Tensor(groups.padded.astype(np.int32)), 0).reshape(local, width, self.hidden)
         if self.tp_group is not None:
@@ -100,6 +106,24 @@ class GroupedExperts(nn.Cell):
         if self.tp_group is not None:
             y = mappings.reduce_from_region(y, self.tp_group)
         return ops.concat([y.reshape(local * width, self.hidden), zeros((1, self.hidden), y.dtype)], 0)
+
+    def _grouped_kernel(self, tokens, groups):
+        """The same outputs from Ascend's grouped matmul over the unpadded rows, expert after expert."""
+        width, counts = groups.width, groups.counts
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        rows = np.concatenate([groups.padded[e * width:e * width + counts[e]] for e in range(self.local)])
+        x = ops.gather(tokens, Tensor(rows.astype(np.int32)), 0)
+        if self.tp_group is not None:
+            x = mappings.copy_to_region(x, self.tp_group)
+        gate, up = ops.chunk(grouped_matmul(x, self.gate_up_proj.astype(x.dtype), counts), 2, -1)
+        y = grouped_matmul(self.act(gate) * up, self.down_proj.astype(x.dtype), counts)
+        if self.tp_group is not None:
+            y = mappings.reduce_from_region(y, self.tp_group)
+        padded = np.full(self.local * width + 1, rows.size, np.int64)  # padding and the last row: zeros
+        for e in range(self.local):
+            padded[e * width:e * width + counts[e]] = starts[e] + np.arange(counts[e])
+        y = ops.concat([y, zeros((1, self.hidden), y.dtype)], 0)
+        return ops.gather(y, Tensor(padded.astype(np.int32)), 0)
 
     def per_expert_loop(self, tokens, groups):
         """The same outputs expert by expert (the reference benchmarks/moe.py times against)."""

@@ -1,0 +1,28 @@
+"""Grouped matmul: rows of x cut into consecutive groups, group e multiplied by weight e.
+
+    y[g_{e-1}:g_e] = x[g_{e-1}:g_e] W_e^T        W (E, N, K), x (M, K), g = cumsum(counts), g_{-1} = 0
+
+On Ascend this is the fused ``grouped_matmul`` kernel (one TensorList each, ``split_item=3``,
+``group_type=0``: the mode MindSpore differentiates; ``group_list`` the cumulative row counts,
+int64). Elsewhere `mm_parallel.moe.GroupedExperts` pads the groups into one batched matmul
+instead (measured faster on CPU than a loop, benchmarks/moe.py), so this entry is Ascend's only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mindspore import Tensor
+
+
+def _fused_kernel(x, weight, group_list):
+    from mindspore.ops.auto_generate import grouped_matmul
+
+    return grouped_matmul([x], [weight], group_list=group_list, split_item=3, group_type=0, transpose_b=True)[0]
+
+
+def grouped_matmul(x, weight, counts: np.ndarray):
+    """(sum(counts), N): group e (``counts[e]`` consecutive rows of x) times weight[e]^T."""
+    if int(np.sum(counts)) != x.shape[0]:
+        raise ValueError(f"grouped_matmul: counts {list(counts)} add up to {int(np.sum(counts))} rows, "
+                         f"x has {x.shape[0]}")
+    return _fused_kernel(x, weight, Tensor(np.cumsum(counts).astype(np.int64)))
