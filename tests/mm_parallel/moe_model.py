@@ -1,9 +1,10 @@
-"""A toy model of MoE layers for the layout-equivalence tests: h = x; per layer h = h + moe(h);
+"""A toy model of MoE layers for the layout-equivalence tests: h = x; per layer h = h + moe(h, mask);
 loss per sample = sum_t (head . h_t)^2 / tokens + aux_loss_coef * aux + z_loss_coef * z, with the
 aux and z losses of transformers / ST-MoE over every layer (mm_parallel.moe). One forward is one
 sample, so the routing statistics (and capacity) are per sample under every layout; the model's
-loss is the mean over samples. Pipeline stages pass the hidden tokens and the statistics of the
-layers before them."""
+loss is the mean over samples. The aux loss counts the tokens the sample's mask marks (each rank
+passes its own part of the mask, cut as its tokens are). Pipeline stages pass the hidden tokens
+and the statistics of the layers before them."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def toy_class():
             super().__init__()
             self.mlp = MoELayer(config, topo, init_std=0.5)
 
-        def construct(self, h):
-            return h + self.mlp(h)
+        def construct(self, h, mask):
+            return h + self.mlp(h, token_mask=mask)
 
     class ToyMoE(ParallelModel):
         layer_prefix = "layers."
@@ -56,9 +57,9 @@ def toy_class():
             with open(os.path.join(path, "config.json"), "w") as f:
                 json.dump(self.config, f)
 
-        def run_layers(self, h, stats):
+        def run_layers(self, h, stats, mask):
             for i in range(len(self.layers)):
-                h = self.layers[i](h)
+                h = self.layers[i](h, mask)
                 stats = stats + [self.layers[i].mlp.stats]
             return h, stats
 
@@ -67,7 +68,8 @@ def toy_class():
                 h, stats = self.enter_sequence(Tensor(batch["x"])), []
             else:
                 h, stats = x["hidden"], [x["moe_stats"][i] for i in range(x["moe_stats"].shape[0])]
-            h, stats = self.run_layers(h, stats)
+            mask = self.enter_sequence(Tensor(batch["mask"][..., None])).asnumpy()  # this rank's part
+            h, stats = self.run_layers(h, stats, mask)
             return {"hidden": h, "moe_stats": ops.stack(stats)}
 
         def pipeline_loss(self, out, batch):
@@ -116,7 +118,9 @@ def write_checkpoints(root):
 def batch():
     """Positive inputs, so the skewed router's choice holds for every token."""
     rng = np.random.default_rng(11)
-    return {"x": (np.abs(rng.standard_normal((SAMPLES, S, H))) + 0.1).astype(np.float32)}
+    mask = np.ones((SAMPLES, S), np.float32)
+    mask[:, S - 3:] = rng.integers(0, 2, (SAMPLES, 3))  # padding at the ends of some samples
+    return {"x": (np.abs(rng.standard_normal((SAMPLES, S, H))) + 0.1).astype(np.float32), "mask": mask}
 
 
 def spec():
@@ -129,10 +133,10 @@ def spec():
 
     def split(b, index, parts):
         n = b["x"].shape[0] // parts
-        return {"x": b["x"][index * n:(index + 1) * n]}
+        return {key: value[index * n:(index + 1) * n] for key, value in b.items()}
 
     def loss(model, b):
-        parts = [model.sample_loss({"x": b["x"][i:i + 1]}) for i in range(b["x"].shape[0])]
+        parts = [model.sample_loss({key: value[i:i + 1] for key, value in b.items()}) for i in range(b["x"].shape[0])]
         return sum(parts) / len(parts)
 
     return ModelSpec(build=build, split=split, samples=lambda b: b["x"].shape[0], loss=loss)

@@ -11,7 +11,8 @@ Context parallel ranks route their own parts of a sample. The shared expert is a
 layer's input as received (sequence parallel inside it, as any MLP).
 
 Routing statistics, per layer, over the ranks that hold one sample's tokens (cp, and tp when the
-tokens are split over it) and the tokens ``token_mask`` marks (transformers' attention mask):
+tokens are split over it) and the tokens ``token_mask`` marks (transformers' attention mask; each
+rank passes the part for the tokens it holds, gathered with them when they are gathered):
     v = [sum_t p_t (E) | count_e (E) | rows | sum_t lse_t^2]      one matmul mask (1, T) @ [...]
 summed over those ranks in forward (identity backward: each rank differentiates its own tokens).
 Over the model's layers l (transformers' load_balancing_loss_func, which pools the layers):
@@ -77,6 +78,9 @@ class MoELayer(nn.Cell):
         x = hidden_states
         if self.gather_tokens:
             x = mappings.gather_from_sequence(x, topo.tp, seq_dim, grad_reduce_scatter=False)
+            if token_mask is not None:  # the mask of the gathered tokens: every tp rank's part, in order
+                local = _host_mask(token_mask).reshape(hidden_states.shape[:-1])
+                token_mask = comm.all_gather(Tensor(local), topo.tp, seq_dim).asnumpy()
         flat = x.reshape(-1, cfg.hidden_size)
         routing = self.gate(flat)
         pad_to = None
@@ -115,8 +119,12 @@ class MoELayer(nn.Cell):
         return stats
 
 
+def _host_mask(token_mask) -> np.ndarray:
+    return np.asarray(token_mask.asnumpy() if isinstance(token_mask, Tensor) else token_mask, np.float32)
+
+
 def _mask_row(token_mask, tokens: int) -> np.ndarray:
-    mask = np.asarray(token_mask.asnumpy() if isinstance(token_mask, Tensor) else token_mask, np.float32)
+    mask = _host_mask(token_mask)
     if mask.size != tokens:
         raise ValueError(f"token_mask has {mask.size} entries for {tokens} tokens; pass this rank's part of the "
                          "attention mask, shaped as the layer's tokens")
