@@ -28,10 +28,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mindspore import nn, ops
+from mindspore import nn
 
 from mm_parallel import comm
 from mm_parallel.comm.base import chunk
+from mm_parallel.ops.device import with_zero_row
 from mm_parallel.topology import Group, get_topology
 
 
@@ -125,19 +126,12 @@ class _AllToAllV(_Region):
 
     def forward(self, x):
         rows = comm.all_to_all_v(x[:-1], self.group, self.dims["send"], self.dims["recv"], self.dims["sizes"])
-        return _with_placeholder(rows, x)
+        return with_zero_row(rows, x)
 
     def backward(self, dy):
         sizes = self.dims["sizes"]
         back = None if sizes is None else [list(column) for column in zip(*sizes)]  # j -> k becomes k -> j
-        return _with_placeholder(comm.all_to_all_v(dy[:-1], self.group, self.dims["recv"], self.dims["send"], back), dy)
-
-
-def _with_placeholder(rows, like):
-    from mm_parallel.ops.device import zeros
-
-    placeholder = zeros((1,) + tuple(like.shape[1:]), like.dtype)
-    return ops.concat([rows, placeholder], 0) if rows.shape[0] else placeholder
+        return with_zero_row(comm.all_to_all_v(dy[:-1], self.group, self.dims["recv"], self.dims["send"], back), dy)
 
 
 def _check_divisible(x, dim, group):

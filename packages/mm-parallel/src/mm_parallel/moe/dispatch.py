@@ -36,14 +36,10 @@ from mindspore import Tensor, ops
 from mm_parallel import comm, mappings
 from mm_parallel.moe.router import Routing
 from mm_parallel.moe.token_layout import ExpertGroups, expert_groups, received_experts, send_layout
-from mm_parallel.ops.device import zeros
+from mm_parallel.ops.device import with_zero_row, zeros
 from mm_parallel.topology import Topology
 
 _bmm = ops.BatchMatMul()
-
-
-def _with_zero_row(x):
-    return ops.concat([x, zeros((1,) + tuple(x.shape[1:]), x.dtype)], 0)
 
 
 def _index(array) -> Tensor:
@@ -92,7 +88,7 @@ class AllToAllDispatcher(_Dispatcher):
         sizes = counts.reshape(p, p, local).sum(2)  # sizes[j, k]: rows rank j sends to rank k
         send_sizes, recv_sizes = sizes[self.group.rank].tolist(), sizes[:, self.group.rank].tolist()
         rows = np.where(layout.tokens < 0, tokens, layout.tokens)
-        sent = ops.gather(_with_zero_row(x), _index(np.append(rows, tokens)), 0)
+        sent = ops.gather(with_zero_row(x), _index(np.append(rows, tokens)), 0)
         received = mappings.all_to_all_v(sent, self.group, send_sizes, recv_sizes, sizes)
         experts = np.append(received_experts(counts, self.group.rank, local), -1)  # the zero row: no expert
         groups = expert_groups(experts, local, sink=len(experts) - 1)
@@ -141,7 +137,7 @@ class AllGatherDispatcher(_Dispatcher):
         groups = expert_groups(mine, self.local, sink=mine.size)
         sink_row = x.shape[0]  # the zero row appended to the gathered tokens
         rows = replace(groups, padded=np.where(groups.padded == mine.size, sink_row, groups.padded // k))
-        return _with_zero_row(x), rows, _Gathered(tokens, groups.slot.reshape(-1, k), weights)
+        return with_zero_row(x), rows, _Gathered(tokens, groups.slot.reshape(-1, k), weights)
 
     def combine(self, expert_out, state: _Gathered):
         y = weighted_sum(expert_out, state.slot_of_slots, state.weights)

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mm_parallel import mappings
 from mm_parallel.blocks import activation
-from mm_parallel.ops.device import use_fused, zeros
+from mm_parallel.ops.device import use_fused, with_zero_row
 from mm_parallel.ops.grouped_matmul import grouped_matmul
 from mm_parallel.sharding import ParamSharding, set_sharding
 from mm_parallel.tensor_parallel import init_rng
@@ -105,7 +104,7 @@ class GroupedExperts(nn.Cell):
         y = _bmm_transposed(self.act(gate) * up, self.down_proj.astype(x.dtype))
         if self.tp_group is not None:
             y = mappings.reduce_from_region(y, self.tp_group)
-        return ops.concat([y.reshape(local * width, self.hidden), zeros((1, self.hidden), y.dtype)], 0)
+        return with_zero_row(y.reshape(local * width, self.hidden))
 
     def _grouped_kernel(self, tokens, groups):
         """The same outputs from Ascend's grouped matmul over the unpadded rows, expert after expert."""
@@ -122,8 +121,7 @@ class GroupedExperts(nn.Cell):
         padded = np.full(self.local * width + 1, rows.size, np.int64)  # padding and the last row: zeros
         for e in range(self.local):
             padded[e * width:e * width + counts[e]] = starts[e] + np.arange(counts[e])
-        y = ops.concat([y, zeros((1, self.hidden), y.dtype)], 0)
-        return ops.gather(y, Tensor(padded.astype(np.int32)), 0)
+        return ops.gather(with_zero_row(y), Tensor(padded.astype(np.int32)), 0)
 
     def per_expert_loop(self, tokens, groups):
         """The same outputs expert by expert (the reference benchmarks/moe.py times against)."""
@@ -133,4 +131,4 @@ class GroupedExperts(nn.Cell):
             x = ops.gather(tokens, Tensor(rows.astype(np.int32)), 0)
             gate, up = ops.chunk(ops.matmul(x, self.gate_up_proj[e].T), 2, -1)
             outputs.append(ops.matmul(self.act(gate) * up, self.down_proj[e].T))
-        return ops.concat(outputs + [zeros((1, self.hidden), ms.float32)], 0)
+        return with_zero_row(ops.concat(outputs, 0))

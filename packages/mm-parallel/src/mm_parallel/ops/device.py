@@ -39,6 +39,15 @@ def zeros(shape, dtype=ms.float32):
     return Tensor(np.zeros(tuple(shape), np.float32), dtype)
 
 
+def with_zero_row(rows, like=None):
+    """``rows`` (n, ...) with one row of zeros appended along dim 0; with n = 0 just that row
+    (``like`` then gives its shape and dtype). MoE token buffers end in such a row: padding and
+    dropped slots point at it, and MindSpore's autodiff fails on empty tensors (DESIGN §4)."""
+    like = rows if like is None else like
+    zero = zeros((1,) + tuple(like.shape[1:]), like.dtype)
+    return ops.concat([rows, zero], 0) if rows.shape[0] else zero
+
+
 @functools.lru_cache(maxsize=256)
 def ones(shape, dtype=ms.float32):
     """A tensor of ones, made once per (shape, dtype): the right operand of the row-sum matmuls
