@@ -136,6 +136,7 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
     out = recipe.output_dir
     resume_from = checkpoint.latest(out) if resume else None
     chunks, lora = build_model(task, recipe, topo, resume_from)
+    moe = any(mm_parallel.moe.moe_layers(chunk) for chunk in chunks)  # looked up once, not per step
     optimizer = mm_parallel.DistributedOptimizer(chunks[0] if len(chunks) == 1 else chunks, recipe.optim, topo)
     first = checkpoint.load_optimizer(resume_from, chunks, optimizer) if resume_from else 0
     params = [p for chunk in chunks for p in chunk.trainable_params()]
@@ -176,7 +177,7 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
             else:  # skipped like the optimizer skips a non-finite gradient: the schedule still advances
                 stats = {"lr": optimizer.lr_at(optimizer.iteration), "grad_norm": float("nan"), "skipped": True}
                 optimizer.iteration += 1
-            for chunk in chunks:  # aux-loss-free MoE balancing (nothing to do without expert biases)
+            for chunk in chunks if moe else ():  # aux-loss-free MoE balancing (nothing without expert biases)
                 mm_parallel.moe.update_expert_biases(chunk)
             bad_in_a_row = bad_in_a_row + 1 if stats["skipped"] else 0
             skipped_total += int(stats["skipped"])
@@ -187,7 +188,7 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
             row = {"step": step + 1, "loss": _finite(loss), "grad_norm": _finite(stats["grad_norm"]), "lr": stats["lr"],
                    "samples_per_s": speed["cluster_samples_per_s"], "tokens_per_s": speed["cluster_tokens_per_s"],
                    "mfu": speed["mfu"], "mem_bytes": memory()["peak_host_rss_bytes"], "skipped": stats["skipped"]}
-            routing = _routing_metrics(chunks)
+            routing = _routing_metrics(chunks) if moe else {}
             if routing:
                 row["moe"] = routing
             metrics.append(row)
