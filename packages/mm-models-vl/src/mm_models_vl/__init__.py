@@ -3,10 +3,12 @@
     from mm_models_vl import Qwen2_5_VLForConditionalGeneration
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained("path/to/Qwen2.5-VL-7B-Instruct", topology)
 
-Qwen2.5-VL is implemented; Qwen2.5-Omni thinker and Qwen3-VL (dense, MoE) come with later issues.
+Qwen2.5-VL and Qwen3-VL (dense and MoE) are implemented; the Qwen2.5-Omni thinker comes with a later issue.
 """
 
 from mm_models_vl.__about__ import __version__
 from mm_models_vl.qwen2_5_vl import CausalLMOutput, Qwen2_5_VLForConditionalGeneration
+from mm_models_vl.qwen3_vl import Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration
 
-__all__ = ["CausalLMOutput", "Qwen2_5_VLForConditionalGeneration", "__version__"]
+__all__ = ["CausalLMOutput", "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
+           "Qwen3VLMoeForConditionalGeneration", "__version__"]

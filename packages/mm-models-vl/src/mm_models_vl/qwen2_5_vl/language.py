@@ -42,7 +42,10 @@ class KVCache:
 
 
 class Qwen2_5_VLAttention(nn.Cell):
-    def __init__(self, config, layer_idx: int, topology: Topology):
+    """GQA self-attention; q/k/v (``bias``) column-parallel, o (``o_bias``) row-parallel. Subclasses
+    may normalise queries and keys before the rotary (`normalize_qk`, Qwen3's q / k norms)."""
+
+    def __init__(self, config, layer_idx: int, topology: Topology, bias: bool = True, o_bias: bool = False):
         super().__init__()
         tp = topology.tp.size
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -52,14 +55,14 @@ class Qwen2_5_VLAttention(nn.Cell):
                 f"choose tp among the divisors of {kv_heads}"
             )
         self.layer_idx = layer_idx
-        self.head_dim = config.hidden_size // heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         self.local_heads, self.local_kv_heads = heads // tp, kv_heads // tp
         hidden = config.hidden_size
         column = dict(topology=topology)
-        self.q_proj = ColumnParallelLinear(hidden, heads * self.head_dim, bias=True, **column)
-        self.k_proj = ColumnParallelLinear(hidden, kv_heads * self.head_dim, bias=True, **column)
-        self.v_proj = ColumnParallelLinear(hidden, kv_heads * self.head_dim, bias=True, **column)
-        self.o_proj = RowParallelLinear(heads * self.head_dim, hidden, bias=False, **column)
+        self.q_proj = ColumnParallelLinear(hidden, heads * self.head_dim, bias=bias, **column)
+        self.k_proj = ColumnParallelLinear(hidden, kv_heads * self.head_dim, bias=bias, **column)
+        self.v_proj = ColumnParallelLinear(hidden, kv_heads * self.head_dim, bias=bias, **column)
+        self.o_proj = RowParallelLinear(heads * self.head_dim, hidden, bias=o_bias, **column)
         self.core_attention = CoreAttention(causal=True, topology=topology)
 
     def construct(self, x, cos, sin, key_padding_mask=None, cache: Optional[KVCache] = None):
@@ -67,11 +70,15 @@ class Qwen2_5_VLAttention(nn.Cell):
         q = self.q_proj(x).reshape(b, -1, self.local_heads, self.head_dim)
         k = self.k_proj(x).reshape(b, -1, self.local_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(b, -1, self.local_kv_heads, self.head_dim)
+        q, k = self.normalize_qk(q, k)
         q, k = kernels.apply_rotary(q, cos, sin), kernels.apply_rotary(k, cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
         out = self.core_attention(q, k, v, key_padding_mask)
         return self.o_proj(out.reshape(b, q.shape[1], -1))
+
+    def normalize_qk(self, q, k):
+        return q, k
 
 
 class Qwen2_5_VLDecoderLayer(nn.Cell):
@@ -92,10 +99,12 @@ class Qwen2_5_VLDecoderLayer(nn.Cell):
 class Qwen2_5_VLTextModel(nn.Cell):
     """Embedding (first stage), decoder layers [first, last) of the stack, final norm (last stage)."""
 
+    layer_class = Qwen2_5_VLDecoderLayer  # (config, layer_idx, topology) -> a decoder layer
+
     def __init__(self, config, topology: Topology, first: int = 0, last: Optional[int] = None,
                  embed: bool = True, norm: bool = True):
         super().__init__()
-        if config.use_sliding_window:
+        if getattr(config, "use_sliding_window", False):
             raise ValueError("use_sliding_window=True is not supported (no released Qwen2.5-VL checkpoint uses it)")
         rope = config.rope_parameters or {}
         if rope.get("rope_type", "default") != "default":
@@ -105,7 +114,7 @@ class Qwen2_5_VLTextModel(nn.Cell):
         self.layer_offset = first
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, topology=topology,
                                                    sequence_parallel=False) if embed else None
-        self.layers = nn.CellList([Qwen2_5_VLDecoderLayer(config, i, topology) for i in range(first, last)])
+        self.layers = nn.CellList([self.layer_class(config, i, topology) for i in range(first, last)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if norm else None
         if norm and topology.config.sequence_parallel and topology.tp.size > 1:
             mark_sequence_parallel(self.norm.weight)

@@ -14,7 +14,7 @@ processor would have written), so M-RoPE is never lost.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, List, Optional, Tuple
 
 import mindspore as ms
 import numpy as np
@@ -28,6 +28,7 @@ from mm_parallel import mappings
 from mm_parallel.context_parallel import split_sequence
 from mm_parallel.model_base import ParallelModel
 from mm_parallel.ops.device import host_array as host
+from mm_parallel.ops.device import zeros
 from mm_parallel.tensor_parallel import vocab_parallel_cross_entropy
 from mm_parallel.topology import Topology
 
@@ -38,6 +39,7 @@ class CausalLMOutput:
     logits: Optional[Tensor] = None
     past_key_values: Optional[KVCache] = None
     rope_deltas: Optional[np.ndarray] = None
+    aux_loss: Optional[Tensor] = None  # MoE models: the load-balancing loss (output_router_logits)
 
 
 _PLAN_KEYS = ("input_ids", "attention_mask", "position_ids", "labels", "image_grid_thw", "video_grid_thw",
@@ -48,34 +50,41 @@ def _plan_args(batch: dict) -> dict:
     return {k: batch[k] for k in _PLAN_KEYS if k in batch}
 
 
-def load_config(config):
-    """transformers' Qwen2_5_VLConfig from a config object, a dict or a folder holding config.json."""
-    from transformers import Qwen2_5_VLConfig
+def hf_config(config, class_name: str = "Qwen2_5_VLConfig"):
+    """transformers' config class ``class_name`` from a config object, a dict or a folder holding config.json."""
+    import transformers
 
-    if isinstance(config, Qwen2_5_VLConfig):
+    cls = getattr(transformers, class_name)
+    if isinstance(config, cls):
         return config
     if isinstance(config, dict):
-        return Qwen2_5_VLConfig(**config)
-    return Qwen2_5_VLConfig.from_pretrained(str(config))
+        return cls(**config)
+    return cls.from_pretrained(str(config))
+
+
+def load_config(config):
+    """transformers' Qwen2_5_VLConfig from a config object, a dict or a folder holding config.json."""
+    return hf_config(config)
 
 
 class Qwen2_5_VLModel(nn.Cell):
     """Vision tower + language model (no head); holds the parts this pipeline stage owns."""
 
+    vision_class = Qwen2_5_VisionTransformerPretrainedModel
+    text_class = Qwen2_5_VLTextModel
+
     def __init__(self, config, topology: Topology, first: int = 0, last: Optional[int] = None,
                  pre: bool = True, post: bool = True):
         super().__init__()
         self.config = config
-        self.visual = Qwen2_5_VisionTransformerPretrainedModel(config.vision_config) if pre else None
-        self.language_model = Qwen2_5_VLTextModel(config.text_config, topology, first, last, embed=pre, norm=post)
+        self.visual = self.vision_class(config.vision_config) if pre else None
+        self.language_model = self.text_class(config.text_config, topology, first, last, embed=pre, norm=post)
 
-    def inputs_embeds(self, input_ids: np.ndarray, pixel_values=None, image_grid_thw=None,
-                      pixel_values_videos=None, video_grid_thw=None):
-        """Token embeddings with each image / video placeholder replaced by its vision feature, in order."""
-        embeds = self.language_model.embed(Tensor(input_ids.astype(np.int32)))
-        b, s, hidden = embeds.shape
-        rows, index = [embeds.reshape(b * s, hidden)], np.arange(b * s)
-        flat_ids, offset = input_ids.reshape(-1), b * s
+    def vision_features(self, input_ids: np.ndarray, pixel_values=None, image_grid_thw=None,
+                        pixel_values_videos=None, video_grid_thw=None) -> List[Tuple[np.ndarray, Any]]:
+        """[(flat positions of the placeholders, the tower's output)] for the images, then the
+        videos given; the number of placeholders must equal the number of features."""
+        flat_ids, parts = input_ids.reshape(-1), []
         for token, pixels, grid, name in ((self.config.image_token_id, pixel_values, image_grid_thw, "image"),
                                           (self.config.video_token_id, pixel_values_videos, video_grid_thw, "video")):
             slots = np.nonzero(flat_ids == token)[0]
@@ -86,16 +95,20 @@ class Qwen2_5_VLModel(nn.Cell):
                 continue
             if grid is None:
                 raise ValueError(f"{name} pixels need {name}_grid_thw")
-            features = self.visual(ms.Tensor(host(pixels, np.float32)), host(grid, np.int64))
+            output = self.visual(ms.Tensor(host(pixels, np.float32)), host(grid, np.int64))
+            features = output[0] if isinstance(output, tuple) else output
             if features.shape[0] != len(slots):
                 raise ValueError(f"{name} features and {name} tokens do not match: {features.shape[0]} features, "
                                  f"{len(slots)} placeholder tokens in input_ids")
-            rows.append(features.astype(embeds.dtype))
-            index[slots] = offset + np.arange(len(slots))
-            offset += len(slots)
-        if len(rows) == 1:
-            return embeds
-        return ops.gather(ops.concat(rows, 0), Tensor(index.astype(np.int32)), 0).reshape(b, s, hidden)
+            parts.append((slots, output))
+        return parts
+
+    def inputs_embeds(self, input_ids: np.ndarray, pixel_values=None, image_grid_thw=None,
+                      pixel_values_videos=None, video_grid_thw=None):
+        """Token embeddings with each image / video placeholder replaced by its vision feature, in order."""
+        embeds = self.language_model.embed(Tensor(input_ids.astype(np.int32)))
+        parts = self.vision_features(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
+        return place_rows(embeds.shape, parts, embeds)
 
     def position_ids(self, input_ids: np.ndarray, attention_mask=None, image_grid_thw=None, video_grid_thw=None,
                      second_per_grid_ts=None, mm_token_type_ids=None, past_length: int = 0, rope_deltas=None):
@@ -115,6 +128,24 @@ class Qwen2_5_VLModel(nn.Cell):
         return np.ascontiguousarray(text), None
 
 
+def place_rows(shape, parts, base=None):
+    """(batch, seq, hidden): the rows of ``base`` (zeros if None) with the flat positions of each
+    part (positions, features) replaced by the features, in one gather."""
+    b, s, hidden = shape
+    if not parts and base is not None:
+        return base
+    if base is None:
+        rows, index = [zeros((1, hidden), parts[0][1].dtype)], np.zeros(b * s, np.int64)
+    else:
+        rows, index = [base.reshape(b * s, hidden)], np.arange(b * s)
+    offset = rows[0].shape[0]
+    for slots, features in parts:
+        rows.append(features.astype(rows[0].dtype))
+        index[slots] = offset + np.arange(len(slots))
+        offset += len(slots)
+    return ops.gather(ops.concat(rows, 0), Tensor(index.astype(np.int32)), 0).reshape(b, s, hidden)
+
+
 @dataclass
 class SequencePlan:
     """Host-computed inputs of the decoder for this rank's part of the sequence."""
@@ -124,6 +155,7 @@ class SequencePlan:
     targets: Optional[Tensor]  # next-token targets (-100: not counted), split like the sequence
     count: int  # targets counted over the whole sequence (the loss divides by it)
     rope_deltas: Optional[np.ndarray]
+    token_mask: Optional[np.ndarray] = None  # the attention mask of this rank's tokens (MoE statistics)
 
 
 class Qwen2_5_VLForConditionalGeneration(ParallelModel):
@@ -135,15 +167,18 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
     """
 
     layer_prefix = "model.language_model.layers."
+    hf_config_name = "Qwen2_5_VLConfig"  # transformers' config class
+    base_model_class = Qwen2_5_VLModel
 
     def __init__(self, config, topology: Optional[Topology] = None, chunk: int = 0, pipeline_num_layers=None):
         super().__init__()
-        self.config = config = load_config(config)
+        self.config = config = hf_config(config, self.hf_config_name)
         layers = self.build_stage(topology, chunk, config.text_config.num_hidden_layers, pipeline_num_layers)
         if config.tie_word_embeddings and not (self.is_first and self.is_last):
             raise ValueError("tie_word_embeddings with pipeline parallelism is not supported yet: the embedding "
                              "and the head live on different stages; use pp=1 for this checkpoint")
-        self.model = Qwen2_5_VLModel(config, self.topology, layers.start, layers.stop, self.is_first, self.is_last)
+        self.model = self.base_model_class(config, self.topology, layers.start, layers.stop, self.is_first,
+                                           self.is_last)
         self.lm_head = lm_head(config.text_config, self.topology) if self.is_last else None
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.language_model.embed_tokens.weight
@@ -153,7 +188,7 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
     @classmethod
     def load_config(cls, config, overrides=None):
         """transformers' config; an override goes to text_config when only text_config has the key."""
-        config = load_config(config)
+        config = hf_config(config, cls.hf_config_name)
         for key, value in (overrides or {}).items():
             target = config.text_config if hasattr(config.text_config, key) and not hasattr(config, key) else config
             setattr(target, key, value)
@@ -187,11 +222,7 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
         position_ids = host(position_ids, np.int64)
         if position_ids.ndim == 2:
             position_ids = np.broadcast_to(position_ids, (3,) + position_ids.shape)
-        text = self.config.text_config
-        head_dim = text.hidden_size // text.num_attention_heads
-        cos, sin = pos.mrope_cos_sin(position_ids, head_dim, text.rope_parameters["rope_theta"],
-                                     text.rope_parameters.get("mrope_section", [16, 24, 24]))
-        cos, sin = Tensor(cos), Tensor(sin)
+        cos, sin = (Tensor(table) for table in self.rotary_tables(position_ids))
         mask = host(attention_mask)
         # float, not bool: a recomputed layer differentiates its inputs, and MindSpore 2.7.2 fails on bool ones
         key_padding_mask = None if mask is None or mask.all() else Tensor(mask.astype(np.float32))
@@ -207,7 +238,20 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
                 raise ValueError("with cp > 1 give full (packed, unpadded) sequences and no key/value cache")
             cos, sin = split_sequence(cos, 1, topo), split_sequence(sin, 1, topo)
             targets = None if targets is None else split_sequence(targets, 1, topo)
-        return SequencePlan(cos, sin, key_padding_mask, targets, count, rope_deltas)
+        token_mask = None
+        if key_padding_mask is not None:
+            token_mask = mask
+            if split and topo.config.sequence_parallel and topo.tp.size > 1:  # this rank's chunk, as enter_sequence
+                chunk = mask.shape[1] // topo.tp.size
+                token_mask = mask[:, topo.tp.rank * chunk:(topo.tp.rank + 1) * chunk]
+        return SequencePlan(cos, sin, key_padding_mask, targets, count, rope_deltas, token_mask)
+
+    def rotary_tables(self, position_ids: np.ndarray):
+        """(cos, sin) numpy tables (batch, seq, head_dim) of (3, batch, seq) positions: M-RoPE."""
+        text = self.config.text_config
+        head_dim = text.hidden_size // text.num_attention_heads
+        return pos.mrope_cos_sin(position_ids, head_dim, text.rope_parameters["rope_theta"],
+                                 text.rope_parameters.get("mrope_section", [16, 24, 24]))
 
     def embed(self, input_ids, pixel_values=None, image_grid_thw=None, pixel_values_videos=None,
               video_grid_thw=None):
@@ -273,7 +317,10 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
         mask = host(inputs.get("attention_mask"))
         if mask is not None and not mask.all():
             raise ValueError("generate does not take padded batches; generate each sample on its own")
-        eos = self.config.text_config.eos_token_id if eos_token_id is None else eos_token_id
+        if eos_token_id is None:
+            eos_token_id = getattr(self.config.text_config, "eos_token_id", None) or \
+                getattr(self.config, "eos_token_id", None)
+        eos = eos_token_id
         eos = set(np.atleast_1d(eos).tolist()) if eos is not None else set()
         positions, _ = self.model.position_ids(
             ids, mask, inputs.get("image_grid_thw"), inputs.get("video_grid_thw"), inputs.get("second_per_grid_ts"),
