@@ -29,13 +29,19 @@ def batch(seed: int = 0):
 
 
 def sample_part(inputs, index: int, parts: int):
-    """Part ``index`` of ``parts`` equal slices of the samples (and their images)."""
-    per = inputs["input_ids"].shape[0] // parts
+    """Part ``index`` of ``parts`` equal slices of the samples (and their images and videos: every
+    sample holds as many of each, of the same grids)."""
+    samples = inputs["input_ids"].shape[0]
+    per = samples // parts
     lo, hi = index * per, (index + 1) * per
-    patches = int(np.prod(inputs["image_grid_thw"][0]))  # one image per sample, all the same grid
-    out = {k: v[lo:hi] for k, v in inputs.items() if k not in ("pixel_values", "image_grid_thw")}
-    out["pixel_values"] = inputs["pixel_values"][lo * patches:hi * patches]
-    out["image_grid_thw"] = inputs["image_grid_thw"][lo:hi]
+    media = (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw"))
+    out = {k: v[lo:hi] for k, v in inputs.items() if k not in sum(media, ())}
+    for pixels, grids in media:
+        if grids in inputs:
+            rows = len(inputs[grids]) // samples  # grid rows per sample
+            patches = int(np.prod(inputs[grids][:rows], axis=1).sum())
+            out[pixels] = inputs[pixels][lo * patches:hi * patches]
+            out[grids] = inputs[grids][lo * rows:hi * rows]
     return out
 
 

@@ -9,8 +9,9 @@ not change shapes:
              recomputed too with "full"
   lora       PEFT-style adapters on q/k/v/o/gate/up/down (tensor-parallel aware), everything
              else frozen
-  freeze     any of "vision" (the tower without its merger), "merger", "language_model"
-             (decoder, embeddings and head): what SFT recipes keep fixed
+  freeze     any of "vision" (the tower without its mergers), "merger" (the merger, and
+             Qwen3-VL's DeepStack mergers), "language_model" (decoder, embeddings and head):
+             what SFT recipes keep fixed
 
 ZeRO (`mm_parallel.DistributedOptimizer`) and data parallelism need nothing from the model.
 """
@@ -27,6 +28,7 @@ from mm_parallel.recompute import recompute as mark_recompute
 from mm_parallel.topology import Topology
 
 FREEZABLE = ("vision", "merger", "language_model")
+MERGERS = ("merger.", "deepstack_merger_list.")  # the tower's projections into the language model
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -40,10 +42,10 @@ def _freeze(model, parts: Sequence[str]) -> None:
     if unknown:
         raise ValueError(f"cannot freeze {sorted(unknown)}; choose among {list(FREEZABLE)}")
     visual = model.model.visual
+    named = [] if visual is None else list(visual.parameters_and_names())
     groups = {
-        "vision": [] if visual is None else
-                  [p for n, p in visual.parameters_and_names() if not n.startswith("merger.")],
-        "merger": [] if visual is None else list(visual.merger.get_parameters()),
+        "vision": [p for n, p in named if not n.startswith(MERGERS)],
+        "merger": [p for n, p in named if n.startswith(MERGERS)],
         "language_model": list(model.model.language_model.get_parameters()) +
                           ([] if model.lm_head is None else list(model.lm_head.get_parameters())),
     }

@@ -1,0 +1,56 @@
+"""Qwen3-VL and Qwen3-VL-MoE loaded with from_pretrained under a layout train like one process: two
+DistributedOptimizer steps, losses, first-step gathered gradients and final parameters (rel-err
+<= 1e-4; losses rtol 1e-5), on samples with an image and a video (so DeepStack features flow).
+Under pipeline parallelism the DeepStack levels and the MoE statistics cross stages: the 4-layer
+checkpoint puts one layer on each of 4 virtual stages. See qwen3_vl_parallel_cases.py."""
+
+import pytest
+from qwen3_vl_parallel_cases import run_parallel_cases
+from qwen3_vl_reference import write_reference
+from qwen_vl_reference import write_adapters
+
+from mm_parallel.testing.equivalence import check_results
+
+pytestmark = pytest.mark.distributed
+
+DEEP, MOE = "deep", "moe"  # a 4-layer dense checkpoint; a 3-layer MoE one (layers 0 and 2 sparse)
+
+TWO = {
+    "tp2": {"layout": {"tp": 2}},
+    "tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}},
+    "ulysses2": {"layout": {"cp": 2}},
+    "ring2": {"layout": {"cp": 2, "cp_algo": "ring"}},
+    "dp2_zero1": {"layout": {"zero_stage": 1}},
+    "pp2": {"layout": {"pp": 2}, "pipeline_num_layers": [1, 2]},  # DeepStack level 1 crosses
+    "pp2_vpp2": {"layout": {"pp": 2, "vpp": 2}, "checkpoint": DEEP},
+    "lora_tp2": {"layout": {"tp": 2}, "lora": True},
+    "tp2_sp_recompute_full": {"layout": {"tp": 2, "sequence_parallel": True}, "recompute": "full"},
+    "moe_ep2": {"layout": {"ep": 2}, "checkpoint": MOE},
+    "moe_tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}, "checkpoint": MOE},
+    "moe_pp2_zero2": {"layout": {"pp": 2, "zero_stage": 2}, "checkpoint": MOE, "pipeline_num_layers": [1, 2]},
+}
+
+FOUR = {
+    "hybrid2x2": {"layout": {"cp": 4, "cp_algo": "hybrid", "ulysses_degree": 2}},
+    "pp4": {"layout": {"pp": 4}, "checkpoint": DEEP},
+    "tp2_sp_pp2": {"layout": {"tp": 2, "sequence_parallel": True, "pp": 2}, "pipeline_num_layers": [1, 2]},
+    "moe_ep2_tp2": {"layout": {"ep": 2, "tp": 2}, "checkpoint": MOE},
+    "moe_ep2_pp2": {"layout": {"ep": 2, "pp": 2}, "checkpoint": MOE, "pipeline_num_layers": [2, 1]},
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen3_parallel")
+    write_adapters(root / "adapters", write_reference(root))
+    write_reference(root / DEEP, num_hidden_layers=4)
+    write_reference(root / MOE, moe=True)
+    return root
+
+
+def test_two_process_layouts_equal_single_process(run_distributed, checkpoints):
+    check_results(run_distributed(run_parallel_cases, nproc=2, timeout=900, path=str(checkpoints), cases=TWO), TWO)
+
+
+def test_four_process_layouts_equal_single_process(run_distributed, checkpoints):
+    check_results(run_distributed(run_parallel_cases, nproc=4, timeout=900, path=str(checkpoints), cases=FOUR), FOUR)
