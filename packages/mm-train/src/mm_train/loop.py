@@ -37,6 +37,16 @@ from mm_train.task import Task
 TRAIN_FLOPS_FACTOR = 3  # forward + backward (twice the forward)
 
 
+def config_overrides(spec) -> dict:
+    """model.config beside model.path: flat values that override the folder's config.json (a key
+    the text config holds goes there, e.g. ``output_router_logits: true``)."""
+    nested = sorted(key for key, value in spec.config.items() if isinstance(value, dict))
+    if nested:
+        raise ValueError(f"model.config {nested} are sections; beside model.path give flat overrides "
+                         f"(e.g. output_router_logits: true), or drop model.path to build from an inline config")
+    return dict(spec.config)
+
+
 def build_model(task: Task, recipe: Recipe, topo, resume_from: Optional[str] = None):
     """(the model chunks this rank holds — one per virtual pipeline stage, usually one — and the
     LoRA config or None): from the checkpoint being resumed, the recipe's path, or its inline
@@ -48,7 +58,9 @@ def build_model(task: Task, recipe: Recipe, topo, resume_from: Optional[str] = N
         # draw: rank 0 draws the whole model once, every stage loads its part of it
         source = _initial_weights(task, recipe, topo)
     if source:
-        chunks = [task.model_class.from_pretrained(source, topo, chunk=c) for c in range(topo.config.vpp)]
+        overrides = config_overrides(spec) if spec.path else {}
+        chunks = [task.model_class.from_pretrained(source, topo, chunk=c, **overrides)
+                  for c in range(topo.config.vpp)]
     else:
         _seed(recipe)  # the draw depends on the seed only, not on what the data preparation drew
         chunks = [task.model_class(task.inline_config(), topo)]

@@ -36,7 +36,7 @@ import yaml
 class ModelSection:
     family: str = ""  # a registered family (mm_train.families)
     path: Optional[str] = None  # a Hugging Face folder; None: build from ``config`` with random weights
-    config: Dict[str, Any] = field(default_factory=dict)  # the model's config.json, inline
+    config: Dict[str, Any] = field(default_factory=dict)  # the model's config.json, inline; with path: overrides
     recompute: str = "none"
     recompute_num_layers: Optional[int] = None
     lora: Optional[Dict[str, Any]] = None  # {r, alpha, dropout, target_modules}

@@ -75,7 +75,7 @@ class VLSFTDataset:
             raise BadSample(path, str(error)) from None
         frames = read_frames(path, indices)
         sampled_fps = len(indices) / info.num_frames * info.fps
-        return frames, processor.temporal_patch_size / sampled_fps
+        return frames, processor.temporal_patch_size / sampled_fps, _timestamps(processor, indices, info.fps)
 
     def get(self, index: int, epoch: int = 0) -> Dict[str, np.ndarray]:
         conversation = self.conversations[index]
@@ -98,14 +98,17 @@ class VLSFTDataset:
         if conversation.videos:
             decoded = [self._video(path) for path in conversation.videos]
             try:
-                videos = self.video_processor([frames for frames, _ in decoded])
+                videos = self.video_processor([frames for frames, _, _ in decoded])
             except ValueError as error:
                 raise BadSample(conversation.source, f"video not processable: {error}") from None
             sample.update(videos)
-            sample["second_per_grid_ts"] = np.array([seconds for _, seconds in decoded], np.float32)
+            timestamps = [stamps for _, _, stamps in decoded if stamps is not None]
+            if not timestamps:  # Qwen2.5-VL: time enters the temporal positions
+                sample["second_per_grid_ts"] = np.array([seconds for _, seconds, _ in decoded], np.float32)
             merge_v = self.video_processor.merge_size ** 2
             video_tokens = [int(np.prod(grid)) // merge_v for grid in videos["video_grid_thw"]]
-        tokens = self.template.encode(conversation, image_tokens, video_tokens, max_length=self.max_length)
+        tokens = self.template.encode(conversation, image_tokens, video_tokens, max_length=self.max_length,
+                                      video_timestamps=timestamps if conversation.videos else ())
         sample.update(tokens)
         sample["attention_mask"] = np.ones_like(tokens["input_ids"])
         return sample
@@ -141,20 +144,27 @@ class VLSFTDataset:
             except ValueError as error:
                 raise BadSample(path, f"image not processable: {error}") from None
             image_tokens.append(h * w // (images.patch_size * images.merge_size) ** 2)
-        video_tokens = []
+        video_tokens, timestamps = [], []
         for path in conversation.videos:
             info = probe(path)
             fps = None if videos.num_frames is not None else (videos.fps or self.video_fps)
             try:
-                count = len(videos.sample_frames(info.num_frames, info.fps, fps=fps))
+                indices = videos.sample_frames(info.num_frames, info.fps, fps=fps)
             except ValueError as error:
                 raise BadSample(path, str(error)) from None
+            count, stamps = len(indices), _timestamps(videos, indices, info.fps)
+            if stamps is not None:
+                timestamps.append(stamps)
             factor = videos.patch_size * videos.merge_size
             try:
-                h, w = smart_resize(info.height, info.width, factor, videos.size["shortest_edge"],
-                                    videos._max_pixels(count))
+                h, w = videos.target_size(count, info.height, info.width)
             except ValueError as error:
                 raise BadSample(conversation.source, f"video not processable: {error}") from None
             video_tokens.append(-(-count // videos.temporal_patch_size) * h * w // factor ** 2)
-        return len(self.template.encode(conversation, image_tokens, video_tokens,
-                                        max_length=self.max_length)["input_ids"])
+        return len(self.template.encode(conversation, image_tokens, video_tokens, max_length=self.max_length,
+                                        video_timestamps=timestamps)["input_ids"])
+
+
+def _timestamps(processor, indices, video_fps) -> Optional[List[float]]:
+    """The seconds of each temporal patch when the processor writes them into the text (Qwen3-VL)."""
+    return processor.timestamps(indices, video_fps) if hasattr(processor, "timestamps") else None

@@ -50,24 +50,34 @@ class QwenChatTemplate:
     def _text(self, text: str) -> List[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
-    def _expand(self, text: str, counts: Dict[str, List[int]], used: Dict[str, int], source: str) -> List[int]:
-        ids = []
+    def _expand(self, text: str, counts: Dict[str, List[int]], used: Dict[str, int], source: str,
+                timestamps: Sequence[Sequence[float]] = ()) -> List[int]:
+        ids, pending = [], ""  # text is tokenised in the runs between special tokens, as a whole string is
         for piece in _PLACEHOLDER.split(text):
-            if piece in _MEDIA:
-                start, pad, end = _MEDIA[piece]
-                if pad not in self.ids:
-                    raise BadSample(source, f"{piece} needs the token {pad}, which this tokenizer lacks")
-                n = counts[piece][used[piece]]
-                used[piece] += 1
-                ids += [self.ids[start]] + [self.ids[pad]] * n + [self.ids[end]]
-            else:
-                ids += self._text(piece)
-        return ids
+            if piece not in _MEDIA:
+                pending += piece
+                continue
+            start, pad, end = _MEDIA[piece]
+            if pad not in self.ids:
+                raise BadSample(source, f"{piece} needs the token {pad}, which this tokenizer lacks")
+            n = counts[piece][used[piece]]
+            seconds = timestamps[used[piece]] if piece == "<video>" and timestamps else None
+            used[piece] += 1
+            groups = [None] if seconds is None else list(seconds)  # Qwen3-VL: one group per temporal patch
+            for t in groups:
+                if t is not None:
+                    pending += f"<{t:.1f} seconds>"
+                ids += self._text(pending) + [self.ids[start]] + [self.ids[pad]] * (n // len(groups)) + [self.ids[end]]
+                pending = ""
+        return ids + self._text(pending)
 
     def encode(self, conversation: Conversation, image_tokens: Sequence[int] = (), video_tokens: Sequence[int] = (),
-               audio_tokens: Sequence[int] = (), max_length: Optional[int] = None) -> Dict[str, np.ndarray]:
+               audio_tokens: Sequence[int] = (), max_length: Optional[int] = None,
+               video_timestamps: Sequence[Sequence[float]] = ()) -> Dict[str, np.ndarray]:
         """``input_ids``, ``labels`` and ``mm_token_type_ids`` of ``conversation``; ``*_tokens`` is the
-        number of pad tokens of each image / video / audio, in placeholder order."""
+        number of pad tokens of each image / video / audio, in placeholder order. With
+        ``video_timestamps`` (Qwen3-VL: the seconds of each video's temporal patches) a video is one
+        ``<t seconds><|vision_start|>pads<|vision_end|>`` group per temporal patch."""
         counts = {"<image>": list(image_tokens), "<video>": list(video_tokens), "<audio>": list(audio_tokens)}
         used = {key: 0 for key in counts}
         start, end, newline = self.ids["<|im_start|>"], self.ids["<|im_end|>"], self._text("\n")
@@ -81,13 +91,14 @@ class QwenChatTemplate:
         system = conversation.system if conversation.system is not None else self.default_system
         source = conversation.source
         if system:  # None or "": no system turn
-            add([start] + self._text("system\n") + self._expand(system, counts, used, source) + [end] + newline, False)
+            add([start] + self._text("system\n") + self._expand(system, counts, used, source, video_timestamps)
+                + [end] + newline, False)
         for role, text in conversation.turns:
             if role == "user":
-                add([start] + self._text("user\n") + self._expand(text, counts, used, source) + [end] + newline
-                    + [start] + self._text("assistant\n"), False)
+                add([start] + self._text("user\n") + self._expand(text, counts, used, source, video_timestamps) + [end]
+                    + newline + [start] + self._text("assistant\n"), False)
             else:
-                add(self._expand(text, counts, used, source) + [end] + newline, True)
+                add(self._expand(text, counts, used, source, video_timestamps) + [end] + newline, True)
         for key, values in counts.items():
             if used[key] != len(values):
                 raise BadSample(source, f"{used[key]} {key} placeholders but {len(values)} media token counts")

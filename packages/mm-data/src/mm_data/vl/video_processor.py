@@ -18,7 +18,7 @@ same gap); torchvision cannot be installed beside the CPU torch here, so that pa
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -91,6 +91,11 @@ class Qwen2VLVideoProcessor:
                              int(self.size["shortest_edge"] * 1.05))
         return max_pixels
 
+    def target_size(self, num_frames: int, height: int, width: int) -> Tuple[int, int]:
+        """(height, width) every frame of a clip of ``num_frames`` sampled frames is resized to."""
+        return smart_resize(height, width, self.patch_size * self.merge_size, self.size["shortest_edge"],
+                            self._max_pixels(num_frames))
+
     def __call__(self, videos, **_) -> Dict[str, np.ndarray]:
         videos = [videos] if isinstance(videos, np.ndarray) and videos.ndim == 4 else videos
         t, p, m = self.temporal_patch_size, self.patch_size, self.merge_size
@@ -133,9 +138,8 @@ class Qwen2VLVideoProcessor:
         from PIL import Image
 
         first = frames[0] if isinstance(frames[0], Image.Image) else Image.fromarray(np.asarray(frames[0], np.uint8))
-        factor = self.patch_size * self.merge_size
-        size = smart_resize(first.height, first.width, factor, self.size["shortest_edge"],
-                            self._max_pixels(len(frames))) if self.do_resize else (first.height, first.width)
+        size = self.target_size(len(frames), first.height, first.width) if self.do_resize else \
+            (first.height, first.width)
         channels = 3 if self.frames.do_convert_rgb else len(first.getbands())
         clip = np.empty((len(frames),) + tuple(size) + (channels,), np.uint8)
 

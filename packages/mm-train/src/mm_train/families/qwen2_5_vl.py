@@ -45,11 +45,22 @@ class VLDataSection(DataSection):
 
 
 class VLTask(FamilyTask):
-    """See the module docstring and mm_train.task."""
+    """See the module docstring and mm_train.task. A sibling family (Qwen3-VL) changes the class
+    attributes: its transformers config class and its processors' settings."""
+
+    config_class = "Qwen2_5_VLConfig"
+    processor_options: Dict = {}  # patch size, mean / std ... of both processors (defaults: Qwen2-VL's)
+
+    def processors(self, pixels: Dict):
+        """(image processor, video processor) with the data section's pixel bounds."""
+        from mm_data.vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+        options = {**self.processor_options, **pixels}
+        return Qwen2VLImageProcessor(**options), Qwen2VLVideoProcessor(**options)
 
     def __init__(self, recipe, topo):
         from mm_data import BucketBatchSampler
-        from mm_data.vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor, VLSFTDataset
+        from mm_data.vl import VLSFTDataset
 
         super().__init__(recipe, topo)
         data, train = recipe.data, recipe.train
@@ -63,9 +74,10 @@ class VLTask(FamilyTask):
             annotations, tokenizer_path = data.path, data.tokenizer or recipe.model.path
         self.tokenizer = load_tokenizer(tokenizer_path, pad_token="<|endoftext|>", eos_token="<|im_end|>")
         pixels = {k: v for k, v in (("min_pixels", data.min_pixels), ("max_pixels", data.max_pixels)) if v}
+        image_processor, video_processor = self.processors(pixels)
         self.dataset = VLSFTDataset.from_file(
             annotations, self.tokenizer, media_dir=data.media_dir, max_bad_fraction=data.max_bad_fraction,
-            image_processor=Qwen2VLImageProcessor(**pixels), video_processor=Qwen2VLVideoProcessor(**pixels),
+            image_processor=image_processor, video_processor=video_processor,
             max_length=data.max_length, video_fps=data.video_fps, default_system=data.system)
         self.sampler = BucketBatchSampler(len(self.dataset), train.global_batch_size, topo.dp.rank, topo.dp.size,
                                           seed=train.seed)
@@ -85,7 +97,7 @@ class VLTask(FamilyTask):
 
     def inline_config(self):
         """The recipe's inline transformers config with the tokenizer's vocabulary and special tokens."""
-        from transformers import Qwen2_5_VLConfig
+        import transformers
 
         values = dict(self.recipe.model.config)
         ids = self.token_ids()
@@ -93,8 +105,9 @@ class VLTask(FamilyTask):
                                  "pad_token_id": ids["pad_token_id"], "eos_token_id": ids["eos_token_id"],
                                  "bos_token_id": ids["eos_token_id"]}
         media = {k: v for k, v in ids.items() if k.endswith("token_id") and k not in ("pad_token_id", "eos_token_id")}
-        return Qwen2_5_VLConfig(**values, **media, bos_token_id=ids["eos_token_id"], eos_token_id=ids["eos_token_id"],
-                                pad_token_id=ids["pad_token_id"])
+        config_class = getattr(transformers, self.config_class)
+        return config_class(**values, **media, bos_token_id=ids["eos_token_id"], eos_token_id=ids["eos_token_id"],
+                            pad_token_id=ids["pad_token_id"])
 
     @staticmethod
     def tokens(batch: Dict) -> int:
