@@ -27,6 +27,9 @@ TWO = {
     "tp2_sp_recompute_full": {"layout": {"tp": 2, "sequence_parallel": True}, "recompute": "full"},
     "moe_ep2": {"layout": {"ep": 2}, "checkpoint": MOE},
     "moe_tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}, "checkpoint": MOE},
+    "moe_ep2_recompute_full": {"layout": {"ep": 2}, "checkpoint": MOE, "recompute": "full"},
+    "moe_tp2_sp_recompute_selective": {"layout": {"tp": 2, "sequence_parallel": True}, "checkpoint": MOE,
+                                       "recompute": "selective"},
     "moe_pp2_zero2": {"layout": {"pp": 2, "zero_stage": 2}, "checkpoint": MOE, "pipeline_num_layers": [1, 2]},
 }
 

@@ -61,22 +61,30 @@ class Qwen3VLTextDecoderLayer(nn.Cell):
             mark_sequence_parallel(self.input_layernorm.weight, self.post_attention_layernorm.weight)
 
     def construct(self, x, cos, sin, key_padding_mask=None, cache=None, token_mask=None):
+        """The new hidden states; an MoE layer also returns its routing statistics, as an output
+        rather than only the attribute ``mlp.stats``, so that a recomputed layer differentiates them."""
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, key_padding_mask, cache)
         h = self.post_attention_layernorm(x)
-        return x + (self.mlp(h, token_mask=token_mask) if self.is_sparse else self.mlp(h))
+        if self.is_sparse:
+            return x + self.mlp(h, token_mask=token_mask), self.mlp.stats
+        return x + self.mlp(h)
 
 
 class Qwen3VLTextModel(Qwen2_5_VLTextModel):
-    """Embedding (first stage), decoder layers [first, last), final norm (last stage), DeepStack."""
+    """Embedding (first stage), decoder layers [first, last), final norm (last stage), DeepStack.
+    After a forward, ``moe_stats`` holds the routing statistics of its MoE layers, in order."""
 
     layer_class = Qwen3VLTextDecoderLayer
 
     def construct(self, x, cos, sin, key_padding_mask=None, cache=None, deepstack: Optional[Dict] = None,
                   token_mask=None):
         """``deepstack``: {global layer number: the features added after that layer}."""
-        deepstack = deepstack or {}
+        deepstack, self.moe_stats = deepstack or {}, []
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, key_padding_mask, cache, token_mask)
+            if layer.is_sparse:
+                x, stats = x
+                self.moe_stats.append(stats)
             if self.layer_offset + i in deepstack:
                 x = x + deepstack[self.layer_offset + i]
         return x if self.norm is None else self.norm(x)

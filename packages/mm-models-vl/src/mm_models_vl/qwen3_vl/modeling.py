@@ -144,7 +144,7 @@ class Qwen3VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
                                            plan.token_mask)
         logits = self.lm_head(hidden)
         loss = None if plan.targets is None else self.loss(logits, plan.targets, plan.count)
-        aux = self._router_loss([m.stats for m in self.sparse_layers], self._wants_router_loss(output_router_logits))
+        aux = self._router_loss(list(self.model.language_model.moe_stats), self._wants_router_loss(output_router_logits))
         if loss is not None and aux is not None:
             loss = loss + self.config.text_config.router_aux_loss_coef * aux
         if self.topology.tp.size > 1:
@@ -167,7 +167,7 @@ class Qwen3VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
             stats = [x["moe_stats"][i] for i in range(x["moe_stats"].shape[0])] if "moe_stats" in x else []
         hidden = self.model.language_model(hidden, plan.cos, plan.sin, plan.key_padding_mask, None, deepstack,
                                            plan.token_mask)
-        stats = stats + [m.stats for m in self.sparse_layers]
+        stats = stats + list(self.model.language_model.moe_stats)
         end = self.layer_offset + len(self.model.language_model.layers)
         out = {"logits": self.lm_head(hidden)} if self.is_last else {"hidden": hidden}
         out.update({f"deepstack_{level}": d for level, d in deepstack.items() if level >= end and not self.is_last})

@@ -44,7 +44,9 @@ class MoELayer(nn.Cell):
     """A sparse MoE block with transformers' names: ``gate`` (router), ``experts``, and
     ``shared_expert`` / ``shared_expert_gate`` when configured. ``construct(hidden_states,
     token_mask=None)`` returns the output, shaped as the input; the routing statistics of that
-    forward are in ``self.stats`` (see the module docstring)."""
+    forward are in ``self.stats`` (see the module docstring). A cell that is recomputed
+    (Cell.recompute) and holds a MoELayer must return ``stats`` as an output: read only as an
+    attribute, its gradient is lost in the recomputed backward (measured, MindSpore 2.7.2)."""
 
     def __init__(self, config: MoEConfig, topology: Optional[Topology] = None, init_std: Optional[float] = None):
         super().__init__()
