@@ -55,13 +55,14 @@ def inputs(cfg, seq: int = 512):
             "image_grid_thw": np.array([grid], np.int64)}
 
 
-def torch_side(cfg, path, threads):
+def torch_side(cfg, path, threads, class_name: str = "Qwen2_5_VLForConditionalGeneration"):
+    """A train step of transformers' ``class_name`` (its weights saved to ``path``)."""
     import torch
-    from transformers import Qwen2_5_VLForConditionalGeneration
+    import transformers
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration(cfg).float().train()
+    model = getattr(transformers, class_name)(cfg).float().train()
     model.save_pretrained(path)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
@@ -77,13 +78,14 @@ def torch_side(cfg, path, threads):
     return step
 
 
-def our_side(path):
+def our_side(path, class_name: str = "Qwen2_5_VLForConditionalGeneration"):
+    """A train step of mm_models_vl's ``class_name`` loaded from ``path``, with its breakdown."""
     import mindspore as ms
 
+    import mm_models_vl
     import mm_parallel
-    from mm_models_vl import Qwen2_5_VLForConditionalGeneration
 
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(path)
+    model = getattr(mm_models_vl, class_name).from_pretrained(path)
     opt = mm_parallel.DistributedOptimizer(model, mm_parallel.OptimizerConfig(lr=1e-5))
     params = model.trainable_params()
     grad_fn = ms.value_and_grad(lambda batch: model(**batch).loss, None, params)

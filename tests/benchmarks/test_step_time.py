@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("script, args", [
     ("step_time_qwen2_5_vl.py", ["--runs", "1", "--vocab", "2000"]),
     ("step_time_wan.py", ["--runs", "1"]),
+    ("step_time_qwen3_vl.py", ["--runs", "1", "--vocab", "2000", "--moe"]),
 ])
 def test_step_time_benchmark_runs(script, args):
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script)] + args, capture_output=True,

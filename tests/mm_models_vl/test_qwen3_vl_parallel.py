@@ -24,6 +24,7 @@ TWO = {
     "pp2": {"layout": {"pp": 2}, "pipeline_num_layers": [1, 2]},  # DeepStack level 1 crosses
     "pp2_vpp2": {"layout": {"pp": 2, "vpp": 2}, "checkpoint": DEEP},
     "lora_tp2": {"layout": {"tp": 2}, "lora": True},
+    "tp2_frozen_vision": {"layout": {"tp": 2}, "freeze": ("vision",)},
     "tp2_sp_recompute_full": {"layout": {"tp": 2, "sequence_parallel": True}, "recompute": "full"},
     "moe_ep2": {"layout": {"ep": 2}, "checkpoint": MOE},
     "moe_tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}, "checkpoint": MOE},

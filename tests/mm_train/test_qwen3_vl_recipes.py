@@ -1,6 +1,6 @@
 """The built-in Qwen3-VL recipes train through `mm-train run NAME` (loss falls on the generated
-pictures), the MoE one logs its routing and trains under ep2 with sequence-parallel tp2 as one
-process; the saved model folder loads in transformers."""
+pictures), the MoE one logs its routing, trains under ep2 and sequence-parallel tp2 as one
+process and resumes across layouts; the saved model folder loads in transformers."""
 
 import json
 import os
@@ -24,25 +24,34 @@ def rows(out):
 
 
 def test_qwen3_vl_recipes_train_and_moe_layouts_equal_one_process(tmp_path):
+    """The MoE runs under ep2 and tp2+sp stop at step 2 and resume (on one process, under ep2) to
+    step 4: every loss equals the uninterrupted single-process run's."""
     import transformers
 
-    short = ["--set", "train.steps=4", "--set", "data.samples=32", "--no-progress"]
+    short = ["--set", "data.samples=32", "--no-progress"]
+    ep2, tp2_sp = ["--nproc", "2", "--set", "parallel.ep=2"], \
+        ["--nproc", "2", "--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"]
+    halves = ["--set", "train.steps=2", "--set", "checkpoint.every=2"]
     runs = {"dense": ("qwen3_vl_tiny", ["--set", "train.steps=30", "--set", "checkpoint.every=30"]),
-            "moe": ("qwen3_vl_moe_tiny", []),
-            "moe_ep2": ("qwen3_vl_moe_tiny", ["--nproc", "2", "--set", "parallel.ep=2"]),
-            "moe_tp2_sp": ("qwen3_vl_moe_tiny", ["--nproc", "2", "--set", "parallel.tp=2", "--set",
-                                                 "parallel.sequence_parallel=true"])}
+            "moe": ("qwen3_vl_moe_tiny", ["--set", "train.steps=4"]),
+            "moe_ep2": ("qwen3_vl_moe_tiny", ep2 + halves),
+            "moe_tp2_sp": ("qwen3_vl_moe_tiny", tp2_sp + halves)}
+    resumes = {"moe_ep2": [], "moe_tp2_sp": ep2}
     got = {}
     for name, (recipe, extra) in runs.items():
         out = tmp_path / name
         result = mm_train("run", recipe, *short, *extra, "--set", f"output_dir={out}", data=tmp_path / "data")
         assert result.returncode == 0, result.stderr[-3000:]
+        if name in resumes:
+            result = mm_train("run", recipe, *short, "--set", "train.steps=4", "--resume", *resumes[name],
+                              "--set", f"output_dir={out}", data=tmp_path / "data")
+            assert result.returncode == 0, result.stderr[-3000:]
         got[name] = rows(out)
     dense = [row["loss"] for row in got["dense"]]
     assert dense[-1] < 0.5 * dense[0], dense
     assert sorted(got["moe"][-1]["moe"]) == ["model.language_model.layers.0.mlp", "model.language_model.layers.1.mlp"]
     single = [row["loss"] for row in got["moe"]]
-    for name in ("moe_ep2", "moe_tp2_sp"):
+    for name in resumes:
         assert [row["loss"] for row in got[name]] == pytest.approx(single, rel=1e-4), name
     saved = tmp_path / "dense" / "checkpoints" / "step_30" / "model"
     transformers.Qwen3VLForConditionalGeneration.from_pretrained(str(saved))
