@@ -27,6 +27,7 @@ TWO = {
     "tp2_frozen_vision": {"layout": {"tp": 2}, "freeze": ("vision",)},
     "tp2_sp_recompute_full": {"layout": {"tp": 2, "sequence_parallel": True}, "recompute": "full"},
     "moe_ep2": {"layout": {"ep": 2}, "checkpoint": MOE},
+    "moe_lora_ep2": {"layout": {"ep": 2}, "checkpoint": MOE, "lora": True},  # attention and the dense layer
     "moe_tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}, "checkpoint": MOE},
     "moe_ep2_recompute_full": {"layout": {"ep": 2}, "checkpoint": MOE, "recompute": "full"},
     "moe_tp2_sp_recompute_selective": {"layout": {"tp": 2, "sequence_parallel": True}, "checkpoint": MOE,
@@ -48,7 +49,7 @@ def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen3_parallel")
     write_adapters(root / "adapters", write_reference(root))
     write_reference(root / DEEP, num_hidden_layers=4)
-    write_reference(root / MOE, moe=True)
+    write_adapters(root / MOE / "adapters", write_reference(root / MOE, moe=True))
     return root
 
 
