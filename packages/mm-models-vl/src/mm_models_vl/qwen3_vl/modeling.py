@@ -144,7 +144,8 @@ class Qwen3VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
                                            plan.token_mask)
         logits = self.lm_head(hidden)
         loss = None if plan.targets is None else self.loss(logits, plan.targets, plan.count)
-        aux = self._router_loss(list(self.model.language_model.moe_stats), self._wants_router_loss(output_router_logits))
+        stats = list(self.model.language_model.moe_stats)
+        aux = self._router_loss(stats, self._wants_router_loss(output_router_logits))
         if loss is not None and aux is not None:
             loss = loss + self.config.text_config.router_aux_loss_coef * aux
         if self.topology.tp.size > 1:
