@@ -1,11 +1,27 @@
-"""Shared fixtures: `run_distributed` starts msrun workers with a hard timeout (mm_parallel.testing)."""
+"""Shared fixtures: `run_distributed` runs a function on msrun workers with a hard timeout.
+
+The workers of one process count are started once per session and kept for the next test
+(mm_parallel.testing.pool: a launch costs 14-20 s before any test code runs). A call with
+``env`` or ``fresh=True`` gets a launch of its own (mm_parallel.testing.run_distributed).
+"""
 
 import pytest
 
 from mm_parallel import testing
+from mm_parallel.testing.pool import WorkerPool
 
 
 @pytest.fixture(scope="session")
 def run_distributed():
-    """run_distributed(fn, nproc, timeout=..., **kwargs) -> [result of rank 0, rank 1, ...]."""
-    return testing.run_distributed
+    """run_distributed(fn, nproc, timeout=..., env=None, fresh=False, **kwargs) -> [result of rank 0, ...]."""
+    pools = {}
+
+    def run(fn, nproc, timeout=300.0, env=None, fresh=False, **kwargs):
+        if env is not None or fresh:
+            return testing.run_distributed(fn, nproc, timeout, env, **kwargs)
+        pool = pools.setdefault(nproc, WorkerPool(nproc))
+        return pool.run(fn, timeout, **kwargs)
+
+    yield run
+    for pool in pools.values():
+        pool.close()

@@ -1,5 +1,8 @@
-"""The msrun harness itself: results per rank, a raising rank and a hang both fail fast and say why."""
+"""The msrun harness itself, with a launch per call and with the session's worker pool: results
+per rank, a raising rank and a hang both fail fast and say why; a pool keeps its processes from
+job to job and is replaced after a failure."""
 
+import os
 import time
 
 import numpy as np
@@ -36,27 +39,47 @@ def rank_one_hangs():
     return topo.rank
 
 
-def test_results_come_back_by_rank(run_distributed):
-    results = run_distributed(report_rank, nproc=2, timeout=120, scale=2)
+def pid():
+    return os.getpid()
+
+
+@pytest.fixture(params=["pool", "fresh"])
+def launcher(request, run_distributed):
+    """The session's pooled runner, or a launch of its own per call."""
+    fresh = request.param == "fresh"
+    return lambda fn, **kwargs: run_distributed(fn, fresh=fresh, **kwargs)
+
+
+def test_results_come_back_by_rank(launcher):
+    results = launcher(report_rank, nproc=2, timeout=120, scale=2)
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["world"] == 2 for r in results)
     np.testing.assert_array_equal(results[1]["array"], [0, 2, 4])
 
 
-def test_a_raising_rank_fails_fast_with_its_traceback(run_distributed):
+def test_a_raising_rank_fails_fast_with_its_traceback(launcher):
     start = time.monotonic()
     with pytest.raises(DistributedRunError, match="rank one refuses") as info:
-        run_distributed(rank_one_raises, nproc=2, timeout=200)
+        launcher(rank_one_raises, nproc=2, timeout=200)
     assert "rank1 raised" in str(info.value)
     assert time.monotonic() - start < 100, "a failed rank must not wait for the timeout"
 
 
-def test_a_hang_is_killed_at_the_timeout(run_distributed):
+def test_a_hang_is_killed_at_the_timeout(launcher):
     start = time.monotonic()
     with pytest.raises(DistributedRunError, match="timed out after 25 s") as info:
-        run_distributed(rank_one_hangs, nproc=2, timeout=25)
+        launcher(rank_one_hangs, nproc=2, timeout=25)
     assert time.monotonic() - start < 60
     assert "worker 1 (log tail)" in str(info.value)
+
+
+def test_a_pool_keeps_its_processes_and_is_replaced_after_a_failure(run_distributed):
+    first = run_distributed(pid, nproc=2, timeout=120)
+    assert run_distributed(pid, nproc=2, timeout=120) == first  # the same two processes
+    with pytest.raises(DistributedRunError, match="rank one refuses"):
+        run_distributed(rank_one_raises, nproc=2, timeout=200)
+    again = run_distributed(pid, nproc=2, timeout=120)
+    assert len(set(again)) == 2 and not set(again) & set(first)  # a new pool
 
 
 def test_encoding_round_trip_without_pickle():

@@ -106,6 +106,25 @@ def launch(
     the workers do not exit within a short grace, or after ``timeout`` seconds.
     """
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="mm_msrun_"))
+    cmd, full_env, msrun_log = launch_command(script, nproc, args, log_dir, env, nnodes, node_rank, master_addr,
+                                              master_port, cluster_timeout)
+    with open(msrun_log, "wb") as sink:  # a file, not a pipe: a full pipe would block msrun
+        proc = subprocess.Popen(cmd, env=full_env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        reason = _wait(proc, timeout, failed)
+    output = msrun_log.read_text(errors="replace")
+    if reason is None and proc.returncode != 0:
+        reason = f"msrun exited with {proc.returncode}"
+    if reason:
+        raise DistributedRunError(f"{Path(script).name} on {nproc} processes: {reason}\n"
+                                  f"{worker_log_tails(log_dir, nproc)}\n--- msrun ---\n{output[-2000:]}")
+    return log_dir
+
+
+def launch_command(script: os.PathLike, nproc: int, args: Sequence[str], log_dir: Path,
+                   env: Optional[Dict[str, str]] = None, nnodes: int = 1, node_rank: int = 0,
+                   master_addr: str = "127.0.0.1", master_port: Optional[int] = None,
+                   cluster_timeout: Optional[int] = None):
+    """(msrun command, its environment, the file for msrun's own output) of a `launch`."""
     if nnodes > 1 and master_port is None:
         raise ValueError("a multi-node launch needs the master_port every node shares")
     cmd = _msrun() + [
@@ -122,23 +141,13 @@ def launch(
     ]
     # msrun starts workers with the `python` found on PATH: make it this interpreter.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    full_env = {**os.environ, "PATH": path, "GLOG_v": "3", **(env or {})}
     log_dir.mkdir(parents=True, exist_ok=True)
-    msrun_log = log_dir / "msrun.out"  # a file, not a pipe: a full pipe would block msrun
-    with open(msrun_log, "wb") as sink:
-        proc = subprocess.Popen(cmd, env=full_env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-        reason = _wait(proc, timeout, failed)
-    output = msrun_log.read_text(errors="replace")
-    if reason is None and proc.returncode != 0:
-        reason = f"msrun exited with {proc.returncode}"
-    if reason:
-        tails = "\n".join(
-            f"--- worker {r} (log tail) ---\n{_log_tail(log_dir / f'worker_{r}.log', 40)}" for r in range(nproc)
-        )
-        raise DistributedRunError(
-            f"{Path(script).name} on {nproc} processes: {reason}\n{tails}\n--- msrun ---\n{output[-2000:]}"
-        )
-    return log_dir
+    return cmd, {**os.environ, "PATH": path, "GLOG_v": "3", **(env or {})}, log_dir / "msrun.out"
+
+
+def worker_log_tails(log_dir: Path, nproc: int, lines: int = 40) -> str:
+    return "\n".join(f"--- worker {r} (log tail) ---\n{_log_tail(log_dir / f'worker_{r}.log', lines)}"
+                     for r in range(nproc))
 
 
 def _wait(proc: subprocess.Popen, timeout: float, failed: Callable[[], bool]) -> Optional[str]:
@@ -181,28 +190,38 @@ def run_distributed(
     kwargs must be JSON values. Results are listed by global rank. The workers see the caller's
     import path (after their own), so ``fn``'s module may import what the caller imports.
     """
-    source = Path(sys.modules[fn.__module__].__file__).resolve()
     with tempfile.TemporaryDirectory(prefix="mm_dist_") as tmp:
         out = Path(tmp)
-        spec = {"file": str(source), "function": fn.__qualname__, "kwargs": kwargs, "out": str(out),
-                "path": [p for p in sys.path if p]}  # the workers import what the caller can
-        (out / "spec.json").write_text(json.dumps(spec))
-
-        def errors() -> List[Path]:
-            return sorted(out.glob("rank*.error"))
-
+        (out / "spec.json").write_text(json.dumps(job_spec(fn, kwargs, out)))
         try:
-            launch(_WORKER, nproc, [str(out / "spec.json")], timeout, out / "logs", env, lambda: bool(errors()))
+            launch(_WORKER, nproc, [str(out / "spec.json")], timeout, out / "logs", env,
+                   lambda: bool(list(out.glob("rank*.error"))))
         except DistributedRunError as e:
-            tracebacks = "\n".join(f"--- {p.stem} raised ---\n{p.read_text()}" for p in errors())
+            tracebacks = rank_errors(out)
             raise DistributedRunError(f"{fn.__qualname__}: {tracebacks}\n{e}" if tracebacks else str(e)) from None
-        results = []
-        for r in range(nproc):
-            path = out / f"rank{r}.json"
-            if not path.exists():
-                raise DistributedRunError(f"{fn.__qualname__}: rank {r} exited without a result")
-            results.append(decode(json.loads(path.read_text())))
-        return results
+        return read_results(fn, out, nproc)
+
+
+def job_spec(fn: Callable, kwargs: dict, out: Path) -> dict:
+    """What a worker needs to call module-level ``fn(**kwargs)`` and where it writes the result."""
+    source = Path(sys.modules[fn.__module__].__file__).resolve()
+    return {"file": str(source), "function": fn.__qualname__, "kwargs": kwargs, "out": str(out),
+            "path": [p for p in sys.path if p]}  # the workers import what the caller can
+
+
+def rank_errors(out: Path) -> str:
+    """The tracebacks of the ranks that raised, one after another."""
+    return "\n".join(f"--- {p.stem} raised ---\n{p.read_text()}" for p in sorted(out.glob("rank*.error")))
+
+
+def read_results(fn: Callable, out: Path, nproc: int) -> List[Any]:
+    results = []
+    for r in range(nproc):
+        path = out / f"rank{r}.json"
+        if not path.exists():
+            raise DistributedRunError(f"{fn.__qualname__}: rank {r} exited without a result")
+        results.append(decode(json.loads(path.read_text())))
+    return results
 
 
 __all__ = ["DistributedRunError", "decode", "encode", "free_port", "launch", "run_distributed"]

@@ -2,12 +2,15 @@
 
 Usage (by the harness): ``worker.py SPEC.json`` with SPEC = {file, function, kwargs, out}.
 Writes ``out/rank{R}.json`` on success and ``out/rank{R}.error`` (the traceback) on failure.
+``worker.py --pool DIR`` is a `WorkerPool` worker: it runs DIR/job0.json, job1.json, ... in
+turn as they appear (each a SPEC), and exits when DIR/stop appears.
 """
 
 import importlib.util
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -18,7 +21,23 @@ def _rank() -> int:
 
 
 def main(spec_path: str) -> int:
-    spec = json.loads(Path(spec_path).read_text())
+    return run_job(json.loads(Path(spec_path).read_text()))
+
+
+def serve(pool: Path) -> int:
+    """Run the pool's jobs in order until its stop file appears (polled every 20 ms)."""
+    job = 0
+    while not (pool / "stop").exists():
+        spec = pool / f"job{job}.json"
+        if spec.exists():
+            run_job(json.loads(spec.read_text()))
+            job += 1
+        else:
+            time.sleep(0.02)
+    return 0
+
+
+def run_job(spec: dict) -> int:
     out = Path(spec["out"])
     rank = _rank()
     try:
@@ -44,4 +63,4 @@ def main(spec_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(serve(Path(sys.argv[2])) if sys.argv[1] == "--pool" else main(sys.argv[1]))
