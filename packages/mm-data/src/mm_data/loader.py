@@ -80,14 +80,18 @@ def build_batch(dataset, sampler: BucketBatchSampler, collate, epoch: int, indic
     """Collated samples ``indices`` of ``epoch`` and the (source, reason) of each bad sample met."""
     samples, bad = [], []
     for index in indices:
-        candidate = int(index)
+        candidate, tried = int(index), []  # a substitute is never one already found bad for this index
         for attempt in range(max_substitutes + 1):
             try:
                 samples.append(_fetch(dataset, candidate, epoch))
                 break
             except BadSample as error:
                 bad.append((error.source, error.reason))
-                candidate = sampler.substitute(int(index), epoch, attempt)
+                tried.append(candidate)
+                candidate = sampler.substitute(int(index), epoch, attempt, exclude=tried)
+                if candidate is None:
+                    raise DataError(f"sample {index} and every other sample of its bucket ({len(tried)} in all) are "
+                                    "bad: " + "; ".join(f"{s}: {r}" for s, r in bad[-len(tried):])) from None
         else:
             raise DataError(f"sample {index} and {max_substitutes} substitutes from its bucket are all bad: "
                             + "; ".join(f"{s}: {r}" for s, r in bad[-max_substitutes - 1:]))

@@ -83,9 +83,16 @@ class BucketBatchSampler:
         share = len(batch) // self.dp_size
         return batch[self.dp_rank * share:(self.dp_rank + 1) * share]
 
-    def substitute(self, index: int, epoch: int, attempt: int) -> int:
-        """Another sample with the same key, to stand in for a bad one (deterministic)."""
+    def substitute(self, index: int, epoch: int, attempt: int, exclude=()) -> Optional[int]:
+        """Another sample with the same key, to stand in for a bad one, never one of ``exclude``
+        (the samples already found bad for this index); None when the bucket has no other.
+        Deterministic: a function of (seed, epoch, index, attempt, exclude), so the same on every
+        layout and after a resume."""
         members = self.groups[self.key_of[index] if self.key_of is not None else 0]
+        if exclude:
+            members = np.setdiff1d(members, np.fromiter(exclude, np.int64))
+        if not len(members):
+            return None
         rng = np.random.default_rng([self.seed, epoch, index, attempt + 1])
         return int(members[rng.integers(len(members))])
 
