@@ -21,6 +21,7 @@ def losses(out):
 def run(out, steps, *extra, data):
     result = mm_train("run", *SHORT, "--set", f"train.steps={steps}", "--set", f"output_dir={out}", *extra, data=data)
     assert result.returncode == 0, result.stderr[-3000:]
+    return result
 
 
 def test_resume_same_layout_bit_exact_and_across_layouts(tmp_path):
@@ -29,8 +30,9 @@ def test_resume_same_layout_bit_exact_and_across_layouts(tmp_path):
     whole = losses(tmp_path / "whole")
 
     run(tmp_path / "same", 3, data=data)
-    run(tmp_path / "same", 6, "--resume", data=data)
+    resumed = run(tmp_path / "same", 6, "--resume", data=data)
     assert losses(tmp_path / "same") == whole  # bit for bit
+    assert f"resuming from {tmp_path / 'same' / 'checkpoints' / 'step_3'} (step 3)" in resumed.stderr
 
     layouts = {"tp2_to_1": (["--nproc", "2", "--set", "parallel.tp=2"], []),
                "dp2_zero1_to_1": (["--nproc", "2", "--set", "parallel.zero_stage=1"], []),

@@ -151,6 +151,9 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
     moe = any(mm_parallel.moe.moe_layers(chunk) for chunk in chunks)  # looked up once, not per step
     optimizer = mm_parallel.DistributedOptimizer(chunks[0] if len(chunks) == 1 else chunks, recipe.optim, topo)
     first = checkpoint.load_optimizer(resume_from, chunks, optimizer) if resume_from else 0
+    if resume and topo.rank == 0:
+        print(f"mm-train: resuming from {resume_from} (step {first})" if resume_from else
+              f"mm-train: --resume found no complete checkpoint in {out}; starting at step 0", file=sys.stderr)
     params = [p for chunk in chunks for p in chunk.trainable_params()]
     grad_fn = ms.value_and_grad(lambda batch: chunks[0](**batch).loss, None, params)
 
@@ -221,8 +224,9 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
             profiler.close()
         if log is not None:
             log.close()
-    if writer:
-        _loss_curve(metrics, os.path.join(out, "loss.png"))
+    if writer:  # the whole run's curve: a resumed run's log holds the steps before it too
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            _loss_curve([json.loads(line) for line in f if line.strip()], os.path.join(out, "loss.png"))
     return metrics
 
 
