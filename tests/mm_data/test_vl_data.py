@@ -48,6 +48,8 @@ def test_both_llamafactory_layouts_parse_to_the_same_conversation(tmp_path):
                          "alternate"),
                         ({"conversations": [{"from": "robot", "value": "x"}]}, "role 'robot'"),
                         ({"text": "x"}, "no 'messages'"),
+                        ({"messages": "not a list"}, "'messages' must be a list of messages, got str"),
+                        ({"conversations": []}, "'conversations' is an empty list"),
                         ({"messages": [{"role": "user", "content": "x<video>"}, {"role": "assistant", "content": "y"}]},
                          "1 <video> placeholders but 0 videos")]:
         with pytest.raises(BadSample, match=reason):

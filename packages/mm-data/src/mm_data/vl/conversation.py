@@ -47,8 +47,11 @@ def parse_entry(entry, source: str, media_dir: str = "") -> Conversation:
         raw, role_key, text_key = entry["conversations"], "from", "value"
     else:
         raise BadSample(source, "no 'messages' or 'conversations' list")
-    if not isinstance(raw, list) or not raw:
-        raise BadSample(source, "the conversation is empty")
+    key = "messages" if "messages" in entry else "conversations"
+    if not isinstance(raw, list):
+        raise BadSample(source, f"'{key}' must be a list of messages, got {type(raw).__name__}")
+    if not raw:
+        raise BadSample(source, f"'{key}' is an empty list")
     system = entry.get("system") if isinstance(entry.get("system"), str) else None
     turns = []
     for number, message in enumerate(raw):
