@@ -150,6 +150,9 @@ def _launch_node(args) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    # transformers' "PyTorch was not found" notice means nothing to a MindSpore user; the variable
+    # silences only transformers' advisory notices, and the msrun workers inherit it
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     args = _parser().parse_args(argv)
     try:
         if args.command == "run":
