@@ -13,6 +13,7 @@ starts a new pool. Jobs must not depend on being the first thing their processes
 
 from __future__ import annotations
 
+import atexit
 import json
 import subprocess
 import tempfile
@@ -37,6 +38,7 @@ class WorkerPool:
                                                self.dir / "logs")
         self.sink = open(log, "wb")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.sink, stderr=subprocess.STDOUT, start_new_session=True)
+        atexit.register(self.close)  # workers in their own session outlive a caller that forgets them
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -25,7 +25,21 @@ def main(spec_path: str) -> int:
 
 
 def serve(pool: Path) -> int:
-    """Run the pool's jobs in order until its stop file appears (polled every 20 ms)."""
+    """Run the pool's jobs in order until its stop file appears (polled every 20 ms).
+
+    msrun runs the script in its scheduler process too (MS_ROLE=MS_SCHED): there it only serves
+    the cluster. Every worker joins the world first, so the cluster is complete whatever the jobs
+    do (a job that never initialises would otherwise leave the scheduler waiting for it, and
+    the scheduler must never answer a job as a rank)."""
+    import mm_parallel
+    from mindspore.communication import init
+
+    if os.environ.get("MS_ROLE") == "MS_SCHED":
+        init()
+        while not (pool / "stop").exists():
+            time.sleep(0.2)
+        return 0
+    mm_parallel.comm.get_backend().init_world()
     job = 0
     while not (pool / "stop").exists():
         spec = pool / f"job{job}.json"
