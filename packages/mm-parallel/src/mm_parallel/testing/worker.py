@@ -31,8 +31,9 @@ def serve(pool: Path) -> int:
     the cluster. Every worker joins the world first, so the cluster is complete whatever the jobs
     do (a job that never initialises would otherwise leave the scheduler waiting for it, and
     the scheduler must never answer a job as a rank)."""
-    import mm_parallel
     from mindspore.communication import init
+
+    import mm_parallel
 
     if os.environ.get("MS_ROLE") == "MS_SCHED":
         init()
