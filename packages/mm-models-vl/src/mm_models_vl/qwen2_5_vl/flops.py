@@ -41,12 +41,17 @@ def qwen2_5_vl_flops(config, seq: int, image_grid_thw=None, video_grid_thw=None,
 
 
 def batch_flops(config, batch: dict) -> float:
-    """Forward FLOPs per sample of a micro-batch of forward keywords (rows of their real length:
-    the attention mask's count where one is given)."""
+    """Forward FLOPs per sample of a micro-batch of forward keywords."""
+    return per_sample_flops(batch, lambda seq: qwen2_5_vl_flops(config, seq),
+                            lambda grids: vision_flops(config, grids))
+
+
+def per_sample_flops(batch: dict, text_flops, vision_flops) -> float:
+    """(text_flops(seq) over each row's real length — the attention mask's count where one is
+    given — plus vision_flops(grids) of the images and the videos) / rows."""
     ids = np.asarray(batch["input_ids"])
     mask = batch.get("attention_mask")
     lengths = np.asarray(mask).sum(1) if mask is not None else np.full(len(ids), ids.shape[1])
-    text = sum(qwen2_5_vl_flops(config, int(n)) for n in lengths)
-    vision = sum(vision_flops(config, batch[key]) for key in ("image_grid_thw", "video_grid_thw")
-                 if batch.get(key) is not None)
+    text = sum(text_flops(int(n)) for n in lengths)
+    vision = sum(vision_flops(batch[key]) for key in ("image_grid_thw", "video_grid_thw") if batch.get(key) is not None)
     return (text + vision) / len(ids)

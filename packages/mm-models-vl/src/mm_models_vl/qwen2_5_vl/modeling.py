@@ -267,22 +267,31 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
                   labels=None, use_cache: bool = False, pixel_values=None, pixel_values_videos=None,
                   image_grid_thw=None, video_grid_thw=None, mm_token_type_ids=None, second_per_grid_ts=None,
                   rope_deltas=None, **unused: Any):
-        if unused:
-            raise TypeError(f"unexpected forward arguments: {sorted(unused)}")
-        self.require_whole_model()
-        ids = host(input_ids, np.int64)
-        if ids is None or ids.ndim != 2:
-            raise ValueError("input_ids must be given as (batch, seq)")
-        cache = past_key_values if past_key_values is not None else (KVCache() if use_cache else None)
+        ids, cache = self.forward_inputs(input_ids, past_key_values, use_cache, unused)
         plan = self.sequence_plan(ids, attention_mask, position_ids, labels, image_grid_thw, video_grid_thw,
                                   mm_token_type_ids, second_per_grid_ts, cache.length() if cache else 0, rope_deltas)
         embeds = self.embed(ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
         hidden = self.model.language_model(embeds, plan.cos, plan.sin, plan.key_padding_mask, cache)
         logits = self.lm_head(hidden)
         loss = None if plan.targets is None else self.loss(logits, plan.targets, plan.count)
+        return self.forward_output(loss, logits, cache, plan)
+
+    def forward_inputs(self, input_ids, past_key_values, use_cache: bool, unused: dict):
+        """(input_ids on the host as (batch, seq) int64, the key/value cache or None), checked."""
+        if unused:
+            raise TypeError(f"unexpected forward arguments: {sorted(unused)}")
+        self.require_whole_model()
+        ids = host(input_ids, np.int64)
+        if ids is None or ids.ndim != 2:
+            raise ValueError("input_ids must be given as (batch, seq)")
+        return ids, past_key_values if past_key_values is not None else (KVCache() if use_cache else None)
+
+    def forward_output(self, loss, logits, cache, plan: SequencePlan, aux_loss=None) -> CausalLMOutput:
+        """The forward's output, logits gathered over the vocabulary under tp."""
         if self.topology.tp.size > 1:
             logits = mappings.gather_from_region(logits, self.topology.tp, -1)
-        return CausalLMOutput(loss=loss, logits=logits, past_key_values=cache, rope_deltas=plan.rope_deltas)
+        return CausalLMOutput(loss=loss, logits=logits, past_key_values=cache, rope_deltas=plan.rope_deltas,
+                              aux_loss=aux_loss)
 
     def pipeline_stage(self, x, batch: dict):
         """This virtual stage's forward for mm_parallel.pipeline (``with_batch=True``): ``batch`` is

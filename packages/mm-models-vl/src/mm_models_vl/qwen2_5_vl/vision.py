@@ -16,12 +16,13 @@ from mm_parallel.blocks import Activation, GatedMLP, Linear, PatchConv, RMSNorm
 
 
 class Qwen2_5_VisionPatchEmbed(nn.Cell):
-    """(num_patches, C * T * P * P) flattened patches -> (num_patches, hidden): Conv3d, stride = kernel."""
+    """(num_patches, C * T * P * P) flattened patches -> (num_patches, hidden): Conv3d, stride = kernel
+    (without bias in Qwen2.5-VL, with one in Qwen3-VL)."""
 
-    def __init__(self, config):
+    def __init__(self, config, bias: bool = False):
         super().__init__()
         kernel = (config.temporal_patch_size, config.patch_size, config.patch_size)
-        self.proj = PatchConv(config.in_channels, config.hidden_size, kernel, bias=False)
+        self.proj = PatchConv(config.in_channels, config.hidden_size, kernel, bias=bias)
 
     def construct(self, pixel_values):
         return self.proj(pixel_values)

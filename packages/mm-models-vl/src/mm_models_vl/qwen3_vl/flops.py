@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mm_models_vl.qwen2_5_vl.flops import per_sample_flops
 from mm_models_vl.qwen3_vl import positions as pos
 from mm_models_vl.qwen3_vl.language import is_sparse_layer
 from mm_profiling.flops import decoder_lm_flops, matmul, vit_flops
@@ -52,11 +53,5 @@ def text_flops(config, seq: int, lm_head: bool = True) -> int:
 
 
 def batch_flops(config, batch: dict) -> float:
-    """Forward FLOPs per sample of a micro-batch of forward keywords (rows of their real length)."""
-    ids = np.asarray(batch["input_ids"])
-    mask = batch.get("attention_mask")
-    lengths = np.asarray(mask).sum(1) if mask is not None else np.full(len(ids), ids.shape[1])
-    text = sum(text_flops(config, int(n)) for n in lengths)
-    vision = sum(vision_flops(config, batch[key]) for key in ("image_grid_thw", "video_grid_thw")
-                 if batch.get(key) is not None)
-    return (text + vision) / len(ids)
+    """Forward FLOPs per sample of a micro-batch of forward keywords."""
+    return per_sample_flops(batch, lambda seq: text_flops(config, seq), lambda grids: vision_flops(config, grids))

@@ -25,9 +25,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 from mindspore import Tensor, ops
 
-from mm_models_vl.qwen2_5_vl.language import KVCache
 from mm_models_vl.qwen2_5_vl.modeling import (
-    CausalLMOutput,
     Qwen2_5_VLForConditionalGeneration,
     Qwen2_5_VLModel,
     _plan_args,
@@ -36,7 +34,6 @@ from mm_models_vl.qwen2_5_vl.modeling import (
 from mm_models_vl.qwen3_vl import positions as pos
 from mm_models_vl.qwen3_vl.language import Qwen3VLTextModel
 from mm_models_vl.qwen3_vl.vision import Qwen3VLVisionModel
-from mm_parallel import mappings
 from mm_parallel.moe import load_balancing_loss
 from mm_parallel.ops.device import host_array as host
 from mm_parallel.topology import Topology
@@ -130,13 +127,7 @@ class Qwen3VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
                   labels=None, use_cache: bool = False, pixel_values=None, pixel_values_videos=None,
                   image_grid_thw=None, video_grid_thw=None, mm_token_type_ids=None, rope_deltas=None,
                   output_router_logits=None, **unused: Any):
-        if unused:
-            raise TypeError(f"unexpected forward arguments: {sorted(unused)}")
-        self.require_whole_model()
-        ids = host(input_ids, np.int64)
-        if ids is None or ids.ndim != 2:
-            raise ValueError("input_ids must be given as (batch, seq)")
-        cache = past_key_values if past_key_values is not None else (KVCache() if use_cache else None)
+        ids, cache = self.forward_inputs(input_ids, past_key_values, use_cache, unused)
         plan = self.sequence_plan(ids, attention_mask, position_ids, labels, image_grid_thw, video_grid_thw,
                                   mm_token_type_ids, None, cache.length() if cache else 0, rope_deltas)
         embeds, deepstack = self.embed(ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
@@ -148,10 +139,7 @@ class Qwen3VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
         aux = self._router_loss(stats, self._wants_router_loss(output_router_logits))
         if loss is not None and aux is not None:
             loss = loss + self.config.text_config.router_aux_loss_coef * aux
-        if self.topology.tp.size > 1:
-            logits = mappings.gather_from_region(logits, self.topology.tp, -1)
-        return CausalLMOutput(loss=loss, logits=logits, past_key_values=cache, rope_deltas=plan.rope_deltas,
-                              aux_loss=aux)
+        return self.forward_output(loss, logits, cache, plan, aux)
 
     def pipeline_stage(self, x, batch: dict) -> Dict:
         """This virtual stage's forward for mm_parallel.pipeline (``with_batch=True``): a dict of
@@ -165,7 +153,7 @@ class Qwen3VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
         else:
             hidden = x["hidden"]
             deepstack = {int(k.split("_")[1]): v for k, v in x.items() if k.startswith("deepstack_")}
-            stats = [x["moe_stats"][i] for i in range(x["moe_stats"].shape[0])] if "moe_stats" in x else []
+            stats = _stage_stats(x)
         hidden = self.model.language_model(hidden, plan.cos, plan.sin, plan.key_padding_mask, None, deepstack,
                                            plan.token_mask)
         stats = stats + list(self.model.language_model.moe_stats)
@@ -181,9 +169,14 @@ class Qwen3VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
         loss when the config sets output_router_logits."""
         plan = self.sequence_plan(**_plan_args(batch))
         loss = self.loss(out["logits"], plan.targets, plan.count)
-        stats = [out["moe_stats"][i] for i in range(out["moe_stats"].shape[0])] if "moe_stats" in out else []
-        aux = self._router_loss(stats, self._wants_router_loss(None))
+        aux = self._router_loss(_stage_stats(out), self._wants_router_loss(None))
         return loss if aux is None else loss + self.config.text_config.router_aux_loss_coef * aux
+
+
+def _stage_stats(value: Dict) -> list:
+    """The per-layer MoE statistics a stage dict carries (``moe_stats``, stacked), as a list."""
+    stats = value.get("moe_stats")
+    return [] if stats is None else [stats[i] for i in range(stats.shape[0])]
 
 
 class Qwen3VLMoeForConditionalGeneration(Qwen3VLForConditionalGeneration):

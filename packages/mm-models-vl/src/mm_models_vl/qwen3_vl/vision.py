@@ -16,22 +16,10 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-from mm_models_vl.qwen2_5_vl.vision import Qwen2_5_VLVisionAttention, _segments
+from mm_models_vl.qwen2_5_vl.vision import Qwen2_5_VisionPatchEmbed, Qwen2_5_VLVisionAttention, _segments
 from mm_models_vl.qwen3_vl import positions as pos
-from mm_parallel.blocks import Activation, LayerNorm, Linear, PatchConv
+from mm_parallel.blocks import Activation, LayerNorm, Linear
 from mm_parallel.tensor_parallel import new_parameter
-
-
-class Qwen3VLVisionPatchEmbed(nn.Cell):
-    """(num_patches, C * T * P * P) flattened patches -> (num_patches, hidden): Conv3d with bias, stride = kernel."""
-
-    def __init__(self, config):
-        super().__init__()
-        kernel = (config.temporal_patch_size, config.patch_size, config.patch_size)
-        self.proj = PatchConv(config.in_channels, config.hidden_size, kernel, bias=True)
-
-    def construct(self, pixel_values):
-        return self.proj(pixel_values)
 
 
 class Qwen3VLVisionMLP(nn.Cell):
@@ -102,7 +90,7 @@ class Qwen3VLVisionModel(nn.Cell):
         if rope.get("rope_type", "axial") != "axial":
             raise ValueError(f"the vision tower supports axial rotary only, config has {rope.get('rope_type')!r}")
         self.theta = rope.get("rope_theta", 10000.0)
-        self.patch_embed = Qwen3VLVisionPatchEmbed(config)
+        self.patch_embed = Qwen2_5_VisionPatchEmbed(config, bias=True)
         self.pos_embed = _PositionTable(config.num_position_embeddings, config.hidden_size)
         self.blocks = nn.CellList([Qwen3VLVisionBlock(config) for _ in range(config.depth)])
         self.merger = Qwen3VLVisionPatchMerger(config)
