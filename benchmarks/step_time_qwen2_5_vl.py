@@ -40,9 +40,11 @@ def config(vocab: int):
     return cfg
 
 
-def inputs(cfg, seq: int = 512):
+def inputs(cfg, seq: int = 512, patch: int = 14):
+    """One picture of 16 x 16 patches (224 pixels a side at patch 14, 256 at 16), 64 merged tokens,
+    in ``seq`` tokens of random text."""
     rng = np.random.default_rng(0)
-    grid = (1, 16, 16)  # 224 / 14 patches a side
+    grid = (1, 16, 16)
     merged = 64
     text = seq - merged - 2
     ids = rng.integers(3, cfg.image_token_id, text).tolist()
@@ -51,7 +53,7 @@ def inputs(cfg, seq: int = 512):
     types = (ids == cfg.image_token_id).astype(np.int64)
     labels = np.where(types == 1, -100, ids)
     return {"input_ids": ids, "mm_token_type_ids": types, "labels": labels,
-            "pixel_values": rng.standard_normal((256, 3 * 2 * 14 * 14)).astype(np.float32),
+            "pixel_values": rng.standard_normal((256, 3 * 2 * patch * patch)).astype(np.float32),
             "image_grid_thw": np.array([grid], np.int64)}
 
 

@@ -15,9 +15,8 @@ import argparse
 import sys
 import tempfile
 
-import numpy as np
 from _timing import compare_steps
-from step_time_qwen2_5_vl import our_side, torch_side
+from step_time_qwen2_5_vl import inputs, our_side, torch_side
 
 
 def config(vocab: int, moe: bool):
@@ -40,18 +39,6 @@ def config(vocab: int, moe: bool):
     return cfg
 
 
-def inputs(cfg, seq: int = 512):
-    rng = np.random.default_rng(0)
-    merged = 64  # a 16 x 16 patch grid, merged 2 x 2
-    ids = rng.integers(3, cfg.image_token_id, seq - merged - 2).tolist()
-    ids = ids[:8] + [cfg.vision_start_token_id] + [cfg.image_token_id] * merged + [cfg.vision_end_token_id] + ids[8:]
-    ids = np.array([ids], np.int64)
-    types = (ids == cfg.image_token_id).astype(np.int64)
-    return {"input_ids": ids, "mm_token_type_ids": types, "labels": np.where(types == 1, -100, ids),
-            "pixel_values": rng.standard_normal((256, 3 * 2 * 16 * 16)).astype(np.float32),
-            "image_grid_thw": np.array([(1, 16, 16)], np.int64)}
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--moe", action="store_true")
@@ -63,7 +50,7 @@ def main():
 
     cfg = config(args.vocab, args.moe)
     name = "Qwen3VLMoeForConditionalGeneration" if args.moe else "Qwen3VLForConditionalGeneration"
-    batch = inputs(cfg)
+    batch = inputs(cfg, patch=16)
     with tempfile.TemporaryDirectory() as path:
         theirs = torch_side(cfg, path, args.threads, name)
         ours, parts = our_side(path, name)

@@ -9,12 +9,9 @@ samples' losses (each with its own load-balancing term, as a micro-batch of one 
 
 from __future__ import annotations
 
-import json
-import os
-
 import numpy as np
 from qwen3_vl_reference import IMAGE, PATCH_DIM, merged, placeholder, video_placeholders, with_types_and_labels
-from qwen_vl_parallel_cases import sample_part
+from qwen_vl_parallel_cases import build, sample_part
 
 IMAGE_GRID, VIDEO_GRID = (1, 4, 8), (2, 4, 4)
 
@@ -31,30 +28,6 @@ def batch(seed: int = 0):
               "video_grid_thw": np.array([VIDEO_GRID] * 2, np.int64)}
     assert inputs["input_ids"].shape[1] == 40
     return with_types_and_labels(inputs)
-
-
-def model_class(path):
-    from mm_models_vl import Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration
-
-    with open(os.path.join(path, "config.json")) as f:
-        moe = json.load(f)["model_type"] == "qwen3_vl_moe"
-    return Qwen3VLMoeForConditionalGeneration if moe else Qwen3VLForConditionalGeneration
-
-
-def build(path, topo, case):
-    """This rank's model chunks (one without virtual pipeline stages), loaded and planned."""
-    from mm_models_vl.qwen3_vl.parallel_plan import LoraConfig, parallelize
-
-    chunks = []
-    for chunk in range(topo.config.vpp):
-        model = model_class(path).from_pretrained(path, topology=topo, chunk=chunk,
-                                                  pipeline_num_layers=case.get("pipeline_num_layers"))
-        parallelize(model, recompute=case.get("recompute", "none"), recompute_num_layers=1,
-                    lora=LoraConfig(r=4, alpha=8.0) if case.get("lora") else None, freeze=case.get("freeze", ()))
-        if case.get("lora"):
-            model.load_adapter(os.path.join(path, "adapters"))
-        chunks.append(model)
-    return chunks
 
 
 def per_sample_loss(model, inputs):

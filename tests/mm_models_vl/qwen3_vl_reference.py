@@ -11,7 +11,8 @@ and 2 * moe_intermediate != hidden (so the fused and transposed expert layouts d
 from __future__ import annotations
 
 import numpy as np
-from qwen_vl_reference import merged, our_forward, placeholder, reference_forward, with_types_and_labels  # noqa: F401
+from qwen_vl_reference import merged, placeholder, with_types_and_labels
+from qwen_vl_reference import sample as qwen2_5_sample
 
 IMAGE, VIDEO, START, END = 250, 251, 252, 253
 PATCH_DIM = 3 * 2 * 16 * 16
@@ -71,26 +72,8 @@ def video_placeholders(grid, rng):
 
 
 def sample(kind: str, rng: np.random.Generator):
-    """(inputs dict of numpy arrays) for one named case."""
-    text = lambda n: rng.integers(3, 240, n).tolist()  # noqa: E731
-    images, videos, ids = [], [], []
-    if kind == "text":
-        ids = text(12)
-    if kind in ("image", "image_video"):
-        images.append((1, 8, 12))
-        ids = text(3) + placeholder(IMAGE, merged(images[0])) + text(4)
-    if kind in ("video", "image_video"):
-        videos.append((3, 4, 6))
-        ids = (ids or text(3)) + video_placeholders(videos[0], rng) + text(5)
-    inputs = {"input_ids": np.array([ids], np.int64)}
-    if images:
-        inputs["pixel_values"] = rng.standard_normal((sum(np.prod(g) for g in images), PATCH_DIM)).astype(np.float32)
-        inputs["image_grid_thw"] = np.array(images, np.int64)
-    if videos:
-        patches = sum(np.prod(g) for g in videos)
-        inputs["pixel_values_videos"] = rng.standard_normal((patches, PATCH_DIM)).astype(np.float32)
-        inputs["video_grid_thw"] = np.array(videos, np.int64)
-    return with_types_and_labels(inputs)
+    """(inputs dict of numpy arrays) for one named case (qwen_vl_reference.sample, Qwen3-VL's video layout)."""
+    return qwen2_5_sample(kind, rng, patch_dim=PATCH_DIM, video_ids=video_placeholders, second_per_grid=None)
 
 
 def padded_pair(rng: np.random.Generator):

@@ -8,6 +8,7 @@ image+text samples, compared with one process by mm_parallel.testing.equivalence
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -45,13 +46,25 @@ def sample_part(inputs, index: int, parts: int):
     return out
 
 
+def model_class(path):
+    """The mm_models_vl class of the checkpoint at ``path`` (its config.json's model_type)."""
+    import mm_models_vl
+
+    with open(os.path.join(path, "config.json")) as f:
+        model_type = json.load(f)["model_type"]
+    return getattr(mm_models_vl, {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+                                  "qwen3_vl": "Qwen3VLForConditionalGeneration",
+                                  "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration"}[model_type])
+
+
 def build(path, topo, case):
-    """This rank's model chunks (one without virtual pipeline stages), loaded and planned."""
-    from mm_models_vl import Qwen2_5_VLForConditionalGeneration
+    """This rank's model chunks (one without virtual pipeline stages), loaded and planned (the
+    Qwen VL models share one plan)."""
     from mm_models_vl.qwen2_5_vl.parallel_plan import LoraConfig, parallelize
     chunks = []
     for chunk in range(topo.config.vpp):
-        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(path, topology=topo, chunk=chunk)
+        model = model_class(path).from_pretrained(path, topology=topo, chunk=chunk,
+                                                  pipeline_num_layers=case.get("pipeline_num_layers"))
         parallelize(model, recompute=case.get("recompute", "none"), recompute_num_layers=1,
                     lora=LoraConfig(r=4, alpha=8.0) if case.get("lora") else None, freeze=case.get("freeze", ()))
         if case.get("lora"):

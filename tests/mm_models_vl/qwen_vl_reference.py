@@ -68,8 +68,12 @@ def merged(grid, merge: int = 2) -> int:
     return t * (h // merge) * (w // merge)
 
 
-def sample(kind: str, rng: np.random.Generator):
-    """(inputs dict of numpy arrays) for one named case."""
+def sample(kind: str, rng: np.random.Generator, patch_dim: int = PATCH_DIM, video_ids=None,
+           second_per_grid: float = 1.5):
+    """(inputs dict of numpy arrays) for one named case. ``video_ids(grid, rng)``: a video's
+    placeholder tokens (default: one run for the whole video, Qwen2.5-VL's); ``second_per_grid``
+    None: no second_per_grid_ts (Qwen3-VL)."""
+    video_ids = video_ids or (lambda grid, _: placeholder(VIDEO, merged(grid)))
     text = lambda n: rng.integers(3, 240, n).tolist()  # noqa: E731
     images, videos, ids = [], [], []
     if kind == "text":
@@ -79,16 +83,17 @@ def sample(kind: str, rng: np.random.Generator):
         ids = text(3) + placeholder(IMAGE, merged(images[0])) + text(4)
     if kind in ("video", "image_video"):
         videos.append((3, 4, 6))
-        ids = (ids or text(3)) + placeholder(VIDEO, merged(videos[0])) + text(5)
+        ids = (ids or text(3)) + video_ids(videos[0], rng) + text(5)
     inputs = {"input_ids": np.array([ids], np.int64)}
     if images:
-        inputs["pixel_values"] = rng.standard_normal((sum(np.prod(g) for g in images), PATCH_DIM)).astype(np.float32)
+        inputs["pixel_values"] = rng.standard_normal((sum(np.prod(g) for g in images), patch_dim)).astype(np.float32)
         inputs["image_grid_thw"] = np.array(images, np.int64)
     if videos:
         patches = sum(np.prod(g) for g in videos)
-        inputs["pixel_values_videos"] = rng.standard_normal((patches, PATCH_DIM)).astype(np.float32)
+        inputs["pixel_values_videos"] = rng.standard_normal((patches, patch_dim)).astype(np.float32)
         inputs["video_grid_thw"] = np.array(videos, np.int64)
-        inputs["second_per_grid_ts"] = np.array([1.5], np.float32)  # interval 6 > spatial span: 5.x rule matters
+        if second_per_grid is not None:  # 1.5: interval 6 > spatial span, the 5.x rule matters
+            inputs["second_per_grid_ts"] = np.array([second_per_grid], np.float32)
     return with_types_and_labels(inputs)
 
 
@@ -133,6 +138,22 @@ def reference_forward(model, inputs, backward: bool = True):
         out.loss.backward()
         grads = {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
     return out.loss.item(), out.logits.detach().numpy(), grads
+
+
+def assert_matches_reference(reference, ours, inputs, grad_rel: float):
+    """Loss and logits (real tokens) within 1e-5, every reference gradient within ``grad_rel``
+    (rel-err), ours zero where torch has none; returns the reference's gradients."""
+    ref_loss, ref_logits, ref_grads = reference_forward(reference, inputs)
+    loss, logits, grads = our_forward(ours, inputs)
+    valid = inputs.get("attention_mask", np.ones(inputs["input_ids"].shape)).astype(bool)  # pads: no reference value
+    assert abs(loss - ref_loss) / abs(ref_loss) <= 1e-5
+    assert rel_err(logits[valid], ref_logits[valid]) <= 1e-5
+    assert set(ref_grads) <= set(grads), sorted(set(ref_grads) - set(grads))
+    errors = {name: rel_err(grads[name], ref_grads[name]) for name in ref_grads}
+    assert max(errors.values()) <= grad_rel, sorted(errors.items(), key=lambda kv: -kv[1])[:5]
+    unused = set(grads) - set(ref_grads)  # e.g. the vision tower on text-only input: no gradient in torch
+    assert all(not np.any(grads[name]) for name in unused)
+    return ref_grads
 
 
 def our_forward(model, inputs, backward: bool = True):
