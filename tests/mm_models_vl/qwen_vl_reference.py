@@ -136,8 +136,8 @@ def reference_forward(model, inputs, backward: bool = True):
     grads = {}
     if backward:
         out.loss.backward()
-        grads = {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
-    return out.loss.item(), out.logits.detach().numpy(), grads
+        grads = {n: p.grad.float().numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
+    return out.loss.item(), out.logits.detach().float().numpy(), grads
 
 
 def assert_matches_reference(reference, ours, inputs, grad_rel: float):
@@ -171,7 +171,7 @@ def our_forward(model, inputs, backward: bool = True):
     params = model.trainable_params()
     if backward:
         loss, grads = ms.value_and_grad(loss_fn, None, params)()
-        grads = {names[id(p)]: g.asnumpy() for p, g in zip(params, grads)}
+        grads = {names[id(p)]: g.astype(ms.float32).asnumpy() for p, g in zip(params, grads)}
     else:
         loss, grads = loss_fn(), {}
     return float(loss.asnumpy()), logits["value"].asnumpy(), grads

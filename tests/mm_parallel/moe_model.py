@@ -53,7 +53,7 @@ def toy_class():
             config["moe"].update((overrides or {}).get("moe", {}))
             return config
 
-        def write_config(self, path):
+        def write_config(self, path, dtype="float32"):
             with open(os.path.join(path, "config.json"), "w") as f:
                 json.dump(self.config, f)
 

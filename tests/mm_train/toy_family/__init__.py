@@ -72,7 +72,7 @@ class ToyMLP(ParallelModel):
                 config = json.load(f)
         return {**config, **(overrides or {}), "model_type": "toy_mlp"}
 
-    def write_config(self, path):
+    def write_config(self, path, dtype="float32"):
         os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump(self.config, f)

@@ -19,6 +19,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mm_parallel import mappings
 from mm_parallel import ops as kernels
 from mm_parallel.ops.device import as_type, ones, tiled_to
+from mm_parallel.ops.norms import in_input_dtype
 from mm_parallel.sharding import split
 from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _linear, new_parameter
 from mm_parallel.topology import Topology, get_topology
@@ -133,8 +134,8 @@ class RMSNorm(nn.Cell):
         dtype, h = x.dtype, as_type(x, ms.float32)
         squares = ops.matmul(ops.square(h), ones((h.shape[-1], 1)))  # local row sums
         squares = mappings.copy_to_region(mappings.reduce_from_region(squares, self.group), self.group)
-        h = as_type((h * tiled_to(ops.rsqrt(squares * (1.0 / self.hidden_size) + self.eps), h.shape)), dtype)
-        return tiled_to(self.weight.reshape((1,) * (h.ndim - 1) + (-1,)), h.shape) * h
+        h = in_input_dtype(h * tiled_to(ops.rsqrt(squares * (1.0 / self.hidden_size) + self.eps), h.shape), dtype)
+        return tiled_to(as_type(self.weight, h.dtype).reshape((1,) * (h.ndim - 1) + (-1,)), h.shape) * h
 
 
 class LayerNorm(nn.Cell):

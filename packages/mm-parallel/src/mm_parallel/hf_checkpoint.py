@@ -18,6 +18,7 @@ import json
 import os
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
+import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn
 
@@ -27,6 +28,7 @@ from mm_parallel.topology import get_topology
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
            "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 WEIGHT_NAMES = ("model.safetensors", "diffusion_pytorch_model.safetensors")
+_FLOATS = (ms.float32, ms.bfloat16, ms.float16)
 
 
 def _header(file: str) -> Tuple[dict, int]:
@@ -146,9 +148,11 @@ def _set(param, value: np.ndarray, key: str, full_shape) -> None:
     param.set_data(Tensor(np.ascontiguousarray(value.astype(np.float32)), param.dtype))
 
 
-def full_state(model: nn.Cell, name_map: Callable[[str], Optional[str]] = lambda n: n) -> Dict[str, np.ndarray]:
+def full_state(model: nn.Cell, name_map: Callable[[str], Optional[str]] = lambda n: n,
+               dtype=None) -> Dict[str, np.ndarray]:
     """Checkpoint name -> full numpy tensor, shards gathered (a collective: every rank of the split
-    groups calls it)."""
+    groups calls it); floating tensors in their parameter's dtype, or in ``dtype`` (a MindSpore
+    float dtype) when given."""
     topology = get_topology(getattr(model, "topology", None))
     state = {}
     for name, param, cell, attr in owned_parameters(model):
@@ -156,7 +160,10 @@ def full_state(model: nn.Cell, name_map: Callable[[str], Optional[str]] = lambda
         if key is None:
             continue
         spec = sharding_of(param)
-        value = (spec.gather(param, topology) if spec.splits else param).asnumpy().astype(np.float32)
+        value = spec.gather(param, topology) if spec.splits else param
+        if dtype is not None and value.dtype in _FLOATS and value.dtype != dtype:
+            value = value.astype(dtype)
+        value = value.asnumpy()  # float32, or bfloat16 / float16: safetensors writes BF16 / F16
         if hasattr(cell, "hf_tensors"):  # a cell that chooses its own tensors on disk (MoE experts)
             state.update(cell.hf_tensors(key, attr, value))
         else:
@@ -186,7 +193,7 @@ def write_index(path: str, files: Dict[str, str], base: str = "model.safetensors
 
 
 def save_folder(models, path, name_map: Callable[[nn.Cell, str], Optional[str]], write_config: Callable[[str], None],
-                base: str = "model.safetensors") -> None:
+                base: str = "model.safetensors", dtype=None) -> None:
     """Write a Hugging Face folder from every rank's pipeline chunks; every rank calls it.
 
     ``models``: a model, or the list of chunks (virtual stages) a pipeline rank holds, each with
@@ -194,6 +201,7 @@ def save_folder(models, path, name_map: Callable[[nn.Cell, str], Optional[str]],
     Tensor-parallel shards are gathered; the first rank of each (dp, cp, tp) group writes its
     virtual stages, one file per virtual stage (``base`` without pipelining, else
     ``<stem>-0000k-of-0000n.safetensors``), and global rank 0 writes the config and the index.
+    ``dtype``: the floating tensors' dtype on disk (default: each parameter's own).
     """
     from mm_parallel import comm
     from mm_parallel.topology import get_topology
@@ -204,7 +212,7 @@ def save_folder(models, path, name_map: Callable[[nn.Cell, str], Optional[str]],
     total = topo.pp.size * topo.config.vpp
     writer = topo.tp.rank == 0 and topo.cp.rank == 0 and topo.dp.rank == 0
     for model in models:
-        state = full_state(model, lambda name, m=model: name_map(m, name))
+        state = full_state(model, lambda name, m=model: name_map(m, name), dtype)
         virtual = model.chunk * topo.pp.size + topo.pp.rank
         file = base if total == 1 else f"{stem}-{virtual + 1:05d}-of-{total:05d}.safetensors"
         if writer:

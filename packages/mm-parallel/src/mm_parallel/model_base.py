@@ -102,7 +102,9 @@ class ParallelModel(PeftAdapters, nn.Cell):
     def load_config(cls, config, overrides: Optional[dict] = None):
         raise NotImplementedError(f"{cls.__name__} must define load_config")
 
-    def write_config(self, path: str) -> None:
+    def write_config(self, path: str, dtype: str = "float32") -> None:
+        """Write config.json; ``dtype``: the weights' dtype as torch names it (transformers
+        records it as ``dtype``; diffusers records none)."""
         raise NotImplementedError(f"{type(self).__name__} must define write_config")
 
     @classmethod
@@ -122,14 +124,22 @@ class ParallelModel(PeftAdapters, nn.Cell):
         load_weights(model, str(path), model._names_to_read)
         return model
 
-    def save_pretrained(self, path, chunks: Optional[Sequence] = None) -> None:
+    def save_pretrained(self, path, chunks: Optional[Sequence] = None, dtype: Optional[str] = None) -> None:
         """Write the Hugging Face folder its original library loads; every rank calls it. With
-        virtual pipeline stages pass every chunk this rank holds as ``chunks``."""
+        virtual pipeline stages pass every chunk this rank holds as ``chunks``. ``dtype`` (fp32 /
+        bf16 / fp16 or the torch names): the weights' dtype on disk; default each parameter's own
+        (a bf16 run writes bf16, its modules kept in fp32 stay fp32, as transformers saves)."""
+        from mm_parallel import precision
         from mm_parallel.hf_checkpoint import save_folder
 
         models = list(chunks) if chunks else [self]
-        save_folder(models, path, lambda model, name: model._name_to_write(name), self.write_config,
-                    base=self.weights_name)
+        target = None if dtype is None else precision.dtype_named(dtype)
+        if target is None:
+            name = precision.dominant_dtype_name([p for m in models for p in m.get_parameters()])
+        else:
+            name = precision.TORCH_NAMES[next(k for k, v in precision.DTYPES.items() if v == target)]
+        save_folder(models, path, lambda model, name: model._name_to_write(name),
+                    lambda folder: self.write_config(folder, name), base=self.weights_name, dtype=target)
 
     # -- sequence layout -------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import mindspore as ms
 
 from mm_parallel import stage_io
+from mm_parallel.ops.device import as_type, zeros
 from mm_parallel.topology import Topology, get_topology
 
 
@@ -132,8 +133,18 @@ def _caller(stage: Callable, micro_batches: Sequence[Tuple], with_batch: bool) -
     return lambda i, x: stage(x)
 
 
+def _zero_grads(params: Sequence, grad_dtype) -> List:
+    """Gradient sums to start from: zeros shaped like each parameter, in ``grad_dtype`` (None: the
+    parameter's dtype; fp32 for bf16 parameters is Megatron's main_grad)."""
+    return [zeros(q.shape, grad_dtype or q.dtype) for q in params]
+
+
+def _accumulate(sums: List, new: Sequence) -> List:
+    return [a + as_type(b, a.dtype) for a, b in zip(sums, new)]
+
+
 def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[Tuple], loss_fn: Callable,
-                    topology: Optional[Topology] = None, with_batch: bool = False):
+                    topology: Optional[Topology] = None, with_batch: bool = False, grad_dtype=None):
     """One training step of ``stage`` (this rank's layers: input -> output) over micro-batches.
 
     micro_batches[i] = (input, target): the first stage feeds ``input`` to its layers, the last
@@ -142,7 +153,8 @@ def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[T
     stages are tensors or dicts of named tensors of any dtype (mm_parallel.stage_io). The step's loss is the mean over
     micro-batches. Returns (losses,
     grads): the per-micro-batch losses on the last stage (empty elsewhere) and the gradients of
-    ``params`` (this stage's trainable parameters) of the mean loss.
+    ``params`` (this stage's trainable parameters) of the mean loss, summed over micro-batches in
+    ``grad_dtype`` (default: each parameter's dtype).
     """
     topo = get_topology(topology)
     link = _Link(topo)
@@ -150,7 +162,7 @@ def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[T
     if m < 1:
         raise ValueError("train_step_1f1b needs at least one micro-batch")
     params = list(params)
-    grads = [ms.ops.zeros_like(q) for q in params]
+    grads = _zero_grads(params, grad_dtype)
     losses: List[float] = []
     inputs: List = []
     call = _caller(stage, micro_batches, with_batch)
@@ -167,7 +179,7 @@ def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[T
         value, dx, new = _micro_backward(lambda t: call(i, t), inputs.pop(0), params, not link.first, objective)
         if link.last:
             losses.append(float(value.asnumpy()) * m)
-        grads[:] = [a + b for a, b in zip(grads, new)]
+        grads[:] = _accumulate(grads, new)
         return dx
 
     warmup = min(p - s - 1, m)
@@ -237,7 +249,8 @@ def interleaved_ticks(p: int, v: int, m: int) -> List[List[Optional[Tuple[str, i
 
 
 def train_step_interleaved(chunks: Sequence[Callable], chunk_params: Sequence[Sequence], micro_batches: Sequence[Tuple],
-                           loss_fn: Callable, topology: Optional[Topology] = None, with_batch: bool = False):
+                           loss_fn: Callable, topology: Optional[Topology] = None, with_batch: bool = False,
+                           grad_dtype=None):
     """Interleaved 1F1B (VPP): this stage holds ``vpp`` chunks (chunks[c] is virtual stage c * pp +
     stage). Same contract as `train_step_1f1b`; returns (losses, grads[chunk][param]).
 
@@ -252,7 +265,7 @@ def train_step_interleaved(chunks: Sequence[Callable], chunk_params: Sequence[Se
         raise ValueError(f"the interleaved schedule needs a number of micro-batches divisible by pp={p}, got {m}")
     link, last = _Link(topo), p * v - 1
     params = [list(c) for c in chunk_params]
-    grads = [[ms.ops.zeros_like(q) for q in c] for c in params]
+    grads = [_zero_grads(c, grad_dtype) for c in params]
     inputs, douts, outgoing, losses = {}, {}, {}, {}
     calls = [_caller(c, micro_batches, with_batch) for c in chunks]
 
@@ -272,7 +285,7 @@ def train_step_interleaved(chunks: Sequence[Callable], chunk_params: Sequence[Se
         value, dx, new = _micro_backward(lambda t: calls[chunk](i, t), x, params[chunk], vs > 0, objective)
         if vs == last:
             losses[i] = float(value.asnumpy()) * m
-        grads[chunk] = [a + b for a, b in zip(grads[chunk], new)]
+        grads[chunk] = _accumulate(grads[chunk], new)
         del inputs[chunk, i]
         if vs > 0:
             outgoing["B", chunk, i] = dx

@@ -23,6 +23,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mm_parallel import comm, mappings
+from mm_parallel.ops import low_precision
 from mm_parallel.ops.device import as_type, host_array, ones, tiled_to
 from mm_parallel.sequence_parallel import mark_sequence_parallel
 from mm_parallel.sharding import sharding_of, split
@@ -66,10 +67,13 @@ _bias_add = _BiasAdd()
 
 
 def _linear(x, weight, bias):
-    flat = x.reshape(-1, x.shape[-1])
-    out = _matmul_nt(flat, weight)
+    """x W^T + b computed in W's dtype (mm_parallel.ops.low_precision: emulated on CPU for bf16 / fp16)."""
+    x, w = low_precision.matmul_operands(x, weight)
+    out = _matmul_nt(x.reshape(-1, x.shape[-1]), w)
     if bias is not None:
         out = _bias_add(out, as_type(bias, out.dtype))
+    if weight.dtype in low_precision.LOW:
+        out = low_precision.to_compute(out, weight.dtype)
     return out.reshape(x.shape[:-1] + (weight.shape[0],))
 
 
@@ -203,11 +207,12 @@ class VocabParallelEmbedding(_TensorParallel):
         self.weight = new_parameter((num_embeddings, embedding_dim), "weight", init_std, self.group, 0)
 
     def construct(self, input_ids):
+        table = low_precision.compute_weight(self.weight)  # (no bf16 gather on CPU)
         if self.group.size == 1:
-            return ops.gather(self.weight, input_ids, 0)
+            return ops.gather(table, input_ids, 0)
         local = input_ids - self.start
         outside = ops.logical_or(local < 0, local >= self.per_rank)
-        rows = ops.gather(self.weight, ops.masked_fill(local, outside, 0), 0)
+        rows = ops.gather(table, ops.masked_fill(local, outside, 0), 0)
         rows = ops.masked_fill(rows, outside[..., None], 0.0)
         if self.sequence_parallel:
             return mappings.reduce_scatter_to_sequence(rows, self.group, self.seq_dim)

@@ -58,9 +58,11 @@ def _names(chunks, optimizer):
 
 
 def save(out: str, step: int, chunks, optimizer, topo, lora=None, keep: int = 2,
-         data_state: Optional[dict] = None) -> Optional[str]:
+         data_state: Optional[dict] = None, model_dtype: Optional[str] = None) -> Optional[str]:
     """Write step_N (every rank calls: the gathers are collectives); returns its path.
-    ``chunks``: the model chunks (virtual pipeline stages) this rank holds, usually one."""
+    ``chunks``: the model chunks (virtual pipeline stages) this rank holds, usually one;
+    ``model_dtype``: the model weights' dtype on disk (default the parameters'; the optimizer
+    state is fp32 whatever it is)."""
     from mm_parallel import comm
 
     root = os.path.join(out, "checkpoints")
@@ -70,7 +72,7 @@ def save(out: str, step: int, chunks, optimizer, topo, lora=None, keep: int = 2,
         os.makedirs(tmp)
     if topo.world_size > 1:
         comm.barrier(topo.world)
-    chunks[0].save_pretrained(os.path.join(tmp, "model"), chunks)
+    chunks[0].save_pretrained(os.path.join(tmp, "model"), chunks, dtype=model_dtype)
     if lora is not None:
         chunks[0].save_adapter(os.path.join(tmp, "adapters"), lora, chunks)
     optimizer.save(tmp, _names(chunks, optimizer))  # one file per pipeline stage; waits for every stage

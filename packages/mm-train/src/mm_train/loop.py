@@ -51,6 +51,8 @@ def build_model(task: Task, recipe: Recipe, topo, resume_from: Optional[str] = N
     """(the model chunks this rank holds — one per virtual pipeline stage, usually one — and the
     LoRA config or None): from the checkpoint being resumed, the recipe's path, or its inline
     config (random weights); then the task's plan (recompute, LoRA, freezing) on each chunk."""
+    import mm_parallel.precision
+
     spec = recipe.model
     source = os.path.join(resume_from, "model") if resume_from else spec.path
     if not source and topo.pp.size > 1:
@@ -65,7 +67,9 @@ def build_model(task: Task, recipe: Recipe, topo, resume_from: Optional[str] = N
         _seed(recipe)  # the draw depends on the seed only, not on what the data preparation drew
         chunks = [task.model_class(task.inline_config(), topo)]
     lora = task.lora_config(**spec.lora) if spec.lora else None
+    policy = recipe.train.precision_policy()
     for chunk in chunks:
+        mm_parallel.precision.apply(chunk, policy)  # before the plan: LoRA adapters are added in fp32
         task.plan(chunk, lora)
         if lora is not None and resume_from:
             chunk.load_adapter(os.path.join(resume_from, "adapters"))
@@ -149,13 +153,16 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
     resume_from = checkpoint.latest(out) if resume else None
     chunks, lora = build_model(task, recipe, topo, resume_from)
     moe = any(mm_parallel.moe.moe_layers(chunk) for chunk in chunks)  # looked up once, not per step
-    optimizer = mm_parallel.DistributedOptimizer(chunks[0] if len(chunks) == 1 else chunks, recipe.optim, topo)
+    policy = recipe.train.precision_policy()
+    optimizer = mm_parallel.DistributedOptimizer(chunks[0] if len(chunks) == 1 else chunks,
+                                                 policy.optimizer_config(recipe.optim), topo)
     first = checkpoint.load_optimizer(resume_from, chunks, optimizer) if resume_from else 0
     if resume and topo.rank == 0:
         print(f"mm-train: resuming from {resume_from} (step {first})" if resume_from else
               f"mm-train: --resume found no complete checkpoint in {out}; starting at step 0", file=sys.stderr)
     params = [p for chunk in chunks for p in chunk.trainable_params()]
-    grad_fn = ms.value_and_grad(lambda batch: chunks[0](**batch).loss, None, params)
+    # the loss times the loss scale (1 unless fp16 / a static scale) is what is differentiated
+    grad_fn = ms.value_and_grad(lambda batch: optimizer.scale_loss(chunks[0](**batch).loss), None, params)
 
     writer = topo.rank == 0
     if writer:
@@ -180,8 +187,9 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
                                    peak_flops=host_peak_flops(), world_size=topo.world_size, dp_size=topo.dp.size)
             tokens = sum(task.tokens(b) for b in batches)
             batches = [task.model_inputs(b) for b in batches]
-            losses, grads = _losses_and_grads(chunks, params, grad_fn, batches, topo)
-            loss = float(np.mean(losses)) if losses else 0.0
+            losses, grads = _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer,
+                                              policy.accumulate_dtype)
+            loss = float(np.mean(losses)) / optimizer.loss_scale if losses else 0.0
             if topo.pp.size > 1:  # only the last stage sees the loss: give it to every stage
                 loss = float(comm.all_reduce(ms.Tensor(np.array([loss], np.float32)), topo.pp).asnumpy()[0])
             if topo.dp.size > 1:  # a nan on any rank makes the sum nan everywhere: every rank agrees
@@ -203,6 +211,9 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
             row = {"step": step + 1, "loss": _finite(loss), "grad_norm": _finite(stats["grad_norm"]), "lr": stats["lr"],
                    "samples_per_s": speed["cluster_samples_per_s"], "tokens_per_s": speed["cluster_tokens_per_s"],
                    "mfu": speed["mfu"], "mem_bytes": memory()["peak_host_rss_bytes"], "skipped": stats["skipped"]}
+            if optimizer.config.dynamic_loss_scale or optimizer.loss_scale != 1.0:
+                row["loss_scale"] = stats.get("loss_scale", optimizer.loss_scale)
+                row["skipped_total"] = skipped_total
             routing = _routing_metrics(chunks) if moe else {}
             if routing:
                 row["moe"] = routing
@@ -217,7 +228,7 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
                                    "data, or raise train.max_nonfinite_steps")
             if every and ((step + 1) % every == 0 or step + 1 == recipe.train.steps):
                 checkpoint.save(out, step + 1, chunks, optimizer, topo, lora, recipe.checkpoint.keep,
-                                data_state=task.position(step + 1))
+                                data_state=task.position(step + 1), model_dtype=recipe.checkpoint.save_dtype)
     finally:
         stream.close()
         if profiler is not None:
@@ -242,25 +253,30 @@ def _profiler(recipe: Recipe, topo):
     return StepProfiler(ProfileConfig.from_dict(values), rank=topo.rank)
 
 
-def _losses_and_grads(chunks, params, grad_fn, batches, topo):
-    """(micro-batch losses — on the last pipeline stage only under pp — and the gradients of
-    their mean for this rank's parameters, in ``params`` order)."""
+def _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer, grad_dtype):
+    """(micro-batch losses times the loss scale — on the last pipeline stage only under pp — and
+    the gradients of their mean for this rank's parameters, in ``params`` order, summed over the
+    micro-batches in ``grad_dtype``)."""
+    from mm_parallel.ops.device import as_type
+
     if topo.pp.size > 1:
         from mm_parallel import pipeline
 
         micro, last = [(b, b) for b in batches], chunks[-1]
+        loss_fn = lambda y, batch: optimizer.scale_loss(last.pipeline_loss(y, batch))  # noqa: E731
         if len(chunks) == 1:
-            return pipeline.train_step_1f1b(last.pipeline_stage, params, micro, last.pipeline_loss, topo,
-                                            with_batch=True)
+            return pipeline.train_step_1f1b(last.pipeline_stage, params, micro, loss_fn, topo, with_batch=True,
+                                            grad_dtype=grad_dtype)
         losses, per_chunk = pipeline.train_step_interleaved(
-            [c.pipeline_stage for c in chunks], [c.trainable_params() for c in chunks], micro, last.pipeline_loss,
-            topo, with_batch=True)
+            [c.pipeline_stage for c in chunks], [c.trainable_params() for c in chunks], micro, loss_fn,
+            topo, with_batch=True, grad_dtype=grad_dtype)
         return losses, [g for chunk in per_chunk for g in chunk]
     total, losses = None, []
     for batch in batches:
         loss, grads = grad_fn(batch)
         losses.append(float(loss.asnumpy()))
-        total = list(grads) if total is None else [a + b for a, b in zip(total, grads)]
+        grads = [as_type(g, grad_dtype) for g in grads]
+        total = grads if total is None else [a + b for a, b in zip(total, grads)]
     return losses, [g * (1.0 / len(batches)) for g in total] if len(batches) > 1 else total
 
 

@@ -6,8 +6,9 @@
                 fields of that kind's own typed section (mm_train.families.<family>)
     parallel:   the fields of mm_parallel.ParallelConfig (tp, pp, vpp, cp, cp_algo, ...)
     optim:      the fields of mm_parallel.OptimizerConfig (lr, lr_schedule, warmup_steps, ...)
-    train:      steps, global_batch_size, micro_batch_size, seed, log_every
-    checkpoint: every, keep
+    train:      steps, global_batch_size, micro_batch_size, seed, log_every, precision (bf16 | fp16 |
+                fp32), grad_dtype
+    checkpoint: every, keep, save_dtype
     profile:    the fields of mm_profiling.ProfileConfig (enable, start_step, end_step, ...)
     output_dir
     ...         sections of the family's own (e.g. a diffusion objective), typed by the family
@@ -70,17 +71,36 @@ class TrainSection:
     seed: int = 0
     log_every: int = 1
     max_nonfinite_steps: int = 3  # this many skipped steps in a row (nan / inf loss or gradient) stop the run
+    precision: str = "fp32"  # bf16 | fp16 | fp32: parameters and activations (mm_parallel.precision)
+    grad_dtype: str = "fp32"  # what micro-batch gradients are summed in: fp32 (Megatron's main_grad) or bf16
 
     def __post_init__(self):
         for name in ("steps", "global_batch_size", "micro_batch_size", "log_every", "max_nonfinite_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.precision not in ("bf16", "fp16", "fp32"):
+            raise ValueError(f"train.precision must be bf16, fp16 or fp32, got {self.precision!r}")
+        if self.grad_dtype not in ("fp32", self.precision):
+            raise ValueError(f"train.grad_dtype must be fp32 or the run's precision ({self.precision}), "
+                             f"got {self.grad_dtype!r}")
+
+    def precision_policy(self):
+        """The mm_parallel.precision.Precision of this run."""
+        from mm_parallel.precision import Precision
+
+        return Precision(self.precision, self.grad_dtype)
 
 
 @dataclass
 class CheckpointSection:
     every: int = 0  # 0: no checkpoints
     keep: int = 2
+    save_dtype: Optional[str] = None  # the model weights' dtype on disk (fp32 | bf16 | fp16); None: the run's
+
+    def __post_init__(self):
+        if self.save_dtype not in (None, "fp32", "bf16", "fp16"):
+            raise ValueError(f"checkpoint.save_dtype must be fp32, bf16 or fp16 (or unset: the run's precision), "
+                             f"got {self.save_dtype!r}")
 
 
 @dataclass

@@ -34,6 +34,7 @@ from mm_parallel.blocks import LayerNorm, Linear, PatchConv, patchify
 from mm_parallel.context_parallel import gather_sequence, split_sequence
 from mm_parallel.model_base import ParallelModel
 from mm_parallel.ops.device import host_array as host
+from mm_parallel.ops.low_precision import compute_weight
 from mm_parallel.tensor_parallel import new_parameter
 from mm_parallel.topology import Topology
 
@@ -86,6 +87,8 @@ class WanTransformer3DModel(ParallelModel):
 
     layer_prefix = "blocks."
     weights_name = "diffusion_pytorch_model.safetensors"
+    # diffusers' list: these stay fp32 in a bf16 / fp16 run (mm_parallel.precision)
+    _keep_in_fp32_modules = ["rope", "time_embedder", "scale_shift_table", "norm1", "norm2", "norm3"]
 
     def __init__(self, config, topology: Optional[Topology] = None, chunk: int = 0, pipeline_num_layers=None):
         super().__init__()
@@ -110,8 +113,8 @@ class WanTransformer3DModel(ParallelModel):
         config = WanTransformerConfig.load(config)
         return WanTransformerConfig.from_dict({**config.to_dict(), **overrides}) if overrides else config
 
-    def write_config(self, path) -> None:
-        self.config.save(path)
+    def write_config(self, path, dtype: str = "float32") -> None:
+        self.config.save(path)  # diffusers records no dtype: the weights carry it
 
     def flops(self, batch: dict) -> float:
         """Forward FLOPs per sample of a micro-batch (mm_models_video.wan.flops)."""
@@ -168,7 +171,8 @@ class WanTransformer3DModel(ParallelModel):
         """Output norm, modulation and projection: (B, S_local, pt*ph*pw*C_out) tokens."""
         if _sequence_parallel(self.topology):  # the head is replicated over tp: its gradient stays whole
             x = mappings.gather_from_sequence(x, self.topology.tp, 1, grad_reduce_scatter=False)
-        shift, scale = ops.split(tiled_to_batch(self.scale_shift_table, temb.shape[0]) + temb[:, None, :], 1, 1)
+        table = tiled_to_batch(compute_weight(self.scale_shift_table), temb.shape[0])
+        shift, scale = ops.split(table + temb[:, None, :], 1, 1)
         return self.proj_out(_modulate(self.norm_out(x), scale, shift))
 
     def loss(self, tokens, target_tokens, total: int, weights=None):

@@ -33,6 +33,7 @@ from mm_models_video.wan.config import WanTransformerConfig
 from mm_parallel import ops as kernels
 from mm_parallel.blocks import Activation, FeedForward, Identity, Indexed, LayerNorm, Linear, RMSNorm
 from mm_parallel.ops.device import tiled_to
+from mm_parallel.ops.low_precision import compute_weight
 from mm_parallel.recompute import CoreAttention
 from mm_parallel.sequence_parallel import mark_sequence_parallel
 from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, new_parameter
@@ -112,7 +113,7 @@ class WanTransformerBlock(nn.Cell):
 
     def construct(self, x, context, context_image, timestep_proj, cos, sin):
         shift, scale, gate, c_shift, c_scale, c_gate = ops.split(
-            tiled_to(self.scale_shift_table, timestep_proj.shape) + timestep_proj, 1, 1)
+            tiled_to(compute_weight(self.scale_shift_table), timestep_proj.shape) + timestep_proj, 1, 1)
         x = x + self.attn1(_modulate(self.norm1(x), scale, shift), cos=cos, sin=sin) * tiled_to(gate, x.shape)
         hidden = x if self.norm2 is None else self.norm2(x)
         x = x + self.attn2(hidden, context, context_image)
@@ -158,7 +159,7 @@ class WanImageEmbedding(nn.Cell):
     def construct(self, x):
         if self.pos_embed is not None:  # first-last-frame: the two images' tokens side by side
             x = x.reshape(-1, 2 * x.shape[1], x.shape[2])
-            x = x + tiled_to(self.pos_embed, x.shape)
+            x = x + tiled_to(compute_weight(self.pos_embed), x.shape)
         return self.norm2(self.ff(self.norm1(x)))
 
 

@@ -194,7 +194,8 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
             setattr(target, key, value)
         return config
 
-    def write_config(self, path) -> None:
+    def write_config(self, path, dtype: str = "float32") -> None:
+        self.config.dtype = dtype  # what transformers' save_pretrained records
         self.config.save_pretrained(path)
 
     def disk_names(self, name: str):

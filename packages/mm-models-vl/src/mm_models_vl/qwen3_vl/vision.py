@@ -19,6 +19,7 @@ from mindspore import Tensor, nn, ops
 from mm_models_vl.qwen2_5_vl.vision import Qwen2_5_VisionPatchEmbed, Qwen2_5_VLVisionAttention, _segments
 from mm_models_vl.qwen3_vl import positions as pos
 from mm_parallel.blocks import Activation, LayerNorm, Linear
+from mm_parallel.ops.low_precision import compute_weight
 from mm_parallel.tensor_parallel import new_parameter
 
 
@@ -73,7 +74,7 @@ class _PositionTable(nn.Cell):
         self.weight = new_parameter((rows, dim), "weight", None, None)
 
     def construct(self, index, weights):
-        taps = ops.gather(self.weight, index.reshape(-1), 0).reshape(index.shape[0], index.shape[1], -1)
+        taps = ops.gather(compute_weight(self.weight), index.reshape(-1), 0).reshape(index.shape[0], index.shape[1], -1)
         return (taps * weights[:, :, None]).sum(1)
 
 

@@ -30,11 +30,19 @@ from mm_parallel import mappings
 from mm_parallel.blocks import activation
 from mm_parallel.ops.device import use_fused, with_zero_row
 from mm_parallel.ops.grouped_matmul import grouped_matmul
+from mm_parallel.ops.low_precision import LOW, matmul_operands, to_compute
 from mm_parallel.sharding import ParamSharding, set_sharding
 from mm_parallel.tensor_parallel import init_rng
 from mm_parallel.topology import Topology, get_topology
 
 _bmm_transposed = ops.BatchMatMul(transpose_b=True)
+
+
+def _expert_matmul(x, weight):
+    """x @ weight^T per expert, in the weight's dtype (mm_parallel.ops.low_precision)."""
+    x, w = matmul_operands(x, weight)
+    y = _bmm_transposed(x, w)
+    return to_compute(y, weight.dtype) if weight.dtype in LOW else y
 
 
 class GroupedExperts(nn.Cell):
@@ -100,8 +108,8 @@ class GroupedExperts(nn.Cell):
         x = ops.gather(tokens, Tensor(groups.padded.astype(np.int32)), 0).reshape(local, width, self.hidden)
         if self.tp_group is not None:
             x = mappings.copy_to_region(x, self.tp_group)
-        gate, up = ops.chunk(_bmm_transposed(x, self.gate_up_proj.astype(x.dtype)), 2, -1)
-        y = _bmm_transposed(self.act(gate) * up, self.down_proj.astype(x.dtype))
+        gate, up = ops.chunk(_expert_matmul(x, self.gate_up_proj), 2, -1)
+        y = _expert_matmul(self.act(gate) * up, self.down_proj)
         if self.tp_group is not None:
             y = mappings.reduce_from_region(y, self.tp_group)
         return with_zero_row(y.reshape(local * width, self.hidden))

@@ -14,7 +14,8 @@ Allowed pairs: every pair, minus
   segment_ids       pairs from different segments  (packed sequences; (batch, len) ids, or
                     cu_seqlens (n+1,) boundaries of a batch-of-one packing, flash-attn's varlen form)
 A query with no allowed key returns zeros and lse = -1e30 (finite, so merging stays NaN-free).
-Scores and softmax are computed in float32.
+Scores and softmax are computed in float32; q, k, v, the probabilities and the output are in the
+compute dtype (mm_parallel.ops.low_precision).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mm_parallel.ops.device import as_type, host_array, ones, tiled_to, use_fused
+from mm_parallel.ops.low_precision import LOW, compute_dtype, to_compute
 
 _MASKED = -1e30
 _TINY = 1e-30
@@ -125,22 +127,26 @@ def attention(
     # serves (j*g .. j*g+g-1) become the rows of one (g*q_len, head_dim) matrix, so one batched
     # matmul per kv head covers the group, and (b, kv, g*q, k) scores are the (b, h, q, k) ones.
     grouped = (batch, kv_heads, heads // kv_heads * q_len)
-    qh = (as_type(q, ms.float32) * scale).transpose(0, 2, 1, 3).reshape(grouped + (head_dim,))  # scale q, not scores
-    kh = as_type(k, ms.float32).transpose(0, 2, 1, 3)
-    vh = as_type(v, ms.float32).transpose(0, 2, 1, 3)
+    # operands in the compute dtype (rounded to bf16 in an emulated bf16 run); scores, softmax and lse in float32
+    low = compute_dtype() in LOW
+    qh = (to_compute(q) * scale).transpose(0, 2, 1, 3).reshape(grouped + (head_dim,))  # scale q, not scores
+    kh = to_compute(k).transpose(0, 2, 1, 3)
+    vh = to_compute(v).transpose(0, 2, 1, 3)
     scores = _matmul_nt(qh, kh).reshape(batch, heads, q_len, k_len)
     if bias is not None:
         scores = scores + tiled_to(as_type(bias, ms.float32), scores.shape)
     if mask is not None:
         scores = scores + tiled_to(Tensor(np.where(mask, 0.0, _MASKED).astype(np.float32)), scores.shape)
     if not return_lse:
-        out = _matmul_nn(_softmax(scores).reshape(grouped + (k_len,)), vh)
+        probs = _softmax(scores)
+        out = _matmul_nn((to_compute(probs) if low else probs).reshape(grouped + (k_len,)), vh)
     else:
         # The max only keeps exp in range; lse = m + log sum exp(s - m) has the right gradient
         # (softmax) with m held constant.
         row_max = ops.stop_gradient(scores.max(axis=-1, keepdims=True))
         weights = ops.exp(scores - tiled_to(row_max, scores.shape))
         total = ops.maximum(ops.matmul(weights, ones((k_len, 1))), _TINY)  # row sums
+        weights = to_compute(weights) if low else weights
         out = _matmul_nn(weights.reshape(grouped + (k_len,)), vh).reshape(batch, heads, q_len, head_dim) / total
     out = out.reshape(batch, heads, q_len, head_dim)
     if mask is not None and _rows_may_be_empty(causal, q_len, k_len, key_padding_mask, segment_ids):
@@ -148,6 +154,8 @@ def attention(
         if not some_key.all():  # zeros where no key is allowed
             out = out * tiled_to(Tensor(some_key), out.shape)
     out = as_type(out.transpose(0, 2, 1, 3), dtype)
+    if low:
+        out = to_compute(out)
     if not return_lse:
         return out
     return out, (row_max + ops.log(total)).squeeze(-1)

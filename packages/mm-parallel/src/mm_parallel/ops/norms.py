@@ -4,6 +4,14 @@ import mindspore as ms
 from mindspore import ops
 
 from mm_parallel.ops.device import as_type, ones, tiled_to, use_fused
+from mm_parallel.ops.low_precision import LOW, compute_dtype, to_compute
+
+
+def in_input_dtype(out, dtype):
+    """The normalised values back in the input's dtype. Under a low precision the input's dtype
+    is the compute dtype (float32 storage when emulated): the values are rounded to it."""
+    out = as_type(out, dtype)
+    return to_compute(out) if compute_dtype() in LOW else out
 
 
 def layer_norm(x, weight=None, bias=None, eps: float = 1e-5):
@@ -29,13 +37,14 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5):
         out = out * tiled_to(as_type(weight, ms.float32).reshape(affine), h.shape)
     if bias is not None:
         out = out + tiled_to(as_type(bias, ms.float32).reshape(affine), h.shape)
-    return as_type(out, dtype)
+    return in_input_dtype(out, dtype)
 
 
 def rms_norm(x, weight=None, eps: float = 1e-6):
     """x / sqrt(mean(x^2) + eps) * weight over the last dim.
 
     As transformers' Qwen2RMSNorm: normalise in float32, cast back to the input dtype, then scale.
+    (A bf16 run's input dtype is bf16: emulated, the normalised values are rounded to it.)
     """
     if use_fused() and weight is not None:
         return ops.rms_norm(x, weight, eps)[0]
@@ -45,6 +54,7 @@ def rms_norm(x, weight=None, eps: float = 1e-6):
     # mean of squares as a matmul with ones and every product on tiled operands: on CPU both run
     # 2-4x faster than a last-dim reduction and broadcasting (a train step's norms: 22 -> 11 ms)
     mean_square = ops.matmul(ops.square(h), ones((hidden, 1))) * (1.0 / hidden)
-    h = h * tiled_to(ops.rsqrt(mean_square + eps), h.shape)
-    h = as_type(h, dtype)
-    return h if weight is None else tiled_to(weight.reshape((1,) * (h.ndim - 1) + (hidden,)), h.shape) * h
+    h = in_input_dtype(h * tiled_to(ops.rsqrt(mean_square + eps), h.shape), dtype)
+    if weight is None:
+        return h
+    return tiled_to(as_type(weight, h.dtype).reshape((1,) * (h.ndim - 1) + (hidden,)), h.shape) * h
