@@ -1,13 +1,15 @@
 """Wan's DiT loaded with from_pretrained under a layout trains like one process: two
 DistributedOptimizer steps of the flow-matching loss; losses (rtol 1e-5), first-step gathered
 gradients and final parameters (rel-err <= 1e-4). Pipeline stages compare the parameters they
-hold; together they must cover the whole model. See wan_parallel_cases.py."""
+hold; together they must cover the whole model. See wan_parallel_cases.py.
+The bf16_* cases run in bf16 (mm_parallel.precision) against the bf16 single process, within
+mm_parallel.testing.equivalence.BF16_TOLERANCE."""
 
 import pytest
 from wan_parallel_cases import run_parallel_cases
 from wan_reference import write_adapters, write_reference
 
-from mm_parallel.testing.equivalence import check_results
+from mm_parallel.testing.equivalence import BF16_TOLERANCE, check_results
 
 pytest.importorskip("diffusers")
 pytestmark = pytest.mark.distributed
@@ -31,6 +33,10 @@ TWO = {
     "i2v_ulysses2": {"layout": {"cp": 2}, "checkpoint": I2V},
     "i2v_pp2": {"layout": {"pp": 2}, "checkpoint": I2V},
 }
+
+# bf16 (mm_parallel.precision) against the bf16 single process, to bf16's precision
+TWO.update({f"bf16_{name}": {"layout": TWO[name]["layout"], "precision": "bf16", "tolerance": BF16_TOLERANCE}
+            for name in ("tp2_sp", "pp2", "ulysses2", "ring2", "dp2_zero1")})
 
 FOUR = {
     "hybrid2x2": {"layout": {"cp": 4, "cp_algo": "hybrid", "ulysses_degree": 2}},

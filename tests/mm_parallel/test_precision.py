@@ -1,6 +1,6 @@
 """Mixed precision: the bf16 rounding the CPU emulation uses equals a numpy round-to-nearest-even
 written here; an emulated bf16 linear equals numpy's round(round(x) @ W) and rounds its gradients;
-parameters are cast except the modules kept in fp32 and buffers; the policy's settings and errors;
+parameters are cast except the modules kept in fp32 and marked parameters; the policy's settings and errors;
 the device branch (casts on Ascend); a bf16 stack trains through the DistributedOptimizer with fp32
 master weights and moments."""
 
@@ -100,20 +100,23 @@ class _Model(nn.Cell):
         self.proj = Linear(8, 8)
         self.time_embedder = Linear(8, 8)
         self.norm = RMSNorm(8)
-        self.expert_bias = Parameter(Tensor(np.zeros(4, np.float32)), name="expert_bias", requires_grad=False)
+        self.expert_bias = precision.keep_in_fp32(Parameter(Tensor(np.zeros(4, np.float32)), name="expert_bias",
+                                                            requires_grad=False))
+        self.frozen = Parameter(Tensor(np.ones(4, np.float32)), name="frozen", requires_grad=False)
 
     def construct(self, x):
         return self.norm(self.proj(x) + self.time_embedder(x))
 
 
-def test_apply_casts_all_but_kept_modules_and_buffers():
+def test_apply_casts_all_but_kept_modules_and_marked_parameters():
     model = _Model()
     cast = precision.apply(model, precision.Precision("bf16"))
     try:
         dtypes = {p.name: p.dtype for p in model.get_parameters()}
-        assert cast == 3 and dtypes["proj.weight"] == dtypes["proj.bias"] == dtypes["norm.weight"] == ms.bfloat16
+        assert cast == 4 and dtypes["proj.weight"] == dtypes["proj.bias"] == dtypes["norm.weight"] == ms.bfloat16
+        assert dtypes["frozen"] == ms.bfloat16  # a frozen base is cast too (a LoRA run's memory)
         assert dtypes["time_embedder.weight"] == dtypes["time_embedder.bias"] == dtypes["expert_bias"] == ms.float32
-        # 64 + 8 + 8 values cast against 64 + 8 kept and 4 in the buffer: config.json says bfloat16
+        # 64 + 8 + 8 + 4 values cast against 64 + 8 kept and 4 marked: config.json says bfloat16
         assert precision.dominant_dtype_name(model.get_parameters()) == "bfloat16"
         assert precision.parameter_bytes(model.trainable_params()) == 2 * (64 + 8 + 8) + 4 * (64 + 8)
         out = model(Tensor(np.ones((2, 8), np.float32)))

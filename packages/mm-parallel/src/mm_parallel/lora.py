@@ -28,6 +28,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mm_parallel import comm, mappings
+from mm_parallel.precision import keep_in_fp32
 from mm_parallel.sequence_parallel import mark_sequence_parallel
 from mm_parallel.sharding import sharding_of, split
 from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _linear, init_rng, shard, unshard
@@ -70,6 +71,7 @@ class LoraLinear(nn.Cell):
         a_local = shard(a_full, group, 1) if self.kind == "row" else a_full
         self.lora_A = Parameter(Tensor(np.ascontiguousarray(a_local)), name="lora_A")
         self.lora_B = Parameter(Tensor(np.zeros((out_local, r), np.float32)), name="lora_B")
+        keep_in_fp32(self.lora_A, self.lora_B)  # adapters train in fp32 under a bf16 base (as PEFT does)
         # the adapters are split like their base weight: B's rows of a column layer, A's columns of a row layer
         if self.kind == "column":
             split(self.lora_B, (0, "tp"))

@@ -223,32 +223,35 @@ class DistributedOptimizer:
 
     def step(self, grads: Sequence) -> Dict[str, float]:
         """Apply one update from this rank's gradients (same order as the model's trainable
-        parameters); returns {"lr", "grad_norm", "loss_scale", "skipped"}."""
+        parameters); returns {"lr", "grad_norm", "loss_scale", "skipped", "overflow"} (overflow: skipped
+        by dynamic loss scaling, whose scale was halved)."""
         if len(grads) != len(self.params):
             raise ValueError(f"step got {len(grads)} gradients for {len(self.params)} trainable parameters")
         topo, cfg = self.topology, self.config
         lr = self.lr_at(self.iteration)
         self.iteration += 1
+        grads = [as_type(g, ms.float32) for g in grads]  # bf16 / fp16 gradients are reduced in fp32
         if topo.tp.size > 1:
             grads = sync_sequence_parallel_grads(self.params, grads, topo.tp)
         flats = {}
         for name, bucket in self.buckets.items():
-            members = [as_type(grads[i], ms.float32) for i in self._members[name]]
+            members = [grads[i] for i in self._members[name]]
             flats[name] = bucket.reduce(bucket.flat(members), topo.dp.size)
         if self.loss_scale != 1.0:
             flats = {k: g * (1.0 / self.loss_scale) for k, g in flats.items()}
-        if self._overflow(flats):
+        if self._overflow(flats):  # loss scaling's normal course: the scale shrinks, the run goes on
             self._update_scale(overflow=True)
-            return {"lr": lr, "grad_norm": float("nan"), "loss_scale": self.loss_scale, "skipped": True}
+            return {"lr": lr, "grad_norm": float("nan"), "loss_scale": self.loss_scale, "skipped": True,
+                    "overflow": True}
         norm = self._global_norm(flats)
         if not math.isfinite(norm):  # an inf / nan gradient anywhere (the norm is global): no update
-            return {"lr": lr, "grad_norm": norm, "loss_scale": self.loss_scale, "skipped": True}
+            return {"lr": lr, "grad_norm": norm, "loss_scale": self.loss_scale, "skipped": True, "overflow": False}
         if cfg.clip_grad > 0 and norm > cfg.clip_grad:
             flats = {k: g * (cfg.clip_grad / (norm + 1e-6)) for k, g in flats.items()}
         self._adamw(flats, lr)
         self._write_params()
         self._update_scale(overflow=False)
-        return {"lr": lr, "grad_norm": norm, "loss_scale": self.loss_scale, "skipped": False}
+        return {"lr": lr, "grad_norm": norm, "loss_scale": self.loss_scale, "skipped": False, "overflow": False}
 
     def _overflow(self, flats) -> bool:
         if self.loss_scale == 1.0 and not self.config.dynamic_loss_scale:

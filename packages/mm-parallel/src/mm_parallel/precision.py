@@ -2,7 +2,8 @@
 
     parameters      in the compute dtype, except the modules a model keeps in fp32 (its
                     ``_keep_in_fp32_modules``, named as transformers / diffusers name them) and
-                    buffers (parameters built with requires_grad=False: MoE expert biases)
+                    parameters marked with `keep_in_fp32` (LoRA adapters, as PEFT keeps them;
+                    MoE expert biases, updated by tiny steps)
     master weights  fp32, with both Adam moments, in the DistributedOptimizer (ZeRO shards them)
     gradients       per micro-batch in the parameter's dtype (what autodiff returns), accumulated
                     over the step's micro-batches in ``grad_dtype`` (fp32: Megatron's main_grad)
@@ -92,17 +93,26 @@ def _kept(name: str, keep: Sequence[str]) -> bool:
     return any(module in parts or name.startswith(module + ".") for module in keep)
 
 
+def keep_in_fp32(*params):
+    """Mark parameters that stay float32 whatever the precision; returns the first."""
+    for param in params:
+        param.keep_in_fp32 = True
+    return params[0] if params else None
+
+
 def cast_parameters(model, precision: Precision, keep_in_fp32: Iterable[str] = ()) -> int:
-    """Cast ``model``'s trainable floating parameters to the precision's dtype in place, except
-    those under ``keep_in_fp32`` modules; returns how many were cast. Buffers (requires_grad=False
-    at this point, before any freezing) keep their dtype."""
+    """Cast ``model``'s floating parameters (frozen ones too) to the precision's dtype in place,
+    except those under ``keep_in_fp32`` modules and those marked by `keep_in_fp32`; returns how
+    many were cast."""
     from mm_parallel.hf_checkpoint import owned_parameters
 
     dtype, keep, cast = precision.param_dtype, tuple(keep_in_fp32 or ()), 0
     if dtype == ms.float32:
         return 0
     for name, param, _, _ in owned_parameters(model):
-        if not param.requires_grad or param.dtype not in (ms.float32, ms.float16, ms.bfloat16) or _kept(name, keep):
+        if getattr(param, "keep_in_fp32", False) or param.dtype not in (ms.float32, ms.float16, ms.bfloat16):
+            continue
+        if _kept(name, keep):
             continue
         if param.dtype != dtype:
             param.set_dtype(dtype)

@@ -69,7 +69,7 @@ def build_model(task: Task, recipe: Recipe, topo, resume_from: Optional[str] = N
     lora = task.lora_config(**spec.lora) if spec.lora else None
     policy = recipe.train.precision_policy()
     for chunk in chunks:
-        mm_parallel.precision.apply(chunk, policy)  # before the plan: LoRA adapters are added in fp32
+        mm_parallel.precision.apply(chunk, policy)
         task.plan(chunk, lora)
         if lora is not None and resume_from:
             chunk.load_adapter(os.path.join(resume_from, "adapters"))
@@ -202,7 +202,9 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
                 optimizer.iteration += 1
             for chunk in chunks if moe else ():  # aux-loss-free MoE balancing (nothing without expert biases)
                 mm_parallel.moe.update_expert_biases(chunk)
-            bad_in_a_row = bad_in_a_row + 1 if stats["skipped"] else 0
+            # an fp16 overflow is loss scaling at work (the scale halved), not a bad step, until the scale is spent
+            scaling = stats.get("overflow") and optimizer.loss_scale > optimizer.config.min_loss_scale
+            bad_in_a_row = bad_in_a_row + 1 if stats["skipped"] and not scaling else 0
             skipped_total += int(stats["skipped"])
             seconds = time.perf_counter() - start
             if profiler is not None:

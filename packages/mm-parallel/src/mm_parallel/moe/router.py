@@ -22,6 +22,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mm_parallel.moe.config import MoEConfig
+from mm_parallel.precision import keep_in_fp32
 from mm_parallel.tensor_parallel import new_parameter
 
 
@@ -46,8 +47,8 @@ class TopKRouter(nn.Cell):
         self.weight = new_parameter((config.num_experts, config.hidden_size), "weight", init_std, None)
         self.expert_bias = None
         if config.expert_bias:
-            self.expert_bias = Parameter(Tensor(np.zeros(config.num_experts, np.float32)), name="expert_bias",
-                                         requires_grad=False)
+            self.expert_bias = keep_in_fp32(Parameter(Tensor(np.zeros(config.num_experts, np.float32)),
+                                                      name="expert_bias", requires_grad=False))
         self.load = np.zeros(config.num_experts, np.float64)  # slots per expert since the last bias update
 
     def read_hf_tensor(self, folder, keys, attr: str):

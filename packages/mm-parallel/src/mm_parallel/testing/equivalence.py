@@ -24,6 +24,13 @@ import numpy as np
 # whose gradient is ~0 a smaller eps would turn rounding differences into lr-sized steps
 OPTIM = {"lr": 1e-3, "weight_decay": 0.0, "clip_grad": 0.0, "eps": 1e-5}
 
+# bf16 layouts against the bf16 single process: each layout rounds at other points (a tp rank's
+# partial sums, a dp rank's own gradients), so they agree to bf16's precision, not fp32's. Measured
+# on the tiny Qwen2.5-VL over tp2+sp, pp2, cp2 (Ulysses, ring), dp2 ZeRO-1: losses within 2e-4,
+# first-step gradients 1.9e-2 and parameters after two AdamW steps 1.7e-2 (max |diff| / max |ref|);
+# a broken layout is off by O(1).
+BF16_TOLERANCE = {"loss_rtol": 1e-3, "rel": 5e-2}
+
 
 @dataclass
 class ModelSpec:
@@ -74,17 +81,21 @@ def full_arrays(spec: ModelSpec, chunks, topo, tensors) -> Dict[str, np.ndarray]
             name, _, _ = owners[id(param)]
             sharding = sharding_of(param)
             full = sharding.gather(tensor, topo) if sharding.splits else tensor
-            out[spec.global_name(model, name)] = full.asnumpy()
+            out[spec.global_name(model, name)] = np.asarray(full.asnumpy(), np.float32)
     return out
 
 
 def finalised(params, topo, grads) -> List:
     """Gradients as the optimizer reduces them (sequence-parallel ones over tp; summed over each
     parameter's replicas, dp_cp or expert-dp; divided by dp)."""
+    import mindspore as ms
+
     from mm_parallel import comm
+    from mm_parallel.ops.device import as_type
     from mm_parallel.sequence_parallel import sync_sequence_parallel_grads
     from mm_parallel.sharding import sharding_of
 
+    grads = [as_type(g, ms.float32) for g in grads]  # as the optimizer: low-precision gradients reduced in fp32
     if topo.tp.size > 1:
         grads = sync_sequence_parallel_grads(params, grads, topo.tp)
     grads = [comm.all_reduce(g, topo.groups[sharding_of(p).grad_sync]) for p, g in zip(params, grads)]
@@ -115,11 +126,11 @@ def loss_and_grads(spec: ModelSpec, chunks, topo, local: dict):
     last = chunks[-1]
     if len(chunks) == 1:
         losses, grads = pipeline.train_step_1f1b(last.pipeline_stage, params, micro, last.pipeline_loss, topo,
-                                                 with_batch=True)
+                                                 with_batch=True, grad_dtype=ms.float32)
     else:
         losses, per_chunk = pipeline.train_step_interleaved(
             [m.pipeline_stage for m in chunks], [m.trainable_params() for m in chunks], micro, last.pipeline_loss,
-            topo, with_batch=True)
+            topo, with_batch=True, grad_dtype=ms.float32)
         grads = [g for chunk in per_chunk for g in chunk]
     if not losses:  # not the last stage
         return None, grads
@@ -131,9 +142,21 @@ def loss_and_grads(spec: ModelSpec, chunks, topo, local: dict):
 
 def train(spec: ModelSpec, path: str, topo, case: dict, batch: dict, steps: int = 2, optim: Optional[dict] = None):
     """(losses, first-step finalised gradients, final parameters) of ``steps`` optimizer steps."""
-    from mm_parallel.optimizer import DistributedOptimizer, OptimizerConfig
+    from mm_parallel import precision
 
     chunks = spec.build(path, topo, case)
+    policy = precision.Precision(case.get("precision", "fp32"))
+    for model in chunks:  # as the trainer does (mm_train.loop), after the spec's plan
+        precision.apply(model, policy)
+    try:
+        return _steps(spec, chunks, topo, batch, steps, optim)
+    finally:
+        precision.activate(precision.Precision())
+
+
+def _steps(spec: ModelSpec, chunks, topo, batch: dict, steps: int, optim: Optional[dict]):
+    from mm_parallel.optimizer import DistributedOptimizer, OptimizerConfig
+
     opt = DistributedOptimizer(chunks[0] if len(chunks) == 1 else chunks, OptimizerConfig(**(optim or OPTIM)), topo)
     params = [p for model in chunks for p in model.trainable_params()]
     local = dp_part(spec, batch, topo)
@@ -168,10 +191,12 @@ def compare(got, want, loss_rtol: float = 1e-5, rel: float = 1e-4) -> List[str]:
 
 def run_cases(spec: ModelSpec, path: str, cases: Dict[str, dict], batch: dict, reference_key=lambda case: (),
               steps: int = 2):
-    """cases: {name: {"layout": ParallelConfig kwargs, "checkpoint": sub-folder of path, ... what
-    spec.build reads}} -> {name: [problems], name + ":names": [parameter names this rank checked],
-    name + ":reference_names": [...]}. One single-process reference per (checkpoint,
-    reference_key(case)) — the plan choices that change which parameters train."""
+    """cases: {name: {"layout": ParallelConfig kwargs, "checkpoint": sub-folder of path,
+    "precision": fp32 | bf16 | fp16 (applied as the trainer applies it), "tolerance": compare's
+    loss_rtol / rel, ... what spec.build reads}} -> {name: [problems], name + ":names": [parameter
+    names this rank checked], name + ":reference_names": [...]}. One single-process reference per
+    (checkpoint, precision, reference_key(case)) — reference_key: the plan choices that change
+    which parameters train."""
     import mm_parallel
     from mm_parallel import ParallelConfig
     from mm_parallel.topology import Topology
@@ -180,14 +205,14 @@ def run_cases(spec: ModelSpec, path: str, cases: Dict[str, dict], batch: dict, r
     references, results = {}, {}
     for name, case in cases.items():
         folder = os.path.join(path, case.get("checkpoint", ""))
-        key = (folder,) + tuple(reference_key(case))
+        key = (folder, case.get("precision", "fp32")) + tuple(reference_key(case))
         try:
             if key not in references:
                 plain = {k: v for k, v in case.items() if k not in ("layout", "recompute")}
                 references[key] = train(spec, folder, solo, plain, batch, steps)
             topo = mm_parallel.initialize(ParallelConfig(**case["layout"]))
             got = train(spec, folder, topo, case, batch, steps)
-            results[name] = compare(got, references[key])
+            results[name] = compare(got, references[key], **case.get("tolerance", {}))
             results[f"{name}:names"] = sorted(got[1])
             results[f"{name}:reference_names"] = sorted(references[key][1])
         except Exception:
