@@ -21,25 +21,69 @@ def best_rate(fn, items: int, runs: int) -> float:
     return items / min(times)
 
 
-def compare_steps(ours, theirs, batch, runs: int, parts, title: str, rtol: float = 1e-5) -> None:
+def our_train_step(model, precision: str = "fp32"):
+    """(step, parts): one train step of ``model`` (forward, backward, DistributedOptimizer) in
+    ``precision`` (mm_parallel.precision: bf16 is emulated on CPU), batch -> (seconds, loss), and
+    its breakdown {forward, backward, optimizer: [seconds per step]}."""
+    import mindspore as ms
+
+    import mm_parallel
+    from mm_parallel import precision as mixed
+
+    policy = mixed.Precision(precision)
+    mixed.apply(model, policy)
+    opt = mm_parallel.DistributedOptimizer(model, mm_parallel.OptimizerConfig(lr=1e-5))
+    grad_fn = ms.value_and_grad(lambda batch: model(**batch).loss, None, model.trainable_params())
+    parts = {"forward": [], "backward": [], "optimizer": []}
+
+    def step(batch):
+        mixed.activate(policy)  # sides alternate in one process: each runs under its own policy
+        t0 = time.perf_counter()
+        model(**batch).loss.asnumpy()  # forward alone, for the breakdown only
+        t1 = time.perf_counter()
+        loss, grads = grad_fn(batch)
+        loss.asnumpy()
+        t2 = time.perf_counter()
+        opt.step(grads)
+        t3 = time.perf_counter()
+        parts["forward"].append(t1 - t0)
+        parts["backward"].append(t2 - t1 - (t1 - t0))  # value_and_grad = forward + backward
+        parts["optimizer"].append(t3 - t2)
+        return t3 - t1, float(loss.asnumpy())
+
+    return step, parts
+
+
+def compare_steps(ours, theirs, batch, runs: int, parts, title: str, rtol: float = 1e-5, emulated_bf16=None) -> None:
     """Alternate ``runs`` timed train steps of ``ours`` and ``theirs`` (each a function batch ->
     (seconds, loss)) after one warm-up step each, and print the table: medians, the ratio ours /
     torch, and ours' ``parts`` ({name: [seconds per step]}, warm-up dropped). The warm-up losses
     (same weights, same inputs) must agree to ``rtol``, else SystemExit: a timing of two
-    different computations means nothing."""
+    different computations means nothing. ``emulated_bf16``: ours in bf16 (a step function), timed
+    in the same alternation and shown beside fp32 — the cost of the CPU emulation, not a speed
+    claim; its loss must be within 1e-2 of fp32's."""
     first = {"ours": ours(batch)[1], "torch": theirs(batch)[1]}
     if abs(first["ours"] - first["torch"]) > rtol * abs(first["torch"]):
         raise SystemExit(f"first-step losses differ: ours {first['ours']!r}, torch {first['torch']!r}")
-    times = {"ours": [], "torch": []}
+    sides = {"ours": ours, "torch": theirs}
+    if emulated_bf16 is not None:
+        sides["ours bf16"] = emulated_bf16
+        first["ours bf16"] = emulated_bf16(batch)[1]
+        if abs(first["ours bf16"] - first["ours"]) > 1e-2 * abs(first["ours"]):
+            raise SystemExit(f"bf16 first-step loss {first['ours bf16']!r} is off fp32's {first['ours']!r}")
+    times = {side: [] for side in sides}
     for _ in range(runs):
-        times["torch"].append(theirs(batch)[0])
-        times["ours"].append(ours(batch)[0])
+        for side in ("torch",) + tuple(s for s in sides if s != "torch"):
+            times[side].append(sides[side](batch)[0])
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"{title}, median of {runs}")
-    print(f"first-step loss: ours {first['ours']:.6f}  torch {first['torch']:.6f}")
+    print("first-step loss: " + "  ".join(f"{side} {loss:.6f}" for side, loss in first.items()))
     print(f"{'':10}{'median s':>10}{'min s':>10}")
-    for side in ("ours", "torch"):
+    for side in sides:
         print(f"{side:10}{med[side]:10.3f}{min(times[side]):10.3f}")
     print(f"ratio ours/torch: {med['ours'] / med['torch']:.2f}  (goal <= 0.8)")
+    if emulated_bf16 is not None:
+        print(f"ratio ours bf16 (emulated on CPU) / ours fp32: {med['ours bf16'] / med['ours']:.2f}  "
+              "(the emulation's cost, not a speed claim)")
     print("ours, where the time goes (median s): " +
           ", ".join(f"{k} {statistics.median(v[1:]):.3f}" for k, v in parts.items()))

@@ -19,7 +19,7 @@ import tempfile
 import time
 
 import numpy as np
-from _timing import compare_steps
+from _timing import compare_steps, our_train_step
 
 IMAGE, VIDEO, START, END = 151655, 151656, 151652, 151653
 
@@ -80,34 +80,11 @@ def torch_side(cfg, path, threads, class_name: str = "Qwen2_5_VLForConditionalGe
     return step
 
 
-def our_side(path, class_name: str = "Qwen2_5_VLForConditionalGeneration"):
+def our_side(path, class_name: str = "Qwen2_5_VLForConditionalGeneration", precision: str = "fp32"):
     """A train step of mm_models_vl's ``class_name`` loaded from ``path``, with its breakdown."""
-    import mindspore as ms
-
     import mm_models_vl
-    import mm_parallel
 
-    model = getattr(mm_models_vl, class_name).from_pretrained(path)
-    opt = mm_parallel.DistributedOptimizer(model, mm_parallel.OptimizerConfig(lr=1e-5))
-    params = model.trainable_params()
-    grad_fn = ms.value_and_grad(lambda batch: model(**batch).loss, None, params)
-    parts = {"forward": [], "backward": [], "optimizer": []}
-
-    def step(batch):
-        t0 = time.perf_counter()
-        model(**batch).loss.asnumpy()  # forward alone, for the breakdown only
-        t1 = time.perf_counter()
-        loss, grads = grad_fn(batch)
-        loss.asnumpy()
-        t2 = time.perf_counter()
-        opt.step(grads)
-        t3 = time.perf_counter()
-        parts["forward"].append(t1 - t0)
-        parts["backward"].append(t2 - t1 - (t1 - t0))  # value_and_grad = forward + backward
-        parts["optimizer"].append(t3 - t2)
-        return t3 - t1, float(loss.asnumpy())
-
-    return step, parts
+    return our_train_step(getattr(mm_models_vl, class_name).from_pretrained(path), precision)
 
 
 def main():
@@ -115,6 +92,7 @@ def main():
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--no-bf16", action="store_true", help="skip the emulated bf16 step")
     args = parser.parse_args()
     import mm_parallel  # noqa: F401  (before any MindSpore op: blocking launch on CPU)
 
@@ -123,9 +101,10 @@ def main():
     with tempfile.TemporaryDirectory() as path:
         theirs = torch_side(cfg, path, args.threads)
         ours, parts = our_side(path)
+        bf16 = None if args.no_bf16 else our_side(path, precision="bf16")[0]
         compare_steps(ours, theirs, batch, args.runs, parts,
                       f"Qwen2.5-VL train step, {batch['input_ids'].shape[1]} tokens (64 image), vocab {args.vocab}, "
-                      f"{args.threads} threads")
+                      f"{args.threads} threads", emulated_bf16=bf16)
     return 0
 
 

@@ -45,6 +45,7 @@ def main():
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--no-bf16", action="store_true", help="skip the emulated bf16 step")
     args = parser.parse_args()
     import mm_parallel  # noqa: F401  (before any MindSpore op: blocking launch on CPU)
 
@@ -54,9 +55,11 @@ def main():
     with tempfile.TemporaryDirectory() as path:
         theirs = torch_side(cfg, path, args.threads, name)
         ours, parts = our_side(path, name)
+        bf16 = None if args.no_bf16 else our_side(path, name, precision="bf16")[0]
         compare_steps(ours, theirs, batch, args.runs, parts,
                       f"{'Qwen3-VL-MoE (8 experts, top 2)' if args.moe else 'Qwen3-VL'} train step, "
-                      f"{batch['input_ids'].shape[1]} tokens (64 image), vocab {args.vocab}, {args.threads} threads")
+                      f"{batch['input_ids'].shape[1]} tokens (64 image), vocab {args.vocab}, {args.threads} threads",
+                      emulated_bf16=bf16)
     return 0
 
 

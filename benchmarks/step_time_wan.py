@@ -18,7 +18,7 @@ import tempfile
 import time
 
 import numpy as np
-from _timing import compare_steps
+from _timing import compare_steps, our_train_step
 
 CONFIG = dict(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=128, in_channels=16, out_channels=16,
               text_dim=4096, freq_dim=256, ffn_dim=2048, num_layers=4, cross_attn_norm=True,
@@ -57,38 +57,17 @@ def torch_side(path, threads):
     return step
 
 
-def our_side(path):
-    import mindspore as ms
-
-    import mm_parallel
+def our_side(path, precision: str = "fp32"):
     from mm_models_video import WanTransformer3DModel
 
-    model = WanTransformer3DModel.from_pretrained(path)
-    opt = mm_parallel.DistributedOptimizer(model, mm_parallel.OptimizerConfig(lr=1e-5))
-    grad_fn = ms.value_and_grad(lambda batch: model(**batch).loss, None, model.trainable_params())
-    parts = {"forward": [], "backward": [], "optimizer": []}
-
-    def step(batch):
-        t0 = time.perf_counter()
-        model(**batch).loss.asnumpy()  # forward alone, for the breakdown only
-        t1 = time.perf_counter()
-        loss, grads = grad_fn(batch)
-        loss.asnumpy()
-        t2 = time.perf_counter()
-        opt.step(grads)
-        t3 = time.perf_counter()
-        parts["forward"].append(t1 - t0)
-        parts["backward"].append(t2 - t1 - (t1 - t0))  # value_and_grad = forward + backward
-        parts["optimizer"].append(t3 - t2)
-        return t3 - t1, float(loss.asnumpy())
-
-    return step, parts
+    return our_train_step(WanTransformer3DModel.from_pretrained(path), precision)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-bf16", action="store_true", help="skip the emulated bf16 step")
     args = parser.parse_args()
     import mm_parallel  # noqa: F401  (before any MindSpore op: blocking launch on CPU)
 
@@ -96,9 +75,10 @@ def main():
     with tempfile.TemporaryDirectory() as path:
         theirs = torch_side(path, args.threads)
         ours, parts = our_side(path)
+        bf16 = None if args.no_bf16 else our_side(path, precision="bf16")[0]
         compare_steps(ours, theirs, batch, args.runs, parts,
                       f"Wan2.1 DiT flow-matching train step, 2048 video + 64 text tokens, dim 512, 4 blocks, "
-                      f"{args.threads} threads")
+                      f"{args.threads} threads", emulated_bf16=bf16)
     return 0
 
 

@@ -6,16 +6,11 @@ reference's own distance to the fp32 one: ours within twice that, the loss withi
 
 import numpy as np
 import pytest
-from torch_reference import rel_err
+from torch_reference import rel_err, rms_err
 from wan_reference import inputs, our_forward, write_reference
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
-
-
-def rms_err(ours, ref) -> float:
-    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
-    return float(np.linalg.norm(ours - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
 def bf16_values(a):

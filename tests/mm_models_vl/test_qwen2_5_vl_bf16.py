@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 from qwen_vl_reference import our_forward, reference_forward, rel_err, sample, write_reference
+from torch_reference import rms_err
 
 torch = pytest.importorskip("torch")
 
@@ -26,12 +27,6 @@ def bf16_models(tmp_path_factory):
     precision.apply(ours, precision.Precision("bf16"))
     yield path, reference, fp32, ours
     precision.activate(precision.Precision())
-
-
-def rms_err(ours, ref) -> float:
-    """||ours - ref|| / ||ref|| (the max-based rel_err is dominated by one bf16 step of the largest value)."""
-    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
-    return float(np.linalg.norm(ours - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
 def _report(name, **errors):

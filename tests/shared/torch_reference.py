@@ -14,6 +14,13 @@ def rel_err(ours, ref) -> float:
     return float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
+def rms_err(ours, ref) -> float:
+    """||ours - ref|| / ||ref||: for bf16 comparisons, where the max-based rel_err is one bf16 step of
+    the largest value."""
+    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(ours - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
 def write_peft_adapters(path, reference, targets, r: int = 4, alpha: float = 8.0, seed: int = 0):
     """Random PEFT adapters (A and B both non-zero) for every nn.Linear of the torch ``reference``
     whose module path ends with one of ``targets``, named as PEFT names them on that model:

@@ -1,0 +1,31 @@
+"""benchmarks/zero_memory.py's measurement on one and two processes: per-rank parameter, gradient-sum
+and optimizer bytes, taken from the tensors, equal the formula in fp32 and bf16 (bf16 parameters
+2 B, fp32 gradient sums 4 B, master + moments 12 B / dp under ZeRO)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from zero_memory import measure  # noqa: E402
+
+pytestmark = pytest.mark.distributed
+
+
+def check(result, dp):
+    numel = result["fp32"]["numel"]
+    for name, param_bytes in (("fp32", 4), ("bf16", 2)):
+        got = result[name]
+        assert got["numel"] == numel
+        assert got["params"] == param_bytes * numel and got["grads"] == 4 * numel
+        assert got["optimizer"]["0"] == 12 * numel
+        for stage in ("1", "2"):
+            padded = -(-numel // dp) * dp  # one bucket here: padded to a multiple of dp
+            assert got["optimizer"].get(stage, 12 * padded // dp) == 12 * padded // dp, (name, stage)
+
+
+def test_bytes_per_rank_equal_the_formula(run_distributed):
+    check(measure(1, 64, [0]), 1)
+    for rank_result in run_distributed(measure, nproc=2, timeout=300, layers=1, hidden=64, stages=[0, 1, 2]):
+        check(rank_result, 2)
