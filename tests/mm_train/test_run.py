@@ -1,6 +1,7 @@
 """`mm-train run` end to end: the built-in default trains (loss falls, metrics.jsonl has every
 field, loss.png is drawn); the same recipe gives the same losses on 1 process, DP2 and TP2 (msrun
-started by mm-train itself); a layout the processes cannot hold is refused before launching."""
+started by mm-train itself), rank 0's progress and summary shown in the terminal; a worker's
+failure ends with its own error line; a layout the processes cannot hold is refused before launching."""
 
 import json
 import os
@@ -43,9 +44,15 @@ def test_the_default_trains_the_same_under_dp2_tp2_pp2_and_cp2(tmp_path):
     got = {}
     for name, extra in runs.items():
         out = tmp_path / name
-        result = mm_train("run", *short, *extra, "--set", f"output_dir={out}", data=tmp_path / "data")
+        shown = [a for a in short if a != "--no-progress"] if name == "dp2" else short  # dp2 shows its progress
+        result = mm_train("run", *shown, *extra, "--set", f"output_dir={out}", data=tmp_path / "data")
         assert result.returncode == 0, result.stderr[-3000:]
         got[name] = losses(out)
+        if name == "dp2":  # rank 0's progress (plain lines: no terminal) and summary, relayed by the launcher
+            lines = result.stderr.splitlines()
+            assert any(line.startswith("step     4/4 [") for line in lines), result.stderr[-2000:]
+            assert any(line.startswith("loss ") and "in 4 steps" in line for line in lines), result.stderr[-2000:]
+            assert "\r" not in result.stderr and "WARNING" not in result.stderr
     assert got["single"][-1] < got["single"][0]
     for name in runs:
         assert got[name] == pytest.approx(got["single"], rel=1e-4), (name, got)
@@ -56,6 +63,20 @@ def test_a_layout_the_processes_cannot_hold_is_refused_before_launch(tmp_path):
     result = mm_train("run", "--nproc", "3", "--set", "parallel.tp=2", data=tmp_path / "data")
     assert result.returncode == 2 and "cannot hold tp x cp x pp" in result.stderr
     assert not (tmp_path / "data").exists()  # nothing started
+
+
+def test_a_worker_failure_ends_with_the_workers_own_error_line(tmp_path):
+    out = tmp_path / "out"
+    result = mm_train("run", "--nproc", "2", "--set", "train.steps=4", "--set", "data.samples=32", "--set",
+                      "optim.lr=1e30", "--set", "train.max_nonfinite_steps=1", "--set", f"output_dir={out}",
+                      data=tmp_path / "data")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("mm-train: the run stopped: 1 steps in a row"), result.stderr[-2000:]
+    assert any(line.startswith("mm-train: the run failed: ") and "died with exit code" in line for line in lines)
+    assert sum(line.startswith("mm-train: the run stopped") for line in lines) == 1  # shown once, last
+    assert "Traceback" not in result.stderr and "RuntimeError" not in result.stderr
+    assert "msrun" in (out / "logs" / "node_0" / "failure.txt").read_text()
 
 
 def test_two_nodes_on_loopback_train_like_one_process(tmp_path):

@@ -1,7 +1,8 @@
 """What each msrun worker of ``mm-train run --nproc N`` runs: the same command, inside the launch.
 
-It first records its pid as ``$MM_TRAIN_PID_DIR/rank_<RANK_ID>.pid`` so that the launcher can
-name the rank of a worker msrun reports dead.
+It first records its pid as ``$MM_TRAIN_PID_DIR/rank_<RANK_ID>.pid`` (``scheduler.pid`` in
+msrun's scheduler process, which runs this script too, with MS_ROLE=MS_SCHED and RANK_ID=0) so
+that the launcher can name a process msrun reports dead.
 """
 
 import os
@@ -14,6 +15,7 @@ if __name__ == "__main__":
     pid_dir = os.environ.get("MM_TRAIN_PID_DIR")
     if pid_dir and "RANK_ID" in os.environ:
         os.makedirs(pid_dir, exist_ok=True)
-        with open(os.path.join(pid_dir, f"rank_{os.environ['RANK_ID']}.pid"), "w") as f:
+        name = "scheduler" if os.environ.get("MS_ROLE") == "MS_SCHED" else f"rank_{os.environ['RANK_ID']}"
+        with open(os.path.join(pid_dir, f"{name}.pid"), "w") as f:
             f.write(str(os.getpid()))
     sys.exit(main(sys.argv[1:]))

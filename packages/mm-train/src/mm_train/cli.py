@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from mm_train.worker_output import LogRelay, report_failure
+
 RECIPE_HELP = "a recipe YAML file or a built-in recipe's name (default: the built-in tiny default)"
 
 def _parser() -> argparse.ArgumentParser:
@@ -112,32 +114,21 @@ def _launch(args, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0
     local = args.nproc if nnodes == 1 else args.nproc_per_node
     log_dir = Path(load_recipe(args.recipe, args.overrides).output_dir) / "logs" / f"node_{node_rank}"
     shutil.rmtree(log_dir / "pids", ignore_errors=True)
+    for old in log_dir.glob("worker_*.log"):  # a relay must not replay an earlier run's lines
+        old.unlink()
+    # rank 0's progress and summary in this terminal (on the node that holds rank 0)
+    relay = LogRelay(log_dir / "worker_0.log") if node_rank == 0 else None
+    print(f"mm-train: starting {local} workers (logs in {log_dir})", file=sys.stderr, flush=True)
     try:
         launch(Path(__file__).with_name("_worker.py"), local, _worker_argv(args, local * nnodes),
                timeout=args.timeout, log_dir=log_dir, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                master_port=master_port, cluster_timeout=cluster_timeout,
-               env={"MM_TRAIN_PID_DIR": str(log_dir / "pids")})
+               env={"MM_TRAIN_PID_DIR": str(log_dir / "pids")}, tick=relay)
     except DistributedRunError as error:
-        print(f"mm-train: the run failed: {dead_workers(log_dir)}{error}", file=sys.stderr)
+        report_failure(log_dir, local, error)
         return 1
     print(f"worker logs in {log_dir}", file=sys.stderr)
     return 0
-
-
-def dead_workers(log_dir) -> str:
-    """'worker rank R (pid P) died with exit code C; ' for each worker msrun reports dead."""
-    import re
-
-    out = Path(log_dir) / "msrun.out"
-    if not out.exists():
-        return ""
-    ranks = {}
-    for pid_file in (Path(log_dir) / "pids").glob("rank_*.pid"):
-        ranks[pid_file.read_text().strip()] = pid_file.stem.split("_", 1)[1]
-    found = re.findall(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)",
-                       out.read_text(errors="replace"))
-    return "".join(f"worker rank {ranks.get(pid, '?')} (pid {pid}) died with exit code {code}; every worker was "
-                   "stopped. " for pid, code in found)
 
 
 def _launch_node(args) -> int:

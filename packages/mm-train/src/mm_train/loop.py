@@ -97,22 +97,35 @@ def _initial_weights(task: Task, recipe: Recipe, topo) -> str:
 
 
 class _Progress:
-    """One status line on stderr, redrawn in place: step, bar, loss, speed."""
+    """The status on stderr: step, bar, loss, speed. On a terminal one line redrawn in place;
+    otherwise (a log file, msrun's worker logs the launcher relays) a plain line every
+    ``total / 20`` steps, at most ``PLAIN_SECONDS`` apart, and at the last step."""
 
-    def __init__(self, total: int, enabled: bool):
+    PLAIN_SECONDS = 30.0
+
+    def __init__(self, total: int, enabled: bool, tty: Optional[bool] = None):
         self.total, self.enabled, self.start = total, enabled, time.perf_counter()
+        self.tty = sys.stderr.isatty() if tty is None else tty
+        self.every, self.printed_at = max(1, total // 20), self.start
 
     def update(self, step: int, loss: float, samples_per_s: float, routing: Optional[Dict] = None):
         if not self.enabled:
             return
+        now = time.perf_counter()
+        if not self.tty and step % self.every and step != self.total and now - self.printed_at < self.PLAIN_SECONDS:
+            return
+        self.printed_at = now
         done = int(30 * step / self.total)
         moe = ""
         if routing:  # the worst MoE layer's imbalance (max / mean tokens per expert) and dropped share
             moe = (f"  moe imbalance {max(r['imbalance'] for r in routing.values()):4.2f}"
                    f" dropped {max(r['dropped_fraction'] for r in routing.values()):4.1%}")
-        line = (f"\rstep {step:>5}/{self.total} [{'#' * done}{'.' * (30 - done)}] loss {loss:8.4f}  "
-                f"{samples_per_s:6.1f} samples/s{moe}  {time.perf_counter() - self.start:6.1f}s")
-        print(line, end="\n" if step == self.total else "", flush=True, file=sys.stderr)
+        line = (f"step {step:>5}/{self.total} [{'#' * done}{'.' * (30 - done)}] loss {loss:8.4f}  "
+                f"{samples_per_s:6.1f} samples/s{moe}  {now - self.start:6.1f}s")
+        if self.tty:
+            print("\r" + line, end="\n" if step == self.total else "", flush=True, file=sys.stderr)
+        else:
+            print(line, flush=True, file=sys.stderr)
 
 
 def _loss_curve(metrics: List[Dict], path: str) -> Optional[str]:

@@ -96,12 +96,14 @@ def launch(
     master_addr: str = "127.0.0.1",
     master_port: Optional[int] = None,
     cluster_timeout: Optional[int] = None,
+    tick: Optional[Callable[[], None]] = None,
 ) -> Path:
     """Run ``script args`` under msrun with ``nproc`` local CPU workers; return the log folder.
 
     With ``nnodes`` > 1 this is node ``node_rank`` of a multi-node job of nnodes x nproc workers
     whose scheduler listens on master_addr:master_port (every node passes the same two).
     ``cluster_timeout``: seconds msrun waits for every worker to register (its default is 600).
+    ``tick()`` is called every 0.2 s while msrun runs and once after (e.g. to relay a log).
     Raises DistributedRunError when the launch exits non-zero, when ``failed()`` turns true and
     the workers do not exit within a short grace, or after ``timeout`` seconds.
     """
@@ -110,7 +112,9 @@ def launch(
                                               master_port, cluster_timeout)
     with open(msrun_log, "wb") as sink:  # a file, not a pipe: a full pipe would block msrun
         proc = subprocess.Popen(cmd, env=full_env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-        reason = _wait(proc, timeout, failed)
+        reason = _wait(proc, timeout, failed, tick)
+    if tick is not None:
+        tick()
     output = msrun_log.read_text(errors="replace")
     if reason is None and proc.returncode != 0:
         reason = f"msrun exited with {proc.returncode}"
@@ -150,11 +154,14 @@ def worker_log_tails(log_dir: Path, nproc: int, lines: int = 40) -> str:
                      for r in range(nproc))
 
 
-def _wait(proc: subprocess.Popen, timeout: float, failed: Callable[[], bool]) -> Optional[str]:
+def _wait(proc: subprocess.Popen, timeout: float, failed: Callable[[], bool],
+          tick: Optional[Callable[[], None]] = None) -> Optional[str]:
     """Wait for msrun; kill its whole process group on timeout or when a rank failed and the
     others do not follow within the grace period. Returns why it was killed, or None."""
     start, failed_at = time.monotonic(), None
     while proc.poll() is None:
+        if tick is not None:
+            tick()
         now = time.monotonic()
         reason = None
         if now - start > timeout:
