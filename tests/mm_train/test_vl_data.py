@@ -54,6 +54,9 @@ def test_llamafactory_data_trains_and_resumes(user_data, tmp_path):
     full, log = run(user_data, tmp_path / "full", 4)
     assert full[-1] < full[0]
     assert "skipped bad sample 1" in log and "missing.png: file not found" in log
+    rows = [json.loads(line) for line in (tmp_path / "full" / "bad_samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["source"].endswith("missing.png") and "file not found" in rows[0]["reason"]
+    assert "; 1 bad samples skipped (" in log.strip().splitlines()[-1]
     run(user_data, tmp_path / "cut", 2)
     state = json.loads((tmp_path / "cut" / "checkpoints" / "step_2" / "trainer_state.json").read_text())
     assert state["data"] == {"epoch": 0, "position": 2, "seed": 0, "global_batch_size": 4}

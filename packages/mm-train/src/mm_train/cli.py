@@ -91,8 +91,10 @@ def _run(args) -> int:
     metrics = loop.train(recipe, progress=not args.no_progress, resume=args.resume)
     if metrics and os.environ.get("RANK_ID", "0") == "0":
         first, last = metrics[0]["loss"], metrics[-1]["loss"]
+        bad = loop.bad_sample_count(recipe.output_dir)
+        skipped = f"; {bad} bad samples skipped ({os.path.join(recipe.output_dir, loop.BAD_SAMPLES)})" if bad else ""
         print(f"loss {first:.4f} -> {last:.4f} in {len(metrics)} steps; metrics in "
-              f"{os.path.join(recipe.output_dir, 'metrics.jsonl')}", file=sys.stderr)
+              f"{os.path.join(recipe.output_dir, 'metrics.jsonl')}{skipped}", file=sys.stderr)
     return 0
 
 

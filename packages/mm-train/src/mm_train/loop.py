@@ -250,10 +250,55 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
             profiler.close()
         if log is not None:
             log.close()
+    _record_bad_samples(task, topo, out)
     if writer:  # the whole run's curve: a resumed run's log holds the steps before it too
         with open(os.path.join(out, "metrics.jsonl")) as f:
             _loss_curve([json.loads(line) for line in f if line.strip()], os.path.join(out, "loss.png"))
     return metrics
+
+
+BAD_SAMPLES = "bad_samples.jsonl"
+
+
+def _record_bad_samples(task, topo, out: str) -> None:
+    """OUT/bad_samples.jsonl: every sample any rank skipped, {"source", "reason"} per line, once
+    each (a resumed run adds to the rows already there). Each rank writes its own part; rank 0
+    merges them."""
+    mine = getattr(task, "bad_samples", lambda: [])()
+    part = os.path.join(out, f".bad_samples.rank{topo.rank}.jsonl")
+    if mine:
+        os.makedirs(out, exist_ok=True)
+        with open(part, "w") as f:
+            f.writelines(json.dumps({"source": s, "reason": r}) + "\n" for s, r in mine)
+    if topo.world_size > 1:
+        from mm_parallel import comm
+
+        comm.barrier(topo.world)
+    if topo.rank != 0:
+        return
+    path, rows = os.path.join(out, BAD_SAMPLES), {}
+    parts = [path] + [os.path.join(out, f".bad_samples.rank{r}.jsonl") for r in range(topo.world_size)]
+    for file in parts:
+        if os.path.exists(file):
+            with open(file) as f:
+                for line in f:
+                    if line.strip():
+                        row = json.loads(line)
+                        rows.setdefault(row["source"], row)
+            if file != path:
+                os.remove(file)
+    if rows:
+        with open(path, "w") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows.values())
+
+
+def bad_sample_count(out: str) -> int:
+    """How many samples OUT/bad_samples.jsonl records (0 without the file)."""
+    path = os.path.join(out, BAD_SAMPLES)
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        return sum(1 for line in f if line.strip())
 
 
 def _profiler(recipe: Recipe, topo):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
-from typing import Callable, Dict, Iterator, List, Optional, Protocol
+from typing import Callable, Dict, Iterator, List, Optional, Protocol, Tuple
 
 from mm_train.families import resolve
 
@@ -38,6 +38,8 @@ class Task(Protocol):
     def model_inputs(self, batch: Dict) -> Dict: ...  # a micro-batch as forward keywords
 
     def flops_per_sample(self, model, batch: Dict) -> float: ...  # forward FLOPs of one sample (MFU)
+
+    def bad_samples(self) -> List[Tuple[str, str]]: ...  # (source, reason) of every sample this rank skipped
 
 
 class MicroBatches:
@@ -126,3 +128,8 @@ class FamilyTask:
 
     def flops_per_sample(self, model, batch: Dict) -> float:
         return model.flops(batch)
+
+    def bad_samples(self) -> List[Tuple[str, str]]:
+        """The samples this rank's data set skipped (mm-data's BadInputLog), in the order met."""
+        log = getattr(self.dataset, "bad_input", None)
+        return list(log.skipped) if log is not None else []
