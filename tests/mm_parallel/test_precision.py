@@ -149,6 +149,9 @@ def test_device_branch_casts_instead_of_rounding(monkeypatch):
     w = Parameter(Tensor(np.ones(2, np.float32)).astype(ms.bfloat16), name="w")
     assert low_precision.compute_weight(w) is w
     assert low_precision.to_compute(cast, ms.float32).dtype == ms.float32
+    kept = low_precision.rounded(x, ms.bfloat16)  # bf16 values, float32 compute (the reference attention)
+    assert kept.dtype == ms.float32
+    np.testing.assert_array_equal(kept.asnumpy(), numpy_bf16(x.asnumpy()))
 
 
 def test_fp16_rounding_overflows_to_inf():

@@ -27,7 +27,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mm_parallel.ops.device import as_type, host_array, ones, tiled_to, use_fused
-from mm_parallel.ops.low_precision import LOW, compute_dtype, to_compute
+from mm_parallel.ops.low_precision import LOW, compute_dtype, rounded, to_compute
 
 _MASKED = -1e30
 _TINY = 1e-30
@@ -129,9 +129,9 @@ def attention(
     grouped = (batch, kv_heads, heads // kv_heads * q_len)
     # operands in the compute dtype (rounded to bf16 in an emulated bf16 run); scores, softmax and lse in float32
     low = compute_dtype() in LOW
-    qh = (to_compute(q) * scale).transpose(0, 2, 1, 3).reshape(grouped + (head_dim,))  # scale q, not scores
-    kh = to_compute(k).transpose(0, 2, 1, 3)
-    vh = to_compute(v).transpose(0, 2, 1, 3)
+    qh = (rounded(q) * scale).transpose(0, 2, 1, 3).reshape(grouped + (head_dim,))  # scale q, not scores
+    kh = rounded(k).transpose(0, 2, 1, 3)
+    vh = rounded(v).transpose(0, 2, 1, 3)
     scores = _matmul_nt(qh, kh).reshape(batch, heads, q_len, k_len)
     if bias is not None:
         scores = scores + tiled_to(as_type(bias, ms.float32), scores.shape)
@@ -139,14 +139,14 @@ def attention(
         scores = scores + tiled_to(Tensor(np.where(mask, 0.0, _MASKED).astype(np.float32)), scores.shape)
     if not return_lse:
         probs = _softmax(scores)
-        out = _matmul_nn((to_compute(probs) if low else probs).reshape(grouped + (k_len,)), vh)
+        out = _matmul_nn((rounded(probs) if low else probs).reshape(grouped + (k_len,)), vh)
     else:
         # The max only keeps exp in range; lse = m + log sum exp(s - m) has the right gradient
         # (softmax) with m held constant.
         row_max = ops.stop_gradient(scores.max(axis=-1, keepdims=True))
         weights = ops.exp(scores - tiled_to(row_max, scores.shape))
         total = ops.maximum(ops.matmul(weights, ones((k_len, 1))), _TINY)  # row sums
-        weights = to_compute(weights) if low else weights
+        weights = rounded(weights) if low else weights
         out = _matmul_nn(weights.reshape(grouped + (k_len,)), vh).reshape(batch, heads, q_len, head_dim) / total
     out = out.reshape(batch, heads, q_len, head_dim)
     if mask is not None and _rows_may_be_empty(causal, q_len, k_len, key_padding_mask, segment_ids):

@@ -95,6 +95,13 @@ def to_compute(x, dtype=None):
     return as_type(x, dtype)
 
 
+def rounded(x, dtype=None):
+    """float32 ``x`` holding the values ``dtype`` (default: the compute dtype) holds, on every
+    device: for kernels that take low-precision operands but compute in float32 (the reference
+    attention's scores and softmax)."""
+    return as_type(to_compute(x, dtype), ms.float32)
+
+
 def compute_weight(weight):
     """A parameter as the kernel multiplies it: float32 when emulating (its gradient comes back in
     the parameter's dtype), itself on Ascend."""
