@@ -18,17 +18,16 @@ import json
 import os
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
-import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn
 
+from mm_parallel.precision import DTYPES
 from mm_parallel.sharding import sharding_of
 from mm_parallel.topology import get_topology
 
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
            "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 WEIGHT_NAMES = ("model.safetensors", "diffusion_pytorch_model.safetensors")
-_FLOATS = (ms.float32, ms.bfloat16, ms.float16)
 
 
 def _header(file: str) -> Tuple[dict, int]:
@@ -161,7 +160,7 @@ def full_state(model: nn.Cell, name_map: Callable[[str], Optional[str]] = lambda
             continue
         spec = sharding_of(param)
         value = spec.gather(param, topology) if spec.splits else param
-        if dtype is not None and value.dtype in _FLOATS and value.dtype != dtype:
+        if dtype is not None and value.dtype in DTYPES.values() and value.dtype != dtype:
             value = value.astype(dtype)
         value = value.asnumpy()  # float32, or bfloat16 / float16: safetensors writes BF16 / F16
         if hasattr(cell, "hf_tensors"):  # a cell that chooses its own tensors on disk (MoE experts)

@@ -134,10 +134,8 @@ class ParallelModel(PeftAdapters, nn.Cell):
 
         models = list(chunks) if chunks else [self]
         target = None if dtype is None else precision.dtype_named(dtype)
-        if target is None:
-            name = precision.dominant_dtype_name([p for m in models for p in m.get_parameters()])
-        else:
-            name = precision.TORCH_NAMES[next(k for k, v in precision.DTYPES.items() if v == target)]
+        name = precision.torch_name(target) if target is not None else \
+            precision.dominant_dtype_name([p for m in models for p in m.get_parameters()])
         save_folder(models, path, lambda model, name: model._name_to_write(name),
                     lambda folder: self.write_config(folder, name), base=self.weights_name, dtype=target)
 

@@ -37,7 +37,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import mindspore as ms
 
 from mm_parallel import stage_io
-from mm_parallel.ops.device import as_type, zeros
+from mm_parallel.ops.device import as_type
 from mm_parallel.topology import Topology, get_topology
 
 
@@ -133,14 +133,11 @@ def _caller(stage: Callable, micro_batches: Sequence[Tuple], with_batch: bool) -
     return lambda i, x: stage(x)
 
 
-def _zero_grads(params: Sequence, grad_dtype) -> List:
-    """Gradient sums to start from: zeros shaped like each parameter, in ``grad_dtype`` (None: the
-    parameter's dtype; fp32 for bf16 parameters is Megatron's main_grad)."""
-    return [zeros(q.shape, grad_dtype or q.dtype) for q in params]
-
-
-def _accumulate(sums: List, new: Sequence) -> List:
-    return [a + as_type(b, a.dtype) for a, b in zip(sums, new)]
+def _accumulate(sums: List, new: Sequence, grad_dtype) -> List:
+    """Gradient sums with one micro-batch's gradients added, in ``grad_dtype`` (None: each
+    parameter's dtype; fp32 for bf16 parameters is Megatron's main_grad). The first micro-batch's
+    gradients start the sums (``sums`` all None): no zeros made per step."""
+    return [as_type(b, grad_dtype or b.dtype) if a is None else a + as_type(b, a.dtype) for a, b in zip(sums, new)]
 
 
 def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[Tuple], loss_fn: Callable,
@@ -162,7 +159,7 @@ def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[T
     if m < 1:
         raise ValueError("train_step_1f1b needs at least one micro-batch")
     params = list(params)
-    grads = _zero_grads(params, grad_dtype)
+    grads: List = [None] * len(params)
     losses: List[float] = []
     inputs: List = []
     call = _caller(stage, micro_batches, with_batch)
@@ -179,7 +176,7 @@ def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[T
         value, dx, new = _micro_backward(lambda t: call(i, t), inputs.pop(0), params, not link.first, objective)
         if link.last:
             losses.append(float(value.asnumpy()) * m)
-        grads[:] = _accumulate(grads, new)
+        grads[:] = _accumulate(grads, new, grad_dtype)
         return dx
 
     warmup = min(p - s - 1, m)
@@ -265,7 +262,7 @@ def train_step_interleaved(chunks: Sequence[Callable], chunk_params: Sequence[Se
         raise ValueError(f"the interleaved schedule needs a number of micro-batches divisible by pp={p}, got {m}")
     link, last = _Link(topo), p * v - 1
     params = [list(c) for c in chunk_params]
-    grads = [_zero_grads(c, grad_dtype) for c in params]
+    grads: List = [[None] * len(c) for c in params]
     inputs, douts, outgoing, losses = {}, {}, {}, {}
     calls = [_caller(c, micro_batches, with_batch) for c in chunks]
 
@@ -285,7 +282,7 @@ def train_step_interleaved(chunks: Sequence[Callable], chunk_params: Sequence[Se
         value, dx, new = _micro_backward(lambda t: calls[chunk](i, t), x, params[chunk], vs > 0, objective)
         if vs == last:
             losses[i] = float(value.asnumpy()) * m
-        grads[chunk] = _accumulate(grads[chunk], new)
+        grads[chunk] = _accumulate(grads[chunk], new, grad_dtype)
         del inputs[chunk, i]
         if vs > 0:
             outgoing["B", chunk, i] = dx

@@ -73,18 +73,14 @@ class Precision:
         return config
 
 
-_active = Precision()
-
-
 def activate(precision: Precision) -> None:
     """Make ``precision`` the process's policy: the dtype weight-free kernels (attention) compute in."""
-    global _active
-    _active = precision
     low_precision.set_compute_dtype(precision.param_dtype)
 
 
-def active() -> Precision:
-    return _active
+def torch_name(dtype) -> str:
+    """The torch name (config.json's "dtype") of a MindSpore float dtype; float32 for any other."""
+    return next((TORCH_NAMES[short] for short, d in DTYPES.items() if d == dtype), "float32")
 
 
 def _kept(name: str, keep: Sequence[str]) -> bool:
@@ -110,7 +106,7 @@ def cast_parameters(model, precision: Precision, keep_in_fp32: Iterable[str] = (
     if dtype == ms.float32:
         return 0
     for name, param, _, _ in owned_parameters(model):
-        if getattr(param, "keep_in_fp32", False) or param.dtype not in (ms.float32, ms.float16, ms.bfloat16):
+        if getattr(param, "keep_in_fp32", False) or param.dtype not in DTYPES.values():
             continue
         if _kept(name, keep):
             continue
@@ -138,5 +134,4 @@ def dominant_dtype_name(params) -> str:
     counts = {}
     for p in params:
         counts[p.dtype] = counts.get(p.dtype, 0) + int(p.size)
-    names = {dtype: TORCH_NAMES[short] for short, dtype in DTYPES.items()}
-    return names.get(max(counts, key=counts.get), "float32") if counts else "float32"
+    return torch_name(max(counts, key=counts.get)) if counts else "float32"
