@@ -1,14 +1,26 @@
 """Shared fixtures: `run_distributed` runs a function on msrun workers with a hard timeout.
 
+The parity references are part of the test environment (hatch.toml pins them): a session
+without them, or with other versions than the ones the twins are tested against, stops at once
+with what to install — a missing reference never turns parity tests into skips.
+
 The workers of one process count are started once per session and kept for the next test
 (mm_parallel.testing.pool: a launch costs 14-20 s before any test code runs). A call with
 ``env`` or ``fresh=True`` gets a launch of its own (mm_parallel.testing.run_distributed).
 """
 
 import pytest
+from references import reference_problems
 
 from mm_parallel import testing
 from mm_parallel.testing.pool import WorkerPool
+
+
+def pytest_sessionstart(session):
+    problems = reference_problems()
+    if problems:
+        pytest.exit("the parity references are required: " + "; ".join(problems) +
+                    ". Run the suite with `hatch test` (hatch.toml pins them)", returncode=4)
 
 
 @pytest.fixture(scope="session")

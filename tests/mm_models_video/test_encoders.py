@@ -4,9 +4,8 @@ state Wan I2V takes, last hidden state and pooled output)."""
 
 import numpy as np
 import pytest
+import torch
 from torch_reference import rel_err
-
-torch = pytest.importorskip("torch")
 
 
 def randomise(model, seed: int = 0):

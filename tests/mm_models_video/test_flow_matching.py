@@ -4,13 +4,12 @@ it) and the Euler sampler (FlowMatchEulerDiscreteScheduler.set_timesteps / step)
 
 import math
 
+import diffusers
 import numpy as np
 import pytest
+import torch
 
 from mm_models_video.flow_matching import FlowMatchingSchedule
-
-torch = pytest.importorskip("torch")
-diffusers = pytest.importorskip("diffusers")
 
 
 @pytest.mark.parametrize("shift", [1.0, 3.0, 5.0])

@@ -4,13 +4,12 @@
 As for Qwen2.5-VL (tests/mm_models_vl/test_qwen2_5_vl_bf16.py) the tolerance is the bf16
 reference's own distance to the fp32 one: ours within twice that, the loss within 1e-2."""
 
+import diffusers  # noqa: F401  (the parity reference: required, see tests/conftest.py)
 import numpy as np
 import pytest
+import torch
 from torch_reference import rel_err, rms_err
 from wan_reference import inputs, our_forward, write_reference
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("diffusers")
 
 
 def bf16_values(a):

@@ -5,13 +5,13 @@ hold; together they must cover the whole model. See wan_parallel_cases.py.
 The bf16_* cases run in bf16 (mm_parallel.precision) against the bf16 single process, within
 mm_parallel.testing.equivalence.BF16_TOLERANCE."""
 
+import diffusers  # noqa: F401  (the parity reference: required, see tests/conftest.py)
 import pytest
 from wan_parallel_cases import run_parallel_cases
 from wan_reference import write_adapters, write_reference
 
 from mm_parallel.testing.equivalence import BF16_TOLERANCE, check_results
 
-pytest.importorskip("diffusers")
 pytestmark = pytest.mark.distributed
 
 DEEP, I2V = "deep", "i2v"  # a 4-block T2V checkpoint; the I2V checkpoint (image tokens, added k/v)

@@ -3,12 +3,11 @@
 
 import json
 
+import diffusers  # noqa: F401  (the parity reference: required, see tests/conftest.py)
 import numpy as np
 import pytest
 from torch_reference import rel_err
 from wan_reference import inputs, our_forward, reference_forward, write_reference
-
-pytest.importorskip("diffusers")
 
 CASES = {
     "t2v": dict(i2v=False),

@@ -2,12 +2,11 @@
 1 + 4k frames (latent mean / logvar rel-err <= 1e-5), frame-by-frame decode back to 1 + 4k frames,
 latent normalisation with the config's mean / std."""
 
+import diffusers  # noqa: F401  (the parity reference: required, see tests/conftest.py)
 import numpy as np
 import pytest
+import torch
 from torch_reference import rel_err
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("diffusers")
 
 MEAN, STD = [0.1, -0.2, 0.3, 0.0], [1.5, 2.0, 0.5, 1.0]
 

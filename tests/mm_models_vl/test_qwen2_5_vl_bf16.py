@@ -9,10 +9,9 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from qwen_vl_reference import our_forward, reference_forward, rel_err, sample, write_reference
 from torch_reference import rms_err
-
-torch = pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")

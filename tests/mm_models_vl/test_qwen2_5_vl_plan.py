@@ -1,12 +1,13 @@
 """The Qwen2.5-VL plan on one process: every recompute mode gives the gradients of none (padded
-batch, vision blocks included), freezing picks the right parameters, LoRA-wrapped models still save
-plain transformers checkpoints, and layouts the model cannot take are refused with the rule."""
+batch, vision blocks included) and runs the forwards it recomputes again in the backward,
+freezing picks the right parameters, LoRA-wrapped models still save plain transformers
+checkpoints, and layouts the model cannot take are refused with the rule."""
 
 import numpy as np
 import pytest
+import torch  # noqa: F401  (the parity reference: required, see tests/conftest.py)
+from forward_counts import counted_forwards
 from qwen_vl_reference import our_forward, padded_pair, write_reference
-
-pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +31,25 @@ def test_recompute_modes_equal_no_recompute(checkpoint):
         again, _, regrads = our_forward(_load(checkpoint, recompute=mode, recompute_num_layers=1), inputs)
         assert again == loss, mode
         assert all(np.array_equal(regrads[k], grads[k]) for k in grads), mode
+
+
+@pytest.mark.parametrize("mode, layers, cores, vision", [("full", [2, 2], [2, 2], 2), ("block", [2, 1], [2, 1], 1),
+                                                         ("selective", [1, 1], [2, 2], 1)])
+def test_recompute_modes_run_the_recomputed_forwards_again(checkpoint, mode, layers, cores, vision):
+    from mm_models_vl import Qwen2_5_VLForConditionalGeneration
+    from mm_models_vl.qwen2_5_vl.parallel_plan import parallelize
+    from mm_parallel.recompute import CoreAttention
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(checkpoint)
+    decoder = list(model.model.language_model.layers)
+    attention = [next(c for _, c in layer.cells_and_names() if isinstance(c, CoreAttention)) for layer in decoder]
+    blocks = list(model.model.visual.blocks)
+    with counted_forwards(decoder) as layer_calls, counted_forwards(attention) as core_calls, \
+            counted_forwards(blocks) as block_calls:  # counted before the plan marks them
+        parallelize(model, recompute=mode, recompute_num_layers=1)
+        our_forward(model, padded_pair(np.random.default_rng(0)))
+    assert list(layer_calls.values()) == layers and list(core_calls.values()) == cores
+    assert set(block_calls.values()) == {vision}
 
 
 def test_freeze_parts(checkpoint):

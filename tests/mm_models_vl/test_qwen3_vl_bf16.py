@@ -3,12 +3,10 @@ run in bf16: loss within 1e-2, logits within twice the bf16 reference's own dist
 bf16 save is what transformers loads, bit for bit (the fused expert tensors in bf16)."""
 
 import numpy as np
-import pytest
+import torch
 from qwen3_vl_reference import sample, write_reference
 from qwen_vl_reference import our_forward, reference_forward
 from torch_reference import rms_err
-
-torch = pytest.importorskip("torch")
 
 
 def test_moe_bf16_matches_transformers_bf16_and_saves_what_it_loads(tmp_path):

@@ -11,6 +11,7 @@ where a division (avg) rounds.
 
 from __future__ import annotations
 
+import time
 import traceback
 from typing import Dict, List, Tuple
 
@@ -170,13 +171,31 @@ def _run_case(name: str, topo) -> str:
         got = _to_np(comm.ring_shift(_to_ms(xs[me], "float32"), group, offset))
         return _compare(got, xs[(me - offset) % n])
     if what == "barrier":
-        comm.barrier(group)
-        return ""
+        return _run_barrier(group, me)
     if what == "map":
         return _run_map(parts[2], group, xs, name)
     if what == "errors":
         return _run_errors(group)
     raise KeyError(name)
+
+
+LATE_SECONDS = 0.5
+
+
+def _run_barrier(group, me: int) -> str:
+    """The group's last member arrives LATE_SECONDS after the others: nobody may leave before it
+    (the first barrier lines the members up; the second is the one measured)."""
+    from mm_parallel import comm
+
+    comm.barrier(group)
+    if me == group.size - 1:
+        time.sleep(LATE_SECONDS)
+    start = time.perf_counter()
+    comm.barrier(group)
+    waited = time.perf_counter() - start
+    if me != group.size - 1 and waited < 0.8 * LATE_SECONDS:
+        return f"member {me} left the barrier after {waited:.3f} s, before the last one arrived ({LATE_SECONDS} s)"
+    return ""
 
 
 def _run_all_to_all_v(which: str, group) -> str:

@@ -48,16 +48,61 @@ def test_resume_same_layout_bit_exact_and_across_layouts(tmp_path):
     assert state["step"] == 6 and state["layout"]["tp"] == 1
 
 
-def test_incomplete_checkpoints_are_never_picked(tmp_path):
-    from mm_train.checkpoint import latest
+def fake_checkpoint(folder, manifest=True):
+    from mm_train.checkpoint import write_manifest
+
+    (folder / "model").mkdir(parents=True)
+    (folder / "model" / "model.safetensors").write_bytes(b"weights" * 10)
+    (folder / "trainer_state.json").write_text("{}")
+    if manifest:
+        write_manifest(str(folder))
+    return folder
+
+
+def test_only_checkpoints_whose_manifest_verifies_are_picked(tmp_path):
+    from mm_train.checkpoint import find_latest, latest, verify
 
     root = tmp_path / "checkpoints"
-    (root / "step_3").mkdir(parents=True)
-    (root / "step_3" / "trainer_state.json").write_text("{}")
-    (root / ".step_9.tmp").mkdir()  # interrupted while writing
-    (root / "step_12").mkdir()  # no trainer_state.json: not complete
-    assert latest(str(tmp_path)) == str(root / "step_3")
-    assert latest(str(tmp_path / "elsewhere")) is None
+    good = fake_checkpoint(root / "step_3")
+    fake_checkpoint(root / "step_6", manifest=False)  # killed before its manifest
+    flipped = fake_checkpoint(root / "step_9")
+    (flipped / "model" / "model.safetensors").write_bytes(b"weighTs" * 10)  # same size, other bytes
+    gone = fake_checkpoint(root / "step_12")
+    (gone / "model" / "model.safetensors").unlink()
+    (root / ".step_15.tmp").mkdir()  # interrupted while writing
+    found, skipped = find_latest(str(tmp_path))
+    assert found == str(good) and latest(str(tmp_path / "elsewhere")) is None
+    assert skipped == [(str(gone), "model/model.safetensors is missing"),
+                       (str(flipped), "model/model.safetensors does not match its sha256 in the manifest (corrupted)"),
+                       (str(root / "step_6"), "no manifest.json (the save did not finish)")]
+    assert verify(str(flipped), hashes=False) is None  # sizes alone do not see a flipped byte
+
+
+def test_a_crash_between_the_renames_of_an_overwrite_loses_nothing(tmp_path, monkeypatch):
+    """Overwriting step_N moves the old one aside first; a crash before the new one is in place
+    leaves .step_N.old, which recover() puts back (and drops once step_N exists)."""
+    from mm_train import checkpoint
+
+    root = tmp_path / "checkpoints"
+    old = fake_checkpoint(root / "step_3")
+    new = fake_checkpoint(root / ".step_3.tmp")
+    real, calls = os.replace, []
+
+    def crash_on_second(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # killed between the two renames
+        real(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint._put_in_place(str(new), str(old))
+    monkeypatch.setattr(checkpoint.os, "replace", real)
+    assert not old.exists() and (root / ".step_3.old").is_dir()  # never neither
+    assert checkpoint.latest(str(tmp_path)) is None
+    done = checkpoint.recover(str(tmp_path))
+    assert any(line.startswith("restored") for line in done) and any(".step_3.tmp" in line for line in done)
+    assert sorted(os.listdir(root)) == ["step_3"] and checkpoint.latest(str(tmp_path)) == str(old)
 
 
 def test_a_killed_worker_stops_the_run_and_resume_continues(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -125,6 +126,8 @@ class PointsSection(DataSection):
     kind: str = "points"
     samples: int = 64
     inputs: int = 4
+    stall_rank: Optional[int] = None  # fault injection: this rank's data never arrives from stall_at_step on
+    stall_at_step: int = 0
 
 
 class Points:
@@ -154,6 +157,13 @@ class ToyTask(FamilyTask):
 
     def inline_config(self):
         return {**self.recipe.model.config, "inputs": self.recipe.data.inputs}
+
+    def stream(self, first_step: int):
+        data = self.recipe.data
+        for step, batches in enumerate(super().stream(first_step), first_step + 1):
+            if self.topo.rank == data.stall_rank and step >= data.stall_at_step:
+                time.sleep(3600)  # a loader stuck on a dead file system: no error, no progress
+            yield batches
 
     @staticmethod
     def tokens(batch) -> int:

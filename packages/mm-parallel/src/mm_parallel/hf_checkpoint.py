@@ -49,7 +49,7 @@ class SafetensorsFolder:
             if os.path.exists(index):
                 with open(index) as f:
                     weight_map = json.load(f)["weight_map"]
-                self.files = {name: os.path.join(self.path, file) for name, file in weight_map.items()}
+                self.files = {name: _inside(self.path, file, index) for name, file in weight_map.items()}
                 break
             if os.path.exists(single):
                 self.files = {name: single for name in safetensor_names(single)}
@@ -87,6 +87,15 @@ class SafetensorsFolder:
         if info["dtype"] == "BF16":  # bfloat16 is the top half of a float32
             return (array.astype(np.uint32) << 16).view(np.float32)
         return np.array(array, dtype=np.float32 if array.dtype.kind == "f" else array.dtype)
+
+
+def _inside(folder: str, file: str, index: str) -> str:
+    """``folder/file`` for an index entry naming a file of the folder itself; anything else (an
+    absolute path, ``..``, a sub-folder) is refused: an index must not make us read elsewhere."""
+    if not isinstance(file, str) or os.path.basename(file) != file or file in ("", ".", ".."):
+        raise ValueError(f"{index} names {file!r} as a weight file; an index may only name files in its own "
+                         "folder (a bare file name such as model-00001-of-00002.safetensors)")
+    return os.path.join(folder, file)
 
 
 def safetensor_names(file: str):
@@ -148,10 +157,11 @@ def _set(param, value: np.ndarray, key: str, full_shape) -> None:
 
 
 def full_state(model: nn.Cell, name_map: Callable[[str], Optional[str]] = lambda n: n,
-               dtype=None) -> Dict[str, np.ndarray]:
+               dtype=None, keep: bool = True) -> Dict[str, np.ndarray]:
     """Checkpoint name -> full numpy tensor, shards gathered (a collective: every rank of the split
     groups calls it); floating tensors in their parameter's dtype, or in ``dtype`` (a MindSpore
-    float dtype) when given."""
+    float dtype) when given. ``keep=False``: take part in the gathers, keep nothing (a rank that
+    writes no file holds one tensor at a time, not the whole state)."""
     topology = get_topology(getattr(model, "topology", None))
     state = {}
     for name, param, cell, attr in owned_parameters(model):
@@ -160,6 +170,8 @@ def full_state(model: nn.Cell, name_map: Callable[[str], Optional[str]] = lambda
             continue
         spec = sharding_of(param)
         value = spec.gather(param, topology) if spec.splits else param
+        if not keep:
+            continue
         if dtype is not None and value.dtype in DTYPES.values() and value.dtype != dtype:
             value = value.astype(dtype)
         value = value.asnumpy()  # float32, or bfloat16 / float16: safetensors writes BF16 / F16
@@ -211,7 +223,7 @@ def save_folder(models, path, name_map: Callable[[nn.Cell, str], Optional[str]],
     total = topo.pp.size * topo.config.vpp
     writer = topo.tp.rank == 0 and topo.cp.rank == 0 and topo.dp.rank == 0
     for model in models:
-        state = full_state(model, lambda name, m=model: name_map(m, name), dtype)
+        state = full_state(model, lambda name, m=model: name_map(m, name), dtype, keep=writer)
         virtual = model.chunk * topo.pp.size + topo.pp.rank
         file = base if total == 1 else f"{stem}-{virtual + 1:05d}-of-{total:05d}.safetensors"
         if writer:

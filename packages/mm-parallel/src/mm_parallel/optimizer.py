@@ -357,15 +357,24 @@ class DistributedOptimizer:
         from safetensors.numpy import save_file
 
         topo, names = self.topology, list(names or self.names)
+        writer = topo.tp.rank == 0 and topo.dp_cp.rank == 0  # one writer per pipeline stage
         tensors = {}
-        for name, param, state in zip(names, self.params, self.param_states()):
-            spec = sharding_of(param)
-            for key, value in state.items():
-                if spec.splits:
-                    value = spec.gather(Tensor(value), topo).asnumpy()
-                tensors[f"{name}.{key}"] = np.ascontiguousarray(value)
+        # one bucket's one state gathered at a time, and kept only by the writer: a rank that
+        # writes nothing holds at most one bucket buffer (not the stage's whole state, thrice)
+        for bucket in self.buckets.values():
+            members = [(i, j) for i, (b, j) in self._where.items() if b is bucket]
+            for key in STATES:
+                flat = bucket.whole(key)  # a collective over the bucket's group
+                for i, j in members:
+                    param, spec = self.params[i], sharding_of(self.params[i])
+                    value = flat[bucket.offsets[j]:bucket.offsets[j + 1]].reshape(param.shape)
+                    if spec.splits:  # a collective over the parameter's tp / ep group
+                        value = spec.gather(Tensor(value), topo).asnumpy()
+                    if writer:
+                        tensors[f"{names[i]}.{key}"] = np.ascontiguousarray(value)
+                del flat
         path = os.path.join(folder, f"optimizer-stage{topo.pp.rank:03d}.safetensors")
-        if topo.tp.rank == 0 and topo.dp_cp.rank == 0:  # one writer per pipeline stage
+        if writer:
             os.makedirs(folder, exist_ok=True)
             save_file(tensors, path + ".tmp", metadata={"mm_parallel.optimizer": json.dumps(self.counters())})
             os.replace(path + ".tmp", path)  # a reader never sees half a file

@@ -2,16 +2,19 @@
 
 It first records its pid as ``$MM_TRAIN_PID_DIR/rank_<RANK_ID>.pid`` (``scheduler.pid`` in
 msrun's scheduler process, which runs this script too, with MS_ROLE=MS_SCHED and RANK_ID=0) so
-that the launcher can name a process msrun reports dead.
+that the launcher can name a process msrun reports dead, and asks to die with msrun (which dies
+with the launcher): killing ``mm-train`` stops the whole run.
 """
 
 import os
 import sys
 
 import mm_parallel  # noqa: F401  (before any MindSpore op: blocking launch on CPU)
+from mm_parallel.testing import die_with_parent
 from mm_train.cli import main
 
 if __name__ == "__main__":
+    die_with_parent()
     pid_dir = os.environ.get("MM_TRAIN_PID_DIR")
     if pid_dir and "RANK_ID" in os.environ:
         os.makedirs(pid_dir, exist_ok=True)

@@ -1,37 +1,45 @@
-"""Training checkpoints: OUT/checkpoints/step_N/, layout-independent, written atomically.
+"""Training checkpoints: OUT/checkpoints/step_N/, layout-independent, verified before use.
 
     step_N/model/              the model in its Hugging Face form (save_pretrained; tp gathered)
     step_N/adapters/           PEFT adapters, when the run trains LoRA
     step_N/optimizer-stageK.safetensors   per trainable parameter of pipeline stage K (by its name
                                in the whole model): <name>.master, .exp_avg, .exp_avg_sq, full tensors,
                                and the step counters (DistributedOptimizer.save: its one format)
-    step_N/trainer_state.json  step, the data position (epoch, batch), the layout
-                               that wrote it (parameter names: the whole model's, ``model.adapter_name``)
+    step_N/trainer_state.json  step, the data position (epoch, batch) and the data set's fingerprint,
+                               the layout that wrote it, the run's id, the package versions
+    step_N/recipe.json         the recipe as run
+    step_N/manifest.json       written last: every other file with its size and sha256
 
 Everything is stored whole (tp shards and ZeRO slices gathered, stages by global names), so a run
-resumes under any layout (TP2 -> TP1, PP2 -> PP1, DP2 -> DP1 ...): each rank cuts its shard again while loading. A
-checkpoint
-is written into a temporary folder, every file fsynced, and renamed to step_N only when complete:
-a step_N folder is always whole, and a crash mid-write leaves only a ``.tmp`` folder that resume
-ignores (and the next save removes). The newest ``keep`` checkpoints are kept.
+resumes under any layout (TP2 -> TP1, PP2 -> PP1, DP2 -> DP1 ...): each rank cuts its shard again
+while loading.
+
+Durability: a checkpoint is written into ``.step_N.tmp``; when every rank's files are in, rank 0
+writes the manifest, fsyncs every file and folder and renames the folder to step_N, then fsyncs
+``checkpoints/``. Overwriting step_N first renames the old one to ``.step_N.old``, so at every
+moment one of the two exists (`recover` puts it back after a crash between the renames). A
+checkpoint is used only if its manifest verifies (`verify`: every file present with its size and
+sha256); `latest` names each newer one it had to skip and why. A save that fails (a full disk)
+removes its partial folder and says so; one killed mid-write leaves a ``.tmp`` folder that the
+next run removes at start. ``keep`` prunes this run's oldest checkpoints, never another run's
+(the run id in trainer_state.json; a resumed run keeps the id of the run it continues).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
-from typing import Optional
+from typing import Dict, List, Optional, Tuple
 
+MANIFEST, TRAINER_STATE, RECIPE = "manifest.json", "trainer_state.json", "recipe.json"
 _STEP = re.compile(r"^step_(\d+)$")
+_HIDDEN = re.compile(r"^\.step_(\d+)\.(tmp|old)$")
 
 
-def _fsync_tree(folder: str) -> None:
-    for root, _, files in os.walk(folder):
-        for name in files:
-            with open(os.path.join(root, name), "rb") as f:
-                os.fsync(f.fileno())
+def _fsync_dir(folder: str) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -39,14 +47,107 @@ def _fsync_tree(folder: str) -> None:
         os.close(fd)
 
 
-def latest(out: str) -> Optional[str]:
-    """The newest complete checkpoint folder under OUT/checkpoints, or None."""
-    root = os.path.join(out, "checkpoints")
+def _fsync_tree(folder: str) -> None:
+    """Every file's data and every folder's entries on disk (a rename is durable only then)."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(root)
+
+
+def file_sha256(path: str) -> str:
+    """A file's sha256, read in 4 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _files(folder: str) -> List[str]:
+    return sorted(os.path.relpath(os.path.join(root, name), folder)
+                  for root, _, names in os.walk(folder) for name in names)
+
+
+def write_manifest(folder: str) -> Dict[str, dict]:
+    """``folder/manifest.json``: {relative path: {size, sha256}} of every other file in it."""
+    paths = {rel: os.path.join(folder, rel) for rel in _files(folder) if rel != MANIFEST}
+    files = {rel: {"size": os.path.getsize(p), "sha256": file_sha256(p)} for rel, p in paths.items()}
+    with open(os.path.join(folder, MANIFEST), "w") as f:
+        json.dump({"files": files}, f, indent=1)
+    return files
+
+
+def verify(folder: str, hashes: bool = True) -> Optional[str]:
+    """None when every file the manifest lists is there with its size and sha256 (only the size
+    without ``hashes``); else why not."""
+    manifest = os.path.join(folder, MANIFEST)
+    if not os.path.isfile(manifest):
+        return f"no {MANIFEST} (the save did not finish)"
+    try:
+        with open(manifest) as f:
+            files = json.load(f)["files"]
+    except (ValueError, KeyError) as error:
+        return f"{MANIFEST} is unreadable ({error})"
+    for rel, entry in files.items():
+        path = os.path.join(folder, rel)
+        if not os.path.isfile(path):
+            return f"{rel} is missing"
+        size = os.path.getsize(path)
+        if size != entry["size"]:
+            return f"{rel} has {size} bytes, the manifest says {entry['size']} (truncated or overwritten)"
+        if hashes and file_sha256(path) != entry["sha256"]:
+            return f"{rel} does not match its sha256 in the manifest (corrupted)"
+    return None
+
+
+def _steps(root: str) -> List[Tuple[int, str]]:
+    """(step, folder) of every step_N under ``root``, newest first."""
     if not os.path.isdir(root):
-        return None
-    steps = [(int(m.group(1)), name) for name in os.listdir(root) if (m := _STEP.match(name))
-             and os.path.exists(os.path.join(root, name, "trainer_state.json"))]
-    return os.path.join(root, max(steps)[1]) if steps else None
+        return []
+    return sorted(((int(m.group(1)), os.path.join(root, name)) for name in os.listdir(root)
+                   if (m := _STEP.match(name))), reverse=True)
+
+
+def find_latest(out: str) -> Tuple[Optional[str], List[Tuple[str, str]]]:
+    """(the newest checkpoint under OUT/checkpoints whose manifest verifies, or None;
+    [(folder, reason)] of each newer one that did not)."""
+    skipped = []
+    for _, folder in _steps(os.path.join(out, "checkpoints")):
+        reason = verify(folder)
+        if reason is None:
+            return folder, skipped
+        skipped.append((folder, reason))
+    return None, skipped
+
+
+def latest(out: str) -> Optional[str]:
+    """The newest verified checkpoint folder under OUT/checkpoints, or None."""
+    return find_latest(out)[0]
+
+
+def recover(out: str) -> List[str]:
+    """Tidy OUT/checkpoints after a crash (rank 0, before training): remove the ``.tmp`` folders
+    of interrupted saves; put back a ``.step_N.old`` whose replacement never arrived (else drop
+    it). Returns what it did, one line each."""
+    root, done = os.path.join(out, "checkpoints"), []
+    if not os.path.isdir(root):
+        return done
+    for name in sorted(os.listdir(root)):
+        m = _HIDDEN.match(name)
+        if not m:
+            continue
+        folder, final = os.path.join(root, name), os.path.join(root, f"step_{m.group(1)}")
+        if m.group(2) == "old" and not os.path.exists(final):
+            os.replace(folder, final)
+            done.append(f"restored {final} (a save that replaced it was interrupted)")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+            done.append(f"removed {folder} (left by an interrupted save)")
+    if done:
+        _fsync_dir(root)
+    return done
 
 
 def _names(chunks, optimizer):
@@ -58,50 +159,102 @@ def _names(chunks, optimizer):
 
 
 def save(out: str, step: int, chunks, optimizer, topo, lora=None, keep: int = 2,
-         data_state: Optional[dict] = None, model_dtype: Optional[str] = None) -> Optional[str]:
+         data_state: Optional[dict] = None, model_dtype: Optional[str] = None,
+         run: Optional[dict] = None) -> str:
     """Write step_N (every rank calls: the gathers are collectives); returns its path.
     ``chunks``: the model chunks (virtual pipeline stages) this rank holds, usually one;
     ``model_dtype``: the model weights' dtype on disk (default the parameters'; the optimizer
-    state is fp32 whatever it is)."""
+    state is fp32 whatever it is); ``run``: what trainer_state.json records of the run (its
+    ``run_id``, ``recipe``, ``versions``, ``data_fingerprint``)."""
     from mm_parallel import comm
 
+    run = dict(run or {})
     root = os.path.join(out, "checkpoints")
     final, tmp = os.path.join(root, f"step_{step}"), os.path.join(root, f".step_{step}.tmp")
-    if topo.rank == 0:
+    try:
+        if topo.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+        if topo.world_size > 1:
+            comm.barrier(topo.world)
+        chunks[0].save_pretrained(os.path.join(tmp, "model"), chunks, dtype=model_dtype)
+        if lora is not None:
+            chunks[0].save_adapter(os.path.join(tmp, "adapters"), lora, chunks)
+        optimizer.save(tmp, _names(chunks, optimizer))  # one file per pipeline stage; waits for every stage
+        if topo.rank == 0:
+            _write_state(tmp, step, data_state, topo, run)
+            write_manifest(tmp)  # last: a folder without it is not a checkpoint
+            _fsync_tree(tmp)
+            _put_in_place(tmp, final)
+            _prune(root, keep, run.get("run_id"))
+    except OSError as error:  # a full disk, a quota, a read-only mount: nothing half-written stays
         shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    if topo.world_size > 1:
-        comm.barrier(topo.world)
-    chunks[0].save_pretrained(os.path.join(tmp, "model"), chunks, dtype=model_dtype)
-    if lora is not None:
-        chunks[0].save_adapter(os.path.join(tmp, "adapters"), lora, chunks)
-    optimizer.save(tmp, _names(chunks, optimizer))  # one file per pipeline stage; waits for every stage
-    if topo.rank == 0:
-        state = {"step": step, "data": data_state,
-                 "layout": {"world_size": topo.world_size, "tp": topo.tp.size, "pp": topo.pp.size, "dp": topo.dp.size}}
-        with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
-            json.dump(state, f, indent=2)
-        _fsync_tree(tmp)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        _prune(root, keep)
+        kept = [os.path.basename(f) for _, f in _steps(root)]
+        raise RuntimeError(f"checkpoint step_{step} could not be written ({error}); its partial folder was removed "
+                           f"and the earlier checkpoints are untouched ({', '.join(kept) or 'none'}): free space "
+                           f"under {root}, lower checkpoint.keep or raise checkpoint.every") from error
     if topo.world_size > 1:
         comm.barrier(topo.world)
     return final
 
 
-def _prune(root: str, keep: int) -> None:
-    steps = sorted((int(m.group(1)), name) for name in os.listdir(root) if (m := _STEP.match(name)))
-    for _, name in steps[:-keep] if keep > 0 else []:
-        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    for name in os.listdir(root):  # leftovers of interrupted saves
-        if name.endswith(".tmp"):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+def _write_state(folder: str, step: int, data_state, topo, run: dict) -> None:
+    recipe = run.pop("recipe", None)
+    state = {"step": step, "data": data_state,
+             "layout": {"world_size": topo.world_size, "tp": topo.tp.size, "pp": topo.pp.size, "dp": topo.dp.size},
+             **run}
+    with open(os.path.join(folder, TRAINER_STATE), "w") as f:
+        json.dump(state, f, indent=2)
+    if recipe is not None:
+        with open(os.path.join(folder, RECIPE), "w") as f:
+            json.dump(recipe, f, indent=2, default=str)
+
+
+def _put_in_place(tmp: str, final: str) -> None:
+    """Rename ``tmp`` to ``final``; an existing ``final`` steps aside first (never neither)."""
+    root = os.path.dirname(final)
+    old = os.path.join(root, f".{os.path.basename(final)}.old")
+    if os.path.exists(final):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def trainer_state(folder: str) -> dict:
+    with open(os.path.join(folder, TRAINER_STATE)) as f:
+        return json.load(f)
+
+
+def saved_recipe(folder: str) -> Optional[dict]:
+    path = os.path.join(folder, RECIPE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _prune(root: str, keep: int, run_id: Optional[str]) -> None:
+    """Keep this run's newest ``keep`` checkpoints (all when keep <= 0) and drop its broken ones (a
+    file missing or of the wrong size: a resume skipped them); other runs' are not touched."""
+    if keep <= 0:
+        return
+    mine = [folder for _, folder in _steps(root) if _run_id(folder) == run_id]
+    whole = [folder for folder in mine if verify(folder, hashes=False) is None]
+    for folder in [f for f in mine if f not in whole] + whole[keep:]:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_id(folder: str) -> Optional[str]:
+    try:
+        return trainer_state(folder).get("run_id")
+    except (OSError, ValueError):
+        return None
 
 
 def load_optimizer(folder: str, chunks, optimizer) -> int:
     """Set the optimizer (and through its master weights the parameters) from step_N; returns
     the step to continue from."""
     optimizer.load(folder, _names(chunks, optimizer))
-    with open(os.path.join(folder, "trainer_state.json")) as f:
-        return int(json.load(f)["step"])
+    return int(trainer_state(folder)["step"])

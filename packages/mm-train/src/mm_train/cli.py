@@ -1,6 +1,6 @@
 """The ``mm-train`` command.
 
-    mm-train run [RECIPE] [--set section.key=value ...] [--nproc N] [--resume]
+    mm-train run [RECIPE] [--set section.key=value ...] [--nproc N] [--resume | --resume-from DIR] [--overwrite]
     mm-train launch [RECIPE] --nnodes 2 --node-rank R --master-addr ADDR --master-port P [--nproc-per-node N]
     mm-train recipes
     mm-train convert ...
@@ -33,8 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                      help="override a recipe field, e.g. --set parallel.tp=2 --set train.steps=4 (repeatable)")
     run.add_argument("--nproc", type=int, default=1, help="local processes; > 1 starts msrun (default 1)")
-    run.add_argument("--resume", action="store_true",
-                     help="continue from the newest complete checkpoint in output_dir (any layout may resume it)")
+    _run_folder_options(run)
     run.add_argument("--no-progress", action="store_true", help="no progress line (metrics.jsonl is still written)")
     run.add_argument("--timeout", type=float, default=24 * 3600.0,
                      help="with --nproc > 1: stop every worker after this many seconds (default a day)")
@@ -50,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--master-addr", required=True, help="address of node 0 (msrun's scheduler)")
     launch.add_argument("--master-port", type=int, required=True, help="port of the scheduler on node 0")
     launch.add_argument("--nproc-per-node", type=int, default=1, help="workers on this machine (default 1)")
-    launch.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    _run_folder_options(launch)
     launch.add_argument("--no-progress", action="store_true", help="no progress line")
     launch.add_argument("--timeout", type=float, default=24 * 3600.0, help="stop this node's workers after this long")
     launch.add_argument("--cluster-timeout", type=int, default=600,
@@ -61,6 +60,17 @@ def _parser() -> argparse.ArgumentParser:
 
     convert.add_parser(commands)
     return parser
+
+
+def _run_folder_options(parser) -> None:
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the newest checkpoint in output_dir that verifies (any layout may resume "
+                             "it)")
+    parser.add_argument("--resume-from", metavar="CHECKPOINT",
+                        help="continue from this checkpoint folder (OUT/checkpoints/step_N)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start over in an output_dir that holds another run: its checkpoints and metrics are "
+                             "removed first")
 
 
 def _recipes(args) -> int:
@@ -78,17 +88,19 @@ def _recipes(args) -> int:
 
 def _run(args) -> int:
     from mm_train.recipe import check_layout, load_recipe
+    from mm_train.run_folder import check_unclaimed
 
     recipe = load_recipe(args.recipe, args.overrides)
     in_launch = "RANK_ID" in os.environ  # a worker msrun started
+    if not in_launch:  # refused here, before any process starts
+        check_layout(recipe, args.nproc)
+        check_unclaimed(recipe.output_dir, args.resume or bool(args.resume_from), args.overwrite)
     if args.nproc > 1 and not in_launch:
-        check_layout(recipe, args.nproc)  # refused here, before any process starts
         return _launch(args)
-    if args.nproc == 1 and not in_launch:
-        check_layout(recipe, 1)
     from mm_train import loop
 
-    metrics = loop.train(recipe, progress=not args.no_progress, resume=args.resume)
+    metrics = loop.train(recipe, progress=not args.no_progress, resume=args.resume, resume_from=args.resume_from,
+                         overwrite=args.overwrite)
     if metrics and os.environ.get("RANK_ID", "0") == "0":
         first, last = metrics[0]["loss"], metrics[-1]["loss"]
         bad = loop.bad_sample_count(recipe.output_dir)
@@ -104,7 +116,8 @@ def _worker_argv(args, world: int) -> List[str]:
     for override in args.overrides:
         argv += ["--set", override]
     argv += ["--nproc", str(world)] + (["--resume"] if args.resume else []) + \
-        (["--no-progress"] if args.no_progress else [])
+        (["--resume-from", args.resume_from] if args.resume_from else []) + \
+        (["--overwrite"] if args.overwrite else []) + (["--no-progress"] if args.no_progress else [])
     return argv
 
 
@@ -138,7 +151,11 @@ def _launch_node(args) -> int:
 
     if not 0 <= args.node_rank < args.nnodes:
         raise ValueError(f"--node-rank {args.node_rank} is not in 0 .. {args.nnodes - 1}")
-    check_layout(load_recipe(args.recipe, args.overrides), args.nnodes * args.nproc_per_node)
+    from mm_train.run_folder import check_unclaimed
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    check_layout(recipe, args.nnodes * args.nproc_per_node)
+    check_unclaimed(recipe.output_dir, args.resume or bool(args.resume_from), args.overwrite)
     return _launch(args, args.nnodes, args.node_rank, args.master_addr, args.master_port, args.cluster_timeout)
 
 

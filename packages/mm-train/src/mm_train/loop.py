@@ -30,7 +30,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from mm_train import checkpoint
+from mm_train import checkpoint, run_folder
 from mm_train.recipe import Recipe, check_layout
 from mm_train.task import Task
 
@@ -148,10 +148,12 @@ def _loss_curve(metrics: List[Dict], path: str) -> Optional[str]:
 
 
 def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progress: bool = True,
-          resume: bool = False) -> List[Dict]:
+          resume: bool = False, resume_from: Optional[str] = None, overwrite: bool = False) -> List[Dict]:
     """Run the recipe's task (``make_task(recipe, topology)``, by default its family's); returns
     the metrics of the steps run (rank 0 also writes them). With ``resume``, continue from the
-    newest complete checkpoint in output_dir (if any), whatever layout wrote it."""
+    newest checkpoint in output_dir that verifies (if any), whatever layout wrote it; with
+    ``resume_from``, from that checkpoint folder. An output_dir holding another run's checkpoints
+    or metrics is refused unless resuming or ``overwrite`` (mm_train.run_folder)."""
     import mindspore as ms
 
     import mm_parallel
@@ -163,16 +165,14 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
     ms.set_seed(recipe.train.seed)
     task = (make_task or recipe.family.task_class())(recipe, topo)
     out = recipe.output_dir
-    resume_from = checkpoint.latest(out) if resume else None
+    run = run_folder.start(recipe, task, topo, resume, resume_from, overwrite)
+    resume_from = run.resume_from
     chunks, lora = build_model(task, recipe, topo, resume_from)
     moe = any(mm_parallel.moe.moe_layers(chunk) for chunk in chunks)  # looked up once, not per step
     policy = recipe.train.precision_policy()
     optimizer = mm_parallel.DistributedOptimizer(chunks[0] if len(chunks) == 1 else chunks,
                                                  policy.optimizer_config(recipe.optim), topo)
     first = checkpoint.load_optimizer(resume_from, chunks, optimizer) if resume_from else 0
-    if resume and topo.rank == 0:
-        print(f"mm-train: resuming from {resume_from} (step {first})" if resume_from else
-              f"mm-train: --resume found no complete checkpoint in {out}; starting at step 0", file=sys.stderr)
     params = [p for chunk in chunks for p in chunk.trainable_params()]
     # the loss times the loss scale (1 unless fp16 / a static scale) is what is differentiated
     grad_fn = ms.value_and_grad(lambda batch: optimizer.scale_loss(chunks[0](**batch).loss), None, params)
@@ -189,8 +189,10 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
     bad_in_a_row = skipped_total = 0
     profiler, meter = _profiler(recipe, topo), None
     stream = task.stream(first)
+    watchdog = _watchdog(recipe, topo)
     try:
         for step in range(first, recipe.train.steps):
+            comm.watchdog.set_step(step + 1)
             if profiler is not None:
                 profiler.before_step(step + 1)
             start = time.perf_counter()
@@ -242,9 +244,12 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
                                    f"gradient and were skipped ({skipped_total} in all); lower optim.lr, check the "
                                    "data, or raise train.max_nonfinite_steps")
             if every and ((step + 1) % every == 0 or step + 1 == recipe.train.steps):
-                checkpoint.save(out, step + 1, chunks, optimizer, topo, lora, recipe.checkpoint.keep,
-                                data_state=task.position(step + 1), model_dtype=recipe.checkpoint.save_dtype)
+                with watchdog.paused():  # the others wait while rank 0 writes and hashes
+                    checkpoint.save(out, step + 1, chunks, optimizer, topo, lora, recipe.checkpoint.keep,
+                                    data_state=task.position(step + 1), model_dtype=recipe.checkpoint.save_dtype,
+                                    run=run.record)
     finally:
+        watchdog.stop()
         stream.close()
         if profiler is not None:
             profiler.close()
@@ -299,6 +304,23 @@ def bad_sample_count(out: str) -> int:
         return 0
     with open(path) as f:
         return sum(1 for line in f if line.strip())
+
+
+def _watchdog(recipe: Recipe, topo):
+    """The collective watchdog of the training steps (mm_parallel.comm.watchdog): a wait past
+    train.collective_timeout ends the run with who waited where and which rank never came
+    (heartbeats in OUT/logs/heartbeat). Inactive on one process or with a timeout of 0."""
+    from mm_parallel.comm.watchdog import HANG_EXIT_CODE, Watchdog
+
+    def stop(report: str) -> None:
+        print(f"mm-train: the run stopped: collective timeout: {report}", file=sys.stderr, flush=True)
+        os._exit(HANG_EXIT_CODE)
+
+    watchdog = Watchdog(topo.rank, recipe.train.collective_timeout or 1.0,
+                        os.path.join(recipe.output_dir, "logs", "heartbeat"), on_hang=stop)
+    if topo.world_size > 1 and recipe.train.collective_timeout > 0:
+        watchdog.start()
+    return watchdog
 
 
 def _profiler(recipe: Recipe, topo):

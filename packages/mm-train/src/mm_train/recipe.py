@@ -73,11 +73,16 @@ class TrainSection:
     max_nonfinite_steps: int = 3  # this many skipped steps in a row (nan / inf loss or gradient) stop the run
     precision: str = "fp32"  # bf16 | fp16 | fp32: parameters and activations (mm_parallel.precision)
     grad_dtype: str = "fp32"  # what micro-batch gradients are summed in: fp32 (Megatron's main_grad) or bf16
+    # a collective waiting this long during a step stops the run, naming the rank that never came (0: never)
+    collective_timeout: float = 600.0
 
     def __post_init__(self):
         for name in ("steps", "global_batch_size", "micro_batch_size", "log_every", "max_nonfinite_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.collective_timeout < 0:
+            raise ValueError(f"train.collective_timeout must be >= 0 seconds (0: no timeout), "
+                             f"got {self.collective_timeout}")
         if self.precision not in ("bf16", "fp16", "fp32"):
             raise ValueError(f"train.precision must be bf16, fp16 or fp32, got {self.precision!r}")
         if self.grad_dtype not in ("fp32", self.precision):

@@ -41,6 +41,8 @@ class Task(Protocol):
 
     def bad_samples(self) -> List[Tuple[str, str]]: ...  # (source, reason) of every sample this rank skipped
 
+    def data_files(self) -> Tuple[List[str], List[str]]: ...  # (annotation files, media files): the fingerprint
+
 
 class MicroBatches:
     """Collate a rank's share of a step into consecutive micro-batches of ``size`` samples."""
@@ -128,6 +130,11 @@ class FamilyTask:
 
     def flops_per_sample(self, model, batch: Dict) -> float:
         return model.flops(batch)
+
+    def data_files(self) -> Tuple[List[str], List[str]]:
+        """(annotation files, media files) the data set reads (mm_train.data_fingerprint); a family
+        that lists none has no fingerprint and its resumed runs are not checked."""
+        return [], []
 
     def bad_samples(self) -> List[Tuple[str, str]]:
         """The samples this rank's data set skipped (mm-data's BadInputLog), in the order met."""

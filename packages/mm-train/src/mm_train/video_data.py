@@ -137,13 +137,15 @@ class WanTrainData:
         data, train = recipe.data, recipe.train
         self.i2v = i2v  # an I2V DiT (its config has an image_dim)
         self.online = data.online and data.kind != "video_features"
+        self.cache_folder = None
         if self.online:  # clips decoded and encoded every step (random crops and clip starts)
             source = _Source(recipe, topo, self.i2v)
+            self.annotations = source.annotations
             self.dataset = source.dataset(random_crop=True, caption_dropout=data.caption_dropout, seed=train.seed)
             self.encoders, self.null_embeds = source.encoders(), None
         else:
             folder = data.path if data.kind == "video_features" else self._encode(_Source(recipe, topo, self.i2v), topo)
-            self.dataset = FeatureDataset(folder)
+            self.dataset, self.cache_folder = FeatureDataset(folder), folder
             if self.i2v and "condition" not in self.dataset.entries[0]["features"]:
                 raise ValueError(f"the feature cache {folder} has no I2V features (image_embeds, condition); build "
                                  "it for an I2V model (data.image_encoder)")
@@ -156,6 +158,14 @@ class WanTrainData:
                                           keys=self.dataset.keys, seed=train.seed)
         d = recipe.diffusion
         self.schedule = FlowMatchingSchedule(d.num_train_timesteps, d.shift)
+
+    def files(self):
+        """(annotation files, media files) of what is trained on: the clips, or the feature cache."""
+        if self.cache_folder is None:
+            return [self.annotations], [record.path for record in self.dataset.records]
+        names = sorted(os.listdir(self.cache_folder))
+        return ([os.path.join(self.cache_folder, n) for n in names if n.endswith(".jsonl")],
+                [os.path.join(self.cache_folder, n) for n in names if n.endswith(".safetensors")])
 
     @staticmethod
     def _encode(source: _Source, topo) -> str:

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import List, Optional
 
 # what mm_train.loop / cli print while a run goes well; a failure's own line is shown by report_failure, last
-OWN_LINES = ("step ", "loss ", "mm-train: resuming", "mm-train: --resume")
+OWN_LINES = ("step ", "loss ", "mm-train: resuming", "mm-train: --resume", "mm-train: --overwrite",
+             "mm-train: skipping checkpoint", "mm-train: restored", "mm-train: removed")
 
 
 class LogRelay:

@@ -2,7 +2,8 @@
 
 Every function returns a result and leaves its input alone. A group of size one is the identity:
 the input comes back as it is and nothing is communicated. Shapes are checked before anything is
-sent, so a bad shape raises ValueError on every rank instead of hanging one of them.
+sent, so a bad shape raises ValueError on every rank instead of hanging one of them. Every call
+is noted for `mm_parallel.comm.watchdog` (a wait past a timeout names the rank that never came).
 These functions are not differentiable; `mm_parallel.mappings` wraps them with their backward.
 
     all_reduce(x, g, op)        every rank gets op(x_0, ..., x_{n-1})          op: sum avg max min
@@ -25,6 +26,7 @@ from typing import Optional, Sequence
 import mindspore as ms
 
 from mm_parallel.comm.base import Backend
+from mm_parallel.comm.watchdog import watched
 from mm_parallel.topology import Group, get_topology
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
@@ -88,7 +90,7 @@ def all_reduce(x, group: Optional[Group] = None, op: str = "sum"):
     _check_op(x, op)
     if group.size == 1:
         return x
-    out = get_backend().all_reduce(x, group, "sum" if op == "avg" else op)
+    out = watched("all_reduce", group.ranks, get_backend().all_reduce, x, group, "sum" if op == "avg" else op)
     return out / group.size if op == "avg" else out
 
 
@@ -98,7 +100,7 @@ def all_gather(x, group: Optional[Group] = None, dim: int = 0):
     dim = _dim(x, dim, "all_gather")
     if group.size == 1:
         return x
-    return get_backend().all_gather(x, group, dim)
+    return watched("all_gather", group.ranks, get_backend().all_gather, x, group, dim)
 
 
 def reduce_scatter(x, group: Optional[Group] = None, dim: int = 0, op: str = "sum"):
@@ -109,7 +111,8 @@ def reduce_scatter(x, group: Optional[Group] = None, dim: int = 0, op: str = "su
     _divisible(x, dim, group.size, "reduce_scatter")
     if group.size == 1:
         return x
-    out = get_backend().reduce_scatter(x, group, dim, "sum" if op == "avg" else op)
+    out = watched("reduce_scatter", group.ranks, get_backend().reduce_scatter, x, group, dim,
+                  "sum" if op == "avg" else op)
     return out / group.size if op == "avg" else out
 
 
@@ -122,7 +125,7 @@ def all_to_all(x, group: Optional[Group] = None, scatter_dim: int = 0, gather_di
     _divisible(x, scatter_dim, group.size, "all_to_all")
     if group.size == 1:
         return x
-    return get_backend().all_to_all(x, group, scatter_dim, gather_dim)
+    return watched("all_to_all", group.ranks, get_backend().all_to_all, x, group, scatter_dim, gather_dim)
 
 
 def all_to_all_v(x, group: Optional[Group], send_sizes: Sequence[int], recv_sizes: Sequence[int],
@@ -148,7 +151,8 @@ def all_to_all_v(x, group: Optional[Group], send_sizes: Sequence[int], recv_size
                              f"{send_sizes} / receive sizes {recv_sizes}")
     if group.size == 1:
         return x
-    return get_backend().all_to_all_v(x, group, send_sizes, recv_sizes, all_sizes)
+    return watched("all_to_all_v", group.ranks, get_backend().all_to_all_v, x, group, send_sizes, recv_sizes,
+                   all_sizes)
 
 
 def broadcast(x, src: int, group: Optional[Group] = None):
@@ -157,14 +161,14 @@ def broadcast(x, src: int, group: Optional[Group] = None):
     group.group_rank_of(src)
     if group.size == 1:
         return x
-    return get_backend().broadcast(x, src, group)
+    return watched("broadcast", group.ranks, get_backend().broadcast, x, src, group)
 
 
 def barrier(group: Optional[Group] = None):
     """Return once every member has arrived."""
     group = _group(group)
     if group.size > 1:
-        get_backend().barrier(group)
+        watched("barrier", group.ranks, get_backend().barrier, group)
 
 
 def _me() -> int:
@@ -173,12 +177,14 @@ def _me() -> int:
 
 def send(x, dst: int):
     """Send ``x`` to global rank ``dst``, which must call ``recv`` with the same shape and dtype."""
-    get_backend().send(x, dst, _me())
+    me = _me()
+    watched("send", sorted((me, dst)), get_backend().send, x, dst, me)
 
 
 def recv(shape: Sequence[int], dtype, src: int):
     """Receive from global rank ``src`` the tensor it passes to ``send``."""
-    return get_backend().recv(tuple(shape), dtype, src, _me())
+    me = _me()
+    return watched("recv", sorted((me, src)), get_backend().recv, tuple(shape), dtype, src, me)
 
 
 def exchange(x, peer: int, recv_shape: Optional[Sequence[int]] = None):
@@ -187,7 +193,8 @@ def exchange(x, peer: int, recv_shape: Optional[Sequence[int]] = None):
     Both sides call it together; the two tensors may differ in shape but not in dtype.
     """
     recv_shape = tuple(x.shape if recv_shape is None else recv_shape)
-    return get_backend().exchange(x, peer, _me(), recv_shape)
+    me = _me()
+    return watched("exchange", sorted((me, peer)), get_backend().exchange, x, peer, me, recv_shape)
 
 
 def send_recv(x, dst: int, src: int, group: Group, recv_shape: Optional[Sequence[int]] = None):
@@ -198,14 +205,14 @@ def send_recv(x, dst: int, src: int, group: Group, recv_shape: Optional[Sequence
     recv_shape = tuple(x.shape if recv_shape is None else recv_shape)
     if group.size == 1:
         return x
-    return get_backend().send_recv(x, dst, src, group, recv_shape)
+    return watched("send_recv", group.ranks, get_backend().send_recv, x, dst, src, group, recv_shape)
 
 
 def ring_shift(x, group: Group, offset: int = 1):
     """Member i receives the ``x`` of member (i - offset) mod n: K/V passing in ring attention."""
     if group.size == 1 or offset % group.size == 0:
         return x
-    return get_backend().ring_shift(x, group, offset)
+    return watched("ring_shift", group.ranks, get_backend().ring_shift, x, group, offset)
 
 
 __all__ = [

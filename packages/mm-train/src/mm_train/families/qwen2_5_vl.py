@@ -72,6 +72,7 @@ class VLTask(FamilyTask):
             annotations, tokenizer_path = os.path.join(folder, "data.json"), os.path.join(folder, "tokenizer.json")
         else:
             annotations, tokenizer_path = data.path, data.tokenizer or recipe.model.path
+        self.annotations = annotations
         self.tokenizer = load_tokenizer(tokenizer_path, pad_token="<|endoftext|>", eos_token="<|im_end|>")
         pixels = {k: v for k, v in (("min_pixels", data.min_pixels), ("max_pixels", data.max_pixels)) if v}
         image_processor, video_processor = self.processors(pixels)
@@ -84,6 +85,10 @@ class VLTask(FamilyTask):
         par = recipe.parallel  # sequences cut into equal parts: 2 per cp rank (load-balanced ring), tp under sp
         self.collate = self.dataset.collator((2 * par.cp if par.cp > 1 else 1) *
                                              (par.tp if par.sequence_parallel else 1))
+
+    def data_files(self):
+        media = [p for c in self.dataset.conversations for p in c.images + c.videos + c.audios if "://" not in p]
+        return [self.annotations], media
 
     def token_ids(self) -> dict:
         """Vocabulary size (rounded up to 64, so any tp up to 64 divides it) and special-token ids

@@ -79,6 +79,9 @@ class WanTask(FamilyTask):
         super().plan(model, lora)
         self.patch_size = tuple(model.config.patch_size)
 
+    def data_files(self):
+        return self.data.files()
+
     def stream(self, first_step: int):
         """The shared loader's micro-batches of features as flow-matching forward keywords."""
         features = super().stream(first_step)

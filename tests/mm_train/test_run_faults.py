@@ -1,0 +1,60 @@
+"""Faults of a multi-process run (the toy family, 2 workers): a rank that stops entering
+collectives ends the run within train.collective_timeout, naming the waiting rank, the step, the
+collective and the rank that never came; killing the launcher (kill -9) leaves no worker behind."""
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from test_families import toy_cli
+
+pytestmark = pytest.mark.distributed
+
+
+def test_a_rank_that_stops_entering_collectives_is_named_within_the_timeout(tmp_path):
+    start = time.time()
+    result = toy_cli("run", "toy_tiny", "--nproc", "2", "--no-progress", "--set", "train.steps=50",
+                     "--set", "train.collective_timeout=8", "--set", "data.stall_rank=1",
+                     "--set", "data.stall_at_step=3", "--set", f"output_dir={tmp_path / 'out'}", timeout=300)
+    elapsed = time.time() - start
+    assert result.returncode != 0, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("mm-train: the run stopped: collective timeout: rank 0 waited"), result.stderr[-3000:]
+    assert "over ranks [0,1] at step 3" in last and "rank 1 stopped entering collectives" in last, last
+    assert "is at step 3 in no collective" in last, last
+    assert elapsed < 150, elapsed  # msrun start (~20 s) + 2 steps + the 8 s timeout + the shutdown
+
+
+def test_killing_the_launcher_stops_every_worker(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "MM_TRAIN_FAMILIES": "toy_family",
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    from test_families import shutil, sys
+
+    command = shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
+    launcher = subprocess.Popen([command, "run", "toy_tiny", "--nproc", "2", "--no-progress",
+                                 "--set", "train.steps=100000", "--set", f"output_dir={out}"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids = out / "logs" / "node_0" / "pids"
+    deadline = time.time() + 200
+    while time.time() < deadline and not (out / "metrics.jsonl").exists():
+        time.sleep(0.5)
+    assert (out / "metrics.jsonl").exists(), "the run never started training"
+    workers = [int((pids / f"rank_{r}.pid").read_text()) for r in (0, 1)] + [int((pids / "scheduler.pid").read_text())]
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    deadline = time.time() + 30
+    while time.time() < deadline and any(_alive(pid) for pid in workers):
+        time.sleep(0.5)
+    assert not any(_alive(pid) for pid in workers), [pid for pid in workers if _alive(pid)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited; only its parent has not read its status
+        return f.read().split(")")[-1].split()[0] != "Z"
