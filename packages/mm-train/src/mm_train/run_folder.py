@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from importlib import metadata
@@ -111,7 +112,6 @@ def resume_changes(saved: Optional[dict], current: dict) -> Tuple[List[str], Lis
     return refused, noted
 
 
-
 @dataclass
 class RunStart:
     """What `start` settled: the checkpoint to resume (None: step 0) and what every checkpoint of
@@ -137,6 +137,7 @@ def start(recipe, task, topo, resume: bool = False, resume_from: Optional[str] =
     if step == _REFUSED:
         if topo.rank == 0:
             raise problem
+        time.sleep(2.0)  # rank 0 stops first, so its reason is the account the launcher shows
         raise ValueError("rank 0 refused to start the run (its log says why)")
     folder = None if step < 0 else resume_from or os.path.join(out, "checkpoints", f"step_{step}")
     return RunStart(folder, record)
