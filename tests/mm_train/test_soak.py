@@ -53,9 +53,13 @@ def test_kill_and_resume_for_half_an_hour_gives_the_uninterrupted_curve(tmp_path
             proc.wait(timeout=rng.uniform(0.5, 1.5) * KILL_EVERY)
         except subprocess.TimeoutExpired:
             victim = rng.choice(["rank_0", "rank_1", "launcher"])
-            pid = proc.pid if victim == "launcher" else \
-                int((out / "logs" / "node_0" / "pids" / f"{victim}.pid").read_text())
-            os.kill(pid, signal.SIGKILL)
+            try:
+                pid = proc.pid if victim == "launcher" else \
+                    int((out / "logs" / "node_0" / "pids" / f"{victim}.pid").read_text())
+                os.kill(pid, signal.SIGKILL)
+            except (FileNotFoundError, ProcessLookupError):  # that worker is not up (yet): kill the launcher
+                victim = "launcher"
+                os.kill(proc.pid, signal.SIGKILL)
             kills.append((victim, last_step(out)))
             proc.communicate(timeout=120)
             time.sleep(2)  # the workers of a killed launcher die with it (prctl), give them a moment
