@@ -18,11 +18,17 @@ TRAIN = ROOT / "packages" / "mm-train" / "src" / "mm_train"
 FAMILY_WORDS = re.compile(r"qwen|cogvideo|\bwan(2|_|\b)|umt5|llamafactory|tiny_vl|tiny_video", re.I)
 
 
-def toy_cli(*args, timeout=600):
+def toy_command(*args):
+    """(argv, env) of `mm-train ARGS` with the toy family importable."""
     command = shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
     env = {**os.environ, "MM_TRAIN_FAMILIES": "toy_family",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([command, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    return [command, *args], env
+
+
+def toy_cli(*args, timeout=600):
+    argv, env = toy_command(*args)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def losses(out):

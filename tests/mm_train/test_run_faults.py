@@ -8,7 +8,7 @@ import subprocess
 import time
 
 import pytest
-from test_families import toy_cli
+from test_families import toy_cli, toy_command
 
 pytestmark = pytest.mark.distributed
 
@@ -29,14 +29,9 @@ def test_a_rank_that_stops_entering_collectives_is_named_within_the_timeout(tmp_
 
 def test_killing_the_launcher_stops_every_worker(tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, "MM_TRAIN_FAMILIES": "toy_family",
-           "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
-    from test_families import shutil, sys
-
-    command = shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
-    launcher = subprocess.Popen([command, "run", "toy_tiny", "--nproc", "2", "--no-progress",
-                                 "--set", "train.steps=100000", "--set", f"output_dir={out}"],
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv, env = toy_command("run", "toy_tiny", "--nproc", "2", "--no-progress", "--set", "train.steps=100000",
+                            "--set", f"output_dir={out}")
+    launcher = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pids = out / "logs" / "node_0" / "pids"
     deadline = time.time() + 200
     while time.time() < deadline and not (out / "metrics.jsonl").exists():

@@ -10,12 +10,14 @@ time) are printed.
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
-from test_run import mm_train, shutil, sys
+from test_run import mm_train
 
 pytestmark = [pytest.mark.soak, pytest.mark.distributed]
 
