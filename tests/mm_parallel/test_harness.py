@@ -43,6 +43,13 @@ def pid():
     return os.getpid()
 
 
+def large_result(n):
+    import mm_parallel
+
+    topo = mm_parallel.initialize()
+    return {"rank": topo.rank, "names": [f"model.layers.{i}.mlp.weight" for i in range(n)]}
+
+
 @pytest.fixture(params=["pool", "fresh"])
 def launcher(request, run_distributed):
     """The session's pooled runner, or a launch of its own per call."""
@@ -55,6 +62,15 @@ def test_results_come_back_by_rank(launcher):
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["world"] == 2 for r in results)
     np.testing.assert_array_equal(results[1]["array"], [0, 2, 4])
+
+
+def test_a_large_result_is_read_whole(launcher):
+    """A result of megabytes: the pool polls for result files, so a worker must publish them whole
+    (a direct write was once read at its first 16 KiB)."""
+    for _ in range(3):
+        results = launcher(large_result, nproc=2, timeout=120, n=200_000)
+        assert [r["rank"] for r in results] == [0, 1]
+        assert all(len(r["names"]) == 200_000 and r["names"][-1] == "model.layers.199999.mlp.weight" for r in results)
 
 
 def test_a_raising_rank_fails_fast_with_its_traceback(launcher):

@@ -70,11 +70,19 @@ def run_job(spec: dict) -> int:
         for part in spec["function"].split("."):
             fn = getattr(fn, part)
         result = fn(**spec["kwargs"])
-        (out / f"rank{rank}.json").write_text(json.dumps(encode(result)))
+        _publish(out / f"rank{rank}.json", json.dumps(encode(result)))
         return 0
     except BaseException:
-        (out / f"rank{rank}.error").write_text(traceback.format_exc())
+        _publish(out / f"rank{rank}.error", traceback.format_exc())
         return 1
+
+
+def _publish(path: Path, text: str) -> None:
+    """Write ``path`` so that it appears whole: the pool polls for it and reads it at once (a
+    direct write was once read at its first 16 KiB and failed a CI run with a JSON error)."""
+    staged = path.with_name(f".{path.name}.tmp")
+    staged.write_text(text)
+    staged.rename(path)
 
 
 if __name__ == "__main__":
