@@ -6,7 +6,7 @@ import json
 import os
 
 import pytest
-from test_run import mm_train
+from train_runs import train
 
 pytestmark = pytest.mark.distributed
 
@@ -18,29 +18,28 @@ def losses(out):
         return [json.loads(line)["loss"] for line in f]
 
 
-def run(out, steps, *extra, data):
-    result = mm_train("run", *SHORT, "--set", f"train.steps={steps}", "--set", f"output_dir={out}", *extra, data=data)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+def run(run_distributed, out, steps, *extra, data, nproc=1):
+    """What rank 0 printed training the default recipe into ``out`` (train_runs.train)."""
+    return train(run_distributed, *SHORT, "--set", f"train.steps={steps}", "--set", f"output_dir={out}", *extra,
+                 nproc=nproc, data=data)
 
 
-def test_resume_same_layout_bit_exact_and_across_layouts(tmp_path):
+def test_resume_same_layout_bit_exact_and_across_layouts(tmp_path, run_distributed):
     data = tmp_path / "data"
-    run(tmp_path / "whole", 6, data=data)
+    run(run_distributed, tmp_path / "whole", 6, data=data)
     whole = losses(tmp_path / "whole")
 
-    run(tmp_path / "same", 3, data=data)
-    resumed = run(tmp_path / "same", 6, "--resume", data=data)
+    run(run_distributed, tmp_path / "same", 3, data=data)
+    resumed = run(run_distributed, tmp_path / "same", 6, "--resume", data=data)
     assert losses(tmp_path / "same") == whole  # bit for bit
-    assert f"resuming from {tmp_path / 'same' / 'checkpoints' / 'step_3'} (step 3)" in resumed.stderr
+    assert f"resuming from {tmp_path / 'same' / 'checkpoints' / 'step_3'} (step 3)" in resumed
 
-    layouts = {"tp2_to_1": (["--nproc", "2", "--set", "parallel.tp=2"], []),
-               "dp2_zero1_to_1": (["--nproc", "2", "--set", "parallel.zero_stage=1"], []),
-               "1_to_tp2": ([], ["--nproc", "2", "--set", "parallel.tp=2"]),
-               "pp2_to_1": (["--nproc", "2", "--set", "parallel.pp=2"], [])}
-    for name, (before, after) in layouts.items():
-        run(tmp_path / name, 3, *before, data=data)
-        run(tmp_path / name, 6, "--resume", *after, data=data)
+    tp2, one = (2, ["--set", "parallel.tp=2"]), (1, [])
+    layouts = {"tp2_to_1": (tp2, one), "dp2_zero1_to_1": ((2, ["--set", "parallel.zero_stage=1"]), one),
+               "1_to_tp2": (one, tp2), "pp2_to_1": ((2, ["--set", "parallel.pp=2"]), one)}
+    for name, ((nproc_before, before), (nproc_after, after)) in layouts.items():
+        run(run_distributed, tmp_path / name, 3, *before, data=data, nproc=nproc_before)
+        run(run_distributed, tmp_path / name, 6, "--resume", *after, data=data, nproc=nproc_after)
         got = losses(tmp_path / name)
         assert got[:3] == pytest.approx(whole[:3], rel=1e-4), name
         assert got[3:] == pytest.approx(whole[3:], rel=1e-4), name
@@ -133,18 +132,19 @@ def test_a_killed_worker_stops_the_run_and_resume_continues(tmp_path):
     assert "worker rank 1" in err and "died" in err, err[-2000:]
 
     steps = max(int(name.split("_")[1]) for name in os.listdir(out / "checkpoints") if name.startswith("step_"))
-    run(out, steps + 2, "--resume", data=data)
+    run(None, out, steps + 2, "--resume", data=data)
     whole = tmp_path / "whole"
-    run(whole, steps + 2, data=data)
+    run(None, whole, steps + 2, data=data)
     assert losses(out)[-2:] == pytest.approx(losses(whole)[-2:], rel=1e-4)
 
 
-def test_virtual_pipeline_stages_train_like_one_process_and_resume_on_one(tmp_path):
+def test_virtual_pipeline_stages_train_like_one_process_and_resume_on_one(tmp_path, run_distributed):
     """PP2 x VPP2 (4 decoder layers, one per virtual stage; the interleaved schedule) gives the
     losses of one process, and its checkpoint (one model file per virtual stage) resumes there."""
     data, deep = tmp_path / "data", ["--set", "model.config.text_config.num_hidden_layers=4"]
-    run(tmp_path / "single", 6, *deep, data=data)
-    run(tmp_path / "vpp", 3, *deep, "--nproc", "2", "--set", "parallel.pp=2", "--set", "parallel.vpp=2", data=data)
+    run(run_distributed, tmp_path / "single", 6, *deep, data=data)
+    run(run_distributed, tmp_path / "vpp", 3, *deep, "--set", "parallel.pp=2", "--set", "parallel.vpp=2", data=data,
+        nproc=2)
     assert losses(tmp_path / "vpp") == pytest.approx(losses(tmp_path / "single")[:3], rel=1e-4)
-    run(tmp_path / "vpp", 6, *deep, "--resume", data=data)
+    run(run_distributed, tmp_path / "vpp", 6, *deep, "--resume", data=data)
     assert losses(tmp_path / "vpp") == pytest.approx(losses(tmp_path / "single"), rel=1e-4)

@@ -35,26 +35,30 @@ def test_help_everywhere(tmp_path):
         assert result.returncode == 0 and "usage: mm-train" in result.stdout
 
 
-def test_the_default_trains_the_same_under_dp2_tp2_pp2_and_cp2(tmp_path):
+def test_the_default_trains_the_same_under_dp2_tp2_pp2_and_cp2(tmp_path, run_distributed):
+    """dp2 through the launcher (rank 0's lines relayed); the other layouts as its workers run them
+    (train_runs)."""
+    from train_runs import train
+
     short = ["--set", "train.steps=4", "--set", "data.samples=32", "--no-progress"]
-    cp2 = ["--nproc", "2", "--set", "parallel.cp=2", "--set"]
-    runs = {"single": [], "dp2": ["--nproc", "2"], "tp2": ["--nproc", "2", "--set", "parallel.tp=2"],
-            "pp2": ["--nproc", "2", "--set", "parallel.pp=2"], "cp2_ulysses": cp2 + ["parallel.cp_algo=ulysses"],
-            "cp2_ring": cp2 + ["parallel.cp_algo=ring"]}
+    cp2 = ["--set", "parallel.cp=2", "--set"]
+    runs = {"single": (1, []), "tp2": (2, ["--set", "parallel.tp=2"]), "pp2": (2, ["--set", "parallel.pp=2"]),
+            "cp2_ulysses": (2, cp2 + ["parallel.cp_algo=ulysses"]), "cp2_ring": (2, cp2 + ["parallel.cp_algo=ring"])}
     got = {}
-    for name, extra in runs.items():
-        out = tmp_path / name
-        shown = [a for a in short if a != "--no-progress"] if name == "dp2" else short  # dp2 shows its progress
-        result = mm_train("run", *shown, *extra, "--set", f"output_dir={out}", data=tmp_path / "data")
-        assert result.returncode == 0, result.stderr[-3000:]
-        got[name] = losses(out)
-        if name == "dp2":  # rank 0's progress (plain lines: no terminal) and summary, relayed by the launcher
-            lines = result.stderr.splitlines()
-            assert any(line.startswith("step     4/4 [") for line in lines), result.stderr[-2000:]
-            assert any(line.startswith("loss ") and "in 4 steps" in line for line in lines), result.stderr[-2000:]
-            assert "\r" not in result.stderr and "WARNING" not in result.stderr
+    for name, (nproc, extra) in runs.items():
+        train(run_distributed, *short, *extra, "--set", f"output_dir={tmp_path / name}", nproc=nproc,
+              data=tmp_path / "data")
+        got[name] = losses(tmp_path / name)
+    shown = [a for a in short if a != "--no-progress"]  # dp2 shows its progress
+    result = mm_train("run", *shown, "--nproc", "2", "--set", f"output_dir={tmp_path / 'dp2'}", data=tmp_path / "data")
+    assert result.returncode == 0, result.stderr[-3000:]
+    got["dp2"] = losses(tmp_path / "dp2")
+    lines = result.stderr.splitlines()  # rank 0's progress (plain lines: no terminal) and summary, relayed
+    assert any(line.startswith("step     4/4 [") for line in lines), result.stderr[-2000:]
+    assert any(line.startswith("loss ") and "in 4 steps" in line for line in lines), result.stderr[-2000:]
+    assert "\r" not in result.stderr and "WARNING" not in result.stderr
     assert got["single"][-1] < got["single"][0]
-    for name in runs:
+    for name in got:
         assert got[name] == pytest.approx(got["single"], rel=1e-4), (name, got)
     assert (tmp_path / "single" / "loss.png").exists()
 
@@ -82,11 +86,12 @@ def test_a_worker_failure_ends_with_the_workers_own_error_line(tmp_path):
 def test_two_nodes_on_loopback_train_like_one_process(tmp_path):
     """Two `mm-train launch` (node_rank 0 and 1, one worker each, one scheduler port) make a
     data-parallel world of two; the losses equal one process's."""
+    from train_runs import train
+
     from mm_parallel.testing import free_port
 
     short = ["--set", "train.steps=3", "--set", "data.samples=32", "--no-progress"]
-    single = mm_train("run", *short, "--set", f"output_dir={tmp_path / 'single'}", data=tmp_path / "data")
-    assert single.returncode == 0, single.stderr[-3000:]
+    train(None, *short, "--set", f"output_dir={tmp_path / 'single'}", data=tmp_path / "data")
     port = str(free_port())
     command = shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
     env = {**os.environ, "MM_TRAIN_DATA": str(tmp_path / "data")}
@@ -113,13 +118,14 @@ def test_two_nodes_on_loopback_train_like_one_process(tmp_path):
 def test_the_lora_recipe_trains_adapters_and_checkpoints_them(tmp_path):
     from pathlib import Path
 
+    from train_runs import train
+
     import mm_train as package
 
     recipe = Path(package.__file__).with_name("recipes") / "qwen2_5_vl_tiny_lora.yaml"
     out = tmp_path / "lora"
-    result = mm_train("run", str(recipe), "--set", "train.steps=4", "--set", "data.samples=32", "--set",
-                      "checkpoint.every=4", "--set", f"output_dir={out}", "--no-progress", data=tmp_path / "data")
-    assert result.returncode == 0, result.stderr[-3000:]
+    train(None, str(recipe), "--set", "train.steps=4", "--set", "data.samples=32", "--set", "checkpoint.every=4",
+          "--set", f"output_dir={out}", "--no-progress", data=tmp_path / "data")
     got = losses(out)
     assert got[-1] < got[0]
     adapters = json.loads((out / "checkpoints" / "step_4" / "adapters" / "adapter_config.json").read_text())

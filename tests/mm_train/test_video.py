@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from media import write_video
-from test_run import losses, mm_train
+from test_run import losses
+from train_runs import train
 
 pytestmark = pytest.mark.distributed
 
@@ -17,43 +18,43 @@ RECIPES = Path(__file__).resolve().parents[2] / "packages/mm-train/src/mm_train/
 RECIPE = str(RECIPES / "wan2_1_t2v_tiny.yaml")
 
 
-def run(tmp, out, *extra, data, recipe=RECIPE):
-    result = mm_train("run", recipe, "--set", f"data.path={data}", "--set", f"output_dir={out}", "--no-progress",
-                      *extra, data=tmp / "unused")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return losses(out), result.stderr
+def run(run_distributed, out, *extra, data, recipe=RECIPE, nproc=1):
+    """(the losses, what rank 0 printed) of the recipe trained into ``out`` (train_runs.train)."""
+    printed = train(run_distributed, recipe, "--set", f"data.path={data}", "--set", f"output_dir={out}",
+                    "--no-progress", *extra, nproc=nproc, data=out.parent / "unused")
+    return losses(out), printed
 
 
-def test_tiny_t2v_same_losses_under_every_layout_and_resume(tmp_path):
+def test_tiny_t2v_same_losses_under_every_layout_and_resume(tmp_path, run_distributed):
     data, four = tmp_path / "tiny_video", ["--set", "train.steps=4"]
-    single, _ = run(tmp_path, tmp_path / "single", *four, data=data)
+    single, _ = run(run_distributed, tmp_path / "single", *four, data=data)
     assert single[-1] < single[0]
     layouts = {"dp2": [], "tp2_sp": ["--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"],
                "pp2": ["--set", "parallel.pp=2"],
                "cp2_ring": ["--set", "parallel.cp=2", "--set", "parallel.cp_algo=ring"]}
     for name, extra in layouts.items():
-        got, _ = run(tmp_path, tmp_path / name, "--nproc", "2", *four, *extra, data=data)
+        got, _ = run(run_distributed, tmp_path / name, *four, *extra, data=data, nproc=2)
         assert got == pytest.approx(single, rel=1e-4), (name, got, single)
     every = ["--set", "checkpoint.every=2"]
-    run(tmp_path, tmp_path / "resumed", "--nproc", "2", "--set", "parallel.pp=2", "--set", "train.steps=2", *every,
-        data=data)
-    resumed, _ = run(tmp_path, tmp_path / "resumed", *four, *every, "--resume", data=data)
+    run(run_distributed, tmp_path / "resumed", "--set", "parallel.pp=2", "--set", "train.steps=2", *every,
+        data=data, nproc=2)
+    resumed, _ = run(run_distributed, tmp_path / "resumed", *four, *every, "--resume", data=data)
     assert resumed == pytest.approx(single, rel=1e-4)
     state = json.loads((tmp_path / "resumed" / "checkpoints" / "step_4" / "trainer_state.json").read_text())
     assert state["step"] == 4 and state["data"] == {"epoch": 0, "position": 4, "seed": 0, "global_batch_size": 8}
 
 
-def test_tiny_i2v_same_losses_under_tp_sp_pp_and_ulysses(tmp_path):
+def test_tiny_i2v_same_losses_under_tp_sp_pp_and_ulysses(tmp_path, run_distributed):
     """The I2V DiT (image tokens through the added key / value projections, the image's latents
     and mask beside the noise) trains alike on one process, TP2+SP, PP2 and CP2 Ulysses."""
     data, four, recipe = tmp_path / "tiny_video", ["--set", "train.steps=4"], str(RECIPES / "wan2_1_i2v_tiny.yaml")
-    single, _ = run(tmp_path, tmp_path / "single", *four, data=data, recipe=recipe)
+    single, _ = run(run_distributed, tmp_path / "single", *four, data=data, recipe=recipe)
     index = (data / "features-i2v" / "index-r000.jsonl").read_text().splitlines()
     assert set(json.loads(index[0])["features"]) == {"latents", "prompt_embeds", "image_embeds", "condition"}
     layouts = {"tp2_sp": ["--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"],
                "pp2": ["--set", "parallel.pp=2"], "cp2_ulysses": ["--set", "parallel.cp=2"]}
     for name, extra in layouts.items():
-        got, _ = run(tmp_path, tmp_path / name, "--nproc", "2", *four, *extra, data=data, recipe=recipe)
+        got, _ = run(run_distributed, tmp_path / name, *four, *extra, data=data, recipe=recipe, nproc=2)
         assert got == pytest.approx(single, rel=1e-4), (name, got, single)
 
 
@@ -72,7 +73,7 @@ def _encoder_folders(root):
     tokenizer(str(root / "words")).save_pretrained(root / "text_encoder")
 
 
-def test_user_annotations_build_the_cache_and_a_ready_cache_trains(tmp_path):
+def test_user_annotations_build_the_cache_and_a_ready_cache_trains(tmp_path, run_distributed):
     _encoder_folders(tmp_path)
     lines = []
     for i, (frames, height, width, fps) in enumerate([(20, 40, 56, 12), (18, 36, 36, 10), (25, 48, 40, 15)] * 2):
@@ -86,21 +87,22 @@ def test_user_annotations_build_the_cache_and_a_ready_cache_trains(tmp_path):
             "--set", "data.max_area=1024", "--set", "data.text_max_length=8", "--set", "data.max_bad_fraction=0.2",
             "--set", "data.caption_dropout=0", "--set", "train.steps=2", "--set", "train.global_batch_size=2",
             "--set", "train.micro_batch_size=1"]
-    got, log = run(tmp_path, tmp_path / "user", *user, data=tmp_path / "data.jsonl")
-    assert np.isfinite(got).all() and "broken.mp4" in log
+    got, log = run(run_distributed, tmp_path / "user", *user, data=tmp_path / "data.jsonl")
+    assert np.isfinite(got).all() and "1 bad samples skipped" in log
+    assert "broken.mp4" in (tmp_path / "user" / "bad_samples.jsonl").read_text()
     cache = tmp_path / "user" / "features"
     index = [json.loads(line) for line in (cache / "index-r000.jsonl").read_text().splitlines()]
     assert len(index) == 6 and {tuple(e["features"]["latents"]) for e in index} >= {(4, 3, 4, 4)}
     ready = ["--set", "data.kind=video_features", "--set", "train.steps=2", "--set", "train.global_batch_size=2",
              "--set", "train.micro_batch_size=1", "--set", "data.caption_dropout=0"]
-    again, _ = run(tmp_path, tmp_path / "ready", *ready, data=cache)
+    again, _ = run(run_distributed, tmp_path / "ready", *ready, data=cache)
     assert again == pytest.approx(got, rel=1e-5)  # the same cache, seed and steps: the same run
 
 
-def test_online_encoding_trains_alike_under_dp2(tmp_path):
+def test_online_encoding_trains_alike_under_dp2(tmp_path, run_distributed):
     """data.online: clips decoded and encoded every step (no cache written); DP2 equals one process."""
     data, online = tmp_path / "tiny_video", ["--set", "data.online=true", "--set", "train.steps=3"]
-    single, _ = run(tmp_path, tmp_path / "single", *online, data=data)
-    dp2, _ = run(tmp_path, tmp_path / "dp2", "--nproc", "2", *online, data=data)
+    single, _ = run(run_distributed, tmp_path / "single", *online, data=data)
+    dp2, _ = run(run_distributed, tmp_path / "dp2", *online, data=data, nproc=2)
     assert dp2 == pytest.approx(single, rel=1e-4) and np.isfinite(single).all()
     assert not (data / "features-t2v").exists()

@@ -137,7 +137,7 @@ class WanTrainData:
         data, train = recipe.data, recipe.train
         self.i2v = i2v  # an I2V DiT (its config has an image_dim)
         self.online = data.online and data.kind != "video_features"
-        self.cache_folder = None
+        self.cache_folder, self.cache_skips = None, []
         if self.online:  # clips decoded and encoded every step (random crops and clip starts)
             source = _Source(recipe, topo, self.i2v)
             self.annotations = source.annotations
@@ -167,15 +167,15 @@ class WanTrainData:
         return ([os.path.join(self.cache_folder, n) for n in names if n.endswith(".jsonl")],
                 [os.path.join(self.cache_folder, n) for n in names if n.endswith(".safetensors")])
 
-    @staticmethod
-    def _encode(source: _Source, topo) -> str:
-        """Build (or finish) the feature cache, every rank its share; returns its folder."""
+    def _encode(self, source: _Source, topo) -> str:
+        """Build (or finish) the feature cache, every rank its share; returns its folder. The clips
+        this rank skipped while encoding are kept in ``cache_skips`` (source, reason)."""
         from mm_data import build_feature_cache
         from mm_parallel import comm
 
-        folder, encoders = source.cache, source.encoders()
-        build_feature_cache(source.dataset(random_crop=False), encoders, folder, batch_size=1, rank=topo.rank,
-                            world_size=topo.world_size)
+        folder, encoders, clips = source.cache, source.encoders(), source.dataset(random_crop=False)
+        build_feature_cache(clips, encoders, folder, batch_size=1, rank=topo.rank, world_size=topo.world_size)
+        self.cache_skips = list(clips.bad_input.skipped)
         if topo.rank == 0 and not os.path.exists(os.path.join(folder, NULL_CAPTION)):
             empty = source.tokenizer("", padding="max_length", max_length=source.text_length, return_tensors="np")
             null = encoders["prompt_embeds"]({k: v.astype(np.int64) for k, v in empty.items()})[0]

@@ -82,6 +82,10 @@ class WanTask(FamilyTask):
     def data_files(self):
         return self.data.files()
 
+    def bad_samples(self):
+        """The clips skipped while training online or while building the feature cache."""
+        return super().bad_samples() + self.data.cache_skips
+
     def stream(self, first_step: int):
         """The shared loader's micro-batches of features as flow-matching forward keywords."""
         features = super().stream(first_step)
