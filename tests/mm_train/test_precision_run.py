@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 from test_run import mm_train
+from train_runs import train
 
 pytestmark = pytest.mark.distributed
 
@@ -28,15 +29,17 @@ def dtypes(file):
 
 
 def run(out, *extra, data):
-    result = mm_train("run", *SHORT, "--set", f"output_dir={out}", *extra, data=data)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+    """The default recipe trained into ``out`` in this process, as a worker runs it (train_runs)."""
+    return train(None, *SHORT, "--set", f"output_dir={out}", *extra, data=data)
 
 
 def test_bf16_trains_saves_bf16_and_resumes_bit_exact(tmp_path):
     data, whole = tmp_path / "data", tmp_path / "whole"
     bf16 = ["--set", "train.precision=bf16", "--set", "checkpoint.every=2", "--set", "checkpoint.keep=2"]
+    from mm_parallel.ops import low_precision
+
     run(whole, *bf16, "--set", "train.steps=4", data=data)
+    assert low_precision.compute_dtype() == low_precision.ms.float32  # the run leaves the process as it found it
     losses = [r["loss"] for r in rows(whole)]
     assert losses[-1] < losses[0]
     step = whole / "checkpoints" / "step_4"

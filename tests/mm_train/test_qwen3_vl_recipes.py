@@ -3,49 +3,39 @@ pictures), the MoE one logs its routing, trains under ep2 and sequence-parallel 
 process and resumes across layouts; the saved model folder loads in transformers."""
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 
 import pytest
+from train_runs import train
 
 pytestmark = pytest.mark.distributed
-
-
-def mm_train(*args, data, timeout=600):
-    command = shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
-    env = {**os.environ, "MM_TRAIN_DATA": str(data)}
-    return subprocess.run([command, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def rows(out):
     return [json.loads(line) for line in open(out / "metrics.jsonl")]
 
 
-def test_qwen3_vl_recipes_train_and_moe_layouts_equal_one_process(tmp_path):
+def test_qwen3_vl_recipes_train_and_moe_layouts_equal_one_process(tmp_path, run_distributed):
     """The MoE runs under ep2 and tp2+sp stop at step 2 and resume (on one process, under ep2) to
     step 4: every loss equals the uninterrupted single-process run's."""
     import transformers
 
     short = ["--set", "data.samples=32", "--no-progress"]
-    ep2, tp2_sp = ["--nproc", "2", "--set", "parallel.ep=2"], \
-        ["--nproc", "2", "--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"]
+    ep2 = (2, ["--set", "parallel.ep=2"])
+    tp2_sp = (2, ["--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"])
     halves = ["--set", "train.steps=2", "--set", "checkpoint.every=2"]
-    runs = {"dense": ("qwen3_vl_tiny", ["--set", "train.steps=30", "--set", "checkpoint.every=30"]),
-            "moe": ("qwen3_vl_moe_tiny", ["--set", "train.steps=4"]),
-            "moe_ep2": ("qwen3_vl_moe_tiny", ep2 + halves),
-            "moe_tp2_sp": ("qwen3_vl_moe_tiny", tp2_sp + halves)}
-    resumes = {"moe_ep2": [], "moe_tp2_sp": ep2}
+    runs = {"dense": ("qwen3_vl_tiny", (1, ["--set", "train.steps=30", "--set", "checkpoint.every=30"])),
+            "moe": ("qwen3_vl_moe_tiny", (1, ["--set", "train.steps=4"])),
+            "moe_ep2": ("qwen3_vl_moe_tiny", (2, ep2[1] + halves)),
+            "moe_tp2_sp": ("qwen3_vl_moe_tiny", (2, tp2_sp[1] + halves))}
+    resumes = {"moe_ep2": (1, []), "moe_tp2_sp": ep2}
     got = {}
-    for name, (recipe, extra) in runs.items():
-        out = tmp_path / name
-        result = mm_train("run", recipe, *short, *extra, "--set", f"output_dir={out}", data=tmp_path / "data")
-        assert result.returncode == 0, result.stderr[-3000:]
+    for name, (recipe, (nproc, extra)) in runs.items():
+        out, data = tmp_path / name, tmp_path / "data"
+        train(run_distributed, recipe, *short, *extra, "--set", f"output_dir={out}", nproc=nproc, data=data)
         if name in resumes:
-            result = mm_train("run", recipe, *short, "--set", "train.steps=4", "--resume", *resumes[name],
-                              "--set", f"output_dir={out}", data=tmp_path / "data")
-            assert result.returncode == 0, result.stderr[-3000:]
+            nproc, extra = resumes[name]
+            train(run_distributed, recipe, *short, "--set", "train.steps=4", "--resume", *extra,
+                  "--set", f"output_dir={out}", nproc=nproc, data=data)
         got[name] = rows(out)
     dense = [row["loss"] for row in got["dense"]]
     assert dense[-1] < 0.5 * dense[0], dense

@@ -153,7 +153,18 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
     the metrics of the steps run (rank 0 also writes them). With ``resume``, continue from the
     newest checkpoint in output_dir that verifies (if any), whatever layout wrote it; with
     ``resume_from``, from that checkpoint folder. An output_dir holding another run's checkpoints
-    or metrics is refused unless resuming or ``overwrite`` (mm_train.run_folder)."""
+    or metrics is refused unless resuming or ``overwrite`` (mm_train.run_folder). The process's
+    kernel compute dtype (set by the run's precision) is restored afterwards."""
+    from mm_parallel.ops import low_precision
+
+    before = low_precision.compute_dtype()
+    try:
+        return _train(recipe, make_task, progress, resume, resume_from, overwrite)
+    finally:
+        low_precision.set_compute_dtype(before)
+
+
+def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[Dict]:
     import mindspore as ms
 
     import mm_parallel
