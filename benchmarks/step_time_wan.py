@@ -1,9 +1,9 @@
 """One Wan2.1 DiT flow-matching train step (forward, backward, AdamW), ours vs diffusers on torch CPU.
 
-    python benchmarks/step_time_wan.py [--runs 5] [--threads 2]
+    python benchmarks/step_time_wan.py [--runs 5] [--threads 2] [--frames 8]
 
 Same config for both (dim 512 = 4 heads x 128, 4 blocks, FFN 2048, text_dim 4096, freq_dim 256),
-latents 16 x 8 x 32 x 32 (patch 1 x 2 x 2: 2,048 video tokens), 64 text tokens, same random
+latents 16 x 8 x 32 x 32 (patch 1 x 2 x 2: 2,048 video tokens; --frames sets the 8), 64 text tokens, same random
 weights (diffusers saves them, ours loads them with from_pretrained), same inputs, same thread
 count, same update (global-norm clipping at 1.0, then AdamW). Each side takes a warm-up step,
 then ``--runs`` steps alternate between the two; the table prints each side's median and the ratio
@@ -25,9 +25,9 @@ CONFIG = dict(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=12
               qk_norm="rms_norm_across_heads", eps=1e-6)
 
 
-def inputs():
+def inputs(frames: int = 8):
     rng = np.random.default_rng(0)
-    noise, clean = (rng.standard_normal((1, 16, 8, 32, 32)).astype(np.float32) for _ in range(2))
+    noise, clean = (rng.standard_normal((1, 16, frames, 32, 32)).astype(np.float32) for _ in range(2))
     sigma = np.float32(0.6)
     return {"hidden_states": (1 - sigma) * clean + sigma * noise, "timestep": np.array([sigma * 1000], np.float32),
             "encoder_hidden_states": rng.standard_normal((1, 64, 4096)).astype(np.float32),
@@ -52,7 +52,7 @@ def torch_side(path, threads):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # as ours (and diffusers' scripts) by default
         opt.step()
         opt.zero_grad()
-        return time.perf_counter() - t0, float(loss)
+        return time.perf_counter() - t0, float(loss.detach())
 
     return step
 
@@ -68,17 +68,18 @@ def main():
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-bf16", action="store_true", help="skip the emulated bf16 step")
+    parser.add_argument("--frames", type=int, default=8, help="latent frames (256 video tokens each)")
     args = parser.parse_args()
     import mm_parallel  # noqa: F401  (before any MindSpore op: blocking launch on CPU)
 
-    batch = inputs()
+    batch = inputs(args.frames)
     with tempfile.TemporaryDirectory() as path:
         theirs = torch_side(path, args.threads)
         ours, parts = our_side(path)
         bf16 = None if args.no_bf16 else our_side(path, precision="bf16")[0]
         compare_steps(ours, theirs, batch, args.runs, parts,
-                      f"Wan2.1 DiT flow-matching train step, 2048 video + 64 text tokens, dim 512, 4 blocks, "
-                      f"{args.threads} threads", emulated_bf16=bf16)
+                      f"Wan2.1 DiT flow-matching train step, {args.frames * 256} video + 64 text tokens, dim 512, "
+                      f"4 blocks, {args.threads} threads", emulated_bf16=bf16)
     return 0
 
 

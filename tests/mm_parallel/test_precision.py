@@ -72,7 +72,9 @@ def test_fp32_path_is_unchanged_by_the_policy():
     rng = np.random.default_rng(2)
     x, w = rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((3, 8)).astype(np.float32)
     out = _linear(Tensor(x), Parameter(Tensor(w), name="w"), None).asnumpy()
-    np.testing.assert_allclose(out, x @ w.T, rtol=1e-6)
+    # fp32 within the dot product's rounding (8 terms: 8 x 2^-24 x sum|x w| ~ 3e-6; the kernel's
+    # summation order varies from run to run, a 1e-6 tolerance failed once); bf16 would be off by ~1e-2
+    np.testing.assert_allclose(out, x @ w.T, rtol=1e-5, atol=8 * 2.0 ** -24 * (np.abs(x) @ np.abs(w).T).max())
     assert not np.array_equal(out, numpy_bf16(out))  # nothing rounded
 
 
