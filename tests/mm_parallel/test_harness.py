@@ -64,11 +64,11 @@ def test_results_come_back_by_rank(launcher):
     np.testing.assert_array_equal(results[1]["array"], [0, 2, 4])
 
 
-def test_a_large_result_is_read_whole(launcher):
+def test_a_large_result_is_read_whole(run_distributed):
     """A result of megabytes: the pool polls for result files, so a worker must publish them whole
-    (a direct write was once read at its first 16 KiB)."""
+    (a direct write was once read at its first 16 KiB; a launch of its own reads them after exit)."""
     for _ in range(3):
-        results = launcher(large_result, nproc=2, timeout=120, n=200_000)
+        results = run_distributed(large_result, nproc=2, timeout=120, n=200_000)
         assert [r["rank"] for r in results] == [0, 1]
         assert all(len(r["names"]) == 200_000 and r["names"][-1] == "model.layers.199999.mlp.weight" for r in results)
 

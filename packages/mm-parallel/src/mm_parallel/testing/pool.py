@@ -58,7 +58,7 @@ class WorkerPool:
         if reason:
             tracebacks = testing.rank_errors(out)
             tails = testing.worker_log_tails(self.dir / "logs", self.nproc)
-            self.close()
+            self.close(stuck=True)
             raise testing.DistributedRunError(f"{fn.__qualname__} on a pool of {self.nproc}: {reason}\n"
                                               f"{tracebacks}\n{tails}")
         return testing.read_results(fn, out, self.nproc)
@@ -81,14 +81,19 @@ class WorkerPool:
                 return "a rank raised and the others did not finish"
             time.sleep(0.05)
 
-    def close(self) -> None:
-        """Stop the workers (a stop file; killed if they do not exit within 30 s)."""
+    def close(self, stuck: bool = False) -> None:
+        """Stop the workers: a stop file, then killed if they do not exit within 30 s; killed at
+        once when ``stuck`` (after a failed job the other ranks wait inside a collective, and the
+        30 s were spent on every failure)."""
         if self.proc is None:
             return
         (self.dir / "stop").write_text("")
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
+        if stuck:
             testing._kill(self.proc)
+        else:
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                testing._kill(self.proc)
         self.sink.close()
         self.proc = None
