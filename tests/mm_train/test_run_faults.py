@@ -1,6 +1,7 @@
 """Faults of a multi-process run (the toy family, 2 workers): a rank that stops entering
 collectives ends the run within train.collective_timeout, naming the waiting rank, the step, the
-collective and the rank that never came; killing the launcher (kill -9) leaves no worker behind."""
+collective and the rank that never came; killing the launcher (kill -9) leaves no worker behind;
+on Ascend HCCL's own collective timeout stays longer than the watchdog's."""
 
 import os
 import signal
@@ -10,9 +11,8 @@ import time
 import pytest
 from test_families import toy_cli, toy_command
 
-pytestmark = pytest.mark.distributed
 
-
+@pytest.mark.distributed
 def test_a_rank_that_stops_entering_collectives_is_named_within_the_timeout(tmp_path):
     start = time.time()
     result = toy_cli("run", "toy_tiny", "--nproc", "2", "--no-progress", "--set", "train.steps=50",
@@ -27,6 +27,7 @@ def test_a_rank_that_stops_entering_collectives_is_named_within_the_timeout(tmp_
     assert elapsed < 150, elapsed  # msrun start (~20 s) + 2 steps + the 8 s timeout + the shutdown
 
 
+@pytest.mark.distributed
 def test_killing_the_launcher_stops_every_worker(tmp_path):
     out = tmp_path / "out"
     argv, env = toy_command("run", "toy_tiny", "--nproc", "2", "--no-progress", "--set", "train.steps=100000",
@@ -53,3 +54,23 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:  # a zombie has exited; only its parent has not read its status
         return f.read().split(")")[-1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("collective_timeout, exported, expected", [
+    (600, None, None),  # the watchdog (600 s) already comes before CANN's default 1836 s
+    (3000, None, "3060"),  # raised above the watchdog plus its margin, in whole multiples of 68
+    (0, None, None),  # no watchdog: HCCL keeps its own default
+    (3000, "7200", "7200"),  # the user's value is kept
+    (3000, "900", "900"),  # ... even when shorter, with a warning
+])
+def test_hccl_waits_longer_than_the_watchdog(collective_timeout, exported, expected, capsys):
+    from mm_train.cli import worker_environment
+    from mm_train.recipe import load_recipe
+
+    recipe = load_recipe(None, [f"train.collective_timeout={collective_timeout}"])
+    environ = {} if exported is None else {"HCCL_EXEC_TIMEOUT": exported}
+    env = worker_environment(recipe, "/tmp/pids", environ)
+    assert env["MM_TRAIN_PID_DIR"] == "/tmp/pids"
+    assert {**environ, **env}.get("HCCL_EXEC_TIMEOUT") == expected  # what the workers see
+    warned = "below train.collective_timeout" in capsys.readouterr().err
+    assert warned == (exported == "900")

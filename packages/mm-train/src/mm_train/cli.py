@@ -18,7 +18,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Mapping, Optional
 
 from mm_train.worker_output import LogRelay, report_failure
 
@@ -121,13 +121,42 @@ def _worker_argv(args, world: int) -> List[str]:
     return argv
 
 
+# CANN's default HCCL_EXEC_TIMEOUT (s): how long a collective on Ascend waits for its peers before
+# HCCL fails it. Atlas training-series NPUs round the value down to a multiple of 68 (at least 68).
+HCCL_DEFAULT_EXEC_TIMEOUT = 1836
+WATCHDOG_FIRST_MARGIN = 60  # s: the watchdog checks every second; HCCL's error would name no rank
+
+
+def worker_environment(recipe, pid_dir: str, environ: Mapping[str, str] = os.environ) -> Dict[str, str]:
+    """The variables msrun's workers get beside the launcher's own: where they record their pids
+    and, for Ascend, HCCL_EXEC_TIMEOUT kept above train.collective_timeout, so that mm-train's
+    watchdog reports a missing rank before HCCL ends the wait with an error that names none. It is
+    only ever raised above CANN's default (checkpoint writing, exempt from the watchdog, still
+    waits under HCCL's timeout) and a value the user exported is kept (with a warning when it is
+    the shorter one). CPU collectives ignore the variable."""
+    env = {"MM_TRAIN_PID_DIR": pid_dir}
+    timeout = recipe.train.collective_timeout
+    if not timeout:
+        return env
+    wanted = -(-(int(timeout) + WATCHDOG_FIRST_MARGIN) // 68) * 68  # whole multiples of 68: no rounding down
+    if "HCCL_EXEC_TIMEOUT" in environ:
+        if float(environ["HCCL_EXEC_TIMEOUT"] or 0) and float(environ["HCCL_EXEC_TIMEOUT"]) < timeout:
+            print(f"mm-train: HCCL_EXEC_TIMEOUT={environ['HCCL_EXEC_TIMEOUT']} is below train.collective_timeout="
+                  f"{timeout:g}: on Ascend HCCL ends a stuck collective first, without naming the missing rank; "
+                  f"unset it or raise it to {wanted}", file=sys.stderr)
+    elif wanted > HCCL_DEFAULT_EXEC_TIMEOUT:
+        env["HCCL_EXEC_TIMEOUT"] = str(wanted)
+    return env
+
+
 def _launch(args, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
             master_port: Optional[int] = None, cluster_timeout: Optional[int] = None) -> int:
     from mm_parallel.testing import DistributedRunError, launch
     from mm_train.recipe import load_recipe
 
     local = args.nproc if nnodes == 1 else args.nproc_per_node
-    log_dir = Path(load_recipe(args.recipe, args.overrides).output_dir) / "logs" / f"node_{node_rank}"
+    recipe = load_recipe(args.recipe, args.overrides)
+    log_dir = Path(recipe.output_dir) / "logs" / f"node_{node_rank}"
     shutil.rmtree(log_dir / "pids", ignore_errors=True)
     for old in log_dir.glob("worker_*.log"):  # a relay must not replay an earlier run's lines
         old.unlink()
@@ -138,7 +167,7 @@ def _launch(args, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0
         launch(Path(__file__).with_name("_worker.py"), local, _worker_argv(args, local * nnodes),
                timeout=args.timeout, log_dir=log_dir, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                master_port=master_port, cluster_timeout=cluster_timeout,
-               env={"MM_TRAIN_PID_DIR": str(log_dir / "pids")}, tick=relay)
+               env=worker_environment(recipe, str(log_dir / "pids")), tick=relay)
     except DistributedRunError as error:
         report_failure(log_dir, local, error)
         return 1
