@@ -74,3 +74,6 @@ def test_hccl_waits_longer_than_the_watchdog(collective_timeout, exported, expec
     assert {**environ, **env}.get("HCCL_EXEC_TIMEOUT") == expected  # what the workers see
     warned = "below train.collective_timeout" in capsys.readouterr().err
     assert warned == (exported == "900")
+    if exported is not None:  # a value that is no number is refused, saying what to export
+        with pytest.raises(ValueError, match="HCCL_EXEC_TIMEOUT='soon' is not a number of seconds"):
+            worker_environment(recipe, "/tmp/pids", {"HCCL_EXEC_TIMEOUT": "soon"})

@@ -139,11 +139,17 @@ def worker_environment(recipe, pid_dir: str, environ: Mapping[str, str] = os.env
     if not timeout:
         return env
     wanted = -(-(int(timeout) + WATCHDOG_FIRST_MARGIN) // 68) * 68  # whole multiples of 68: no rounding down
-    if "HCCL_EXEC_TIMEOUT" in environ:
-        if float(environ["HCCL_EXEC_TIMEOUT"] or 0) and float(environ["HCCL_EXEC_TIMEOUT"]) < timeout:
-            print(f"mm-train: HCCL_EXEC_TIMEOUT={environ['HCCL_EXEC_TIMEOUT']} is below train.collective_timeout="
-                  f"{timeout:g}: on Ascend HCCL ends a stuck collective first, without naming the missing rank; "
-                  f"unset it or raise it to {wanted}", file=sys.stderr)
+    exported = environ.get("HCCL_EXEC_TIMEOUT")
+    if exported is not None:
+        try:
+            seconds = float(exported or 0)
+        except ValueError:
+            raise ValueError(f"HCCL_EXEC_TIMEOUT={exported!r} is not a number of seconds; unset it or export "
+                             f"e.g. {wanted}") from None
+        if 0 < seconds < timeout:  # 0: HCCL never times out (Atlas A2 / A3)
+            print(f"mm-train: HCCL_EXEC_TIMEOUT={exported} is below train.collective_timeout={timeout:g}: on "
+                  f"Ascend HCCL ends a stuck collective first, without naming the missing rank; unset it or "
+                  f"raise it to {wanted}", file=sys.stderr)
     elif wanted > HCCL_DEFAULT_EXEC_TIMEOUT:
         env["HCCL_EXEC_TIMEOUT"] = str(wanted)
     return env
