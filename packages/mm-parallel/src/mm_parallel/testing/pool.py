@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, List, Optional
 
 from mm_parallel import testing
+from mm_parallel.testing.worker import publish
 
 
 class WorkerPool:
@@ -50,9 +51,7 @@ class WorkerPool:
         out = self.dir / f"out{self.jobs}"
         out.mkdir()
         spec = testing.job_spec(fn, kwargs, out)
-        staged = self.dir / f".job{self.jobs}.json"
-        staged.write_text(json.dumps(spec))
-        staged.rename(self.dir / f"job{self.jobs}.json")  # appears whole to the polling workers
+        publish(self.dir / f"job{self.jobs}.json", json.dumps(spec))  # appears whole to the polling workers
         self.jobs += 1
         reason = self._wait(out, timeout)
         if reason:

@@ -70,16 +70,17 @@ def run_job(spec: dict) -> int:
         for part in spec["function"].split("."):
             fn = getattr(fn, part)
         result = fn(**spec["kwargs"])
-        _publish(out / f"rank{rank}.json", json.dumps(encode(result)))
+        publish(out / f"rank{rank}.json", json.dumps(encode(result)))
         return 0
     except BaseException:
-        _publish(out / f"rank{rank}.error", traceback.format_exc())
+        publish(out / f"rank{rank}.error", traceback.format_exc())
         return 1
 
 
-def _publish(path: Path, text: str) -> None:
-    """Write ``path`` so that it appears whole: the pool polls for it and reads it at once (a
-    direct write was once read at its first 16 KiB and failed a CI run with a JSON error)."""
+def publish(path: Path, text: str) -> None:
+    """Write ``path`` so that it appears whole: the pool and its workers poll for each other's files
+    and read them at once (a direct write was once read at its first 16 KiB and failed a CI run
+    with a JSON error). Standard library only: the worker imports it before MindSpore."""
     staged = path.with_name(f".{path.name}.tmp")
     staged.write_text(text)
     staged.rename(path)
