@@ -34,10 +34,10 @@ def run(out, *extra, data):
 
 
 def test_bf16_trains_saves_bf16_and_resumes_bit_exact(tmp_path):
-    data, whole = tmp_path / "data", tmp_path / "whole"
-    bf16 = ["--set", "train.precision=bf16", "--set", "checkpoint.every=2", "--set", "checkpoint.keep=2"]
     from mm_parallel.ops import low_precision
 
+    data, whole = tmp_path / "data", tmp_path / "whole"
+    bf16 = ["--set", "train.precision=bf16", "--set", "checkpoint.every=2", "--set", "checkpoint.keep=2"]
     run(whole, *bf16, "--set", "train.steps=4", data=data)
     assert low_precision.compute_dtype() == low_precision.ms.float32  # the run leaves the process as it found it
     losses = [r["loss"] for r in rows(whole)]

@@ -20,16 +20,16 @@ def test_qwen3_vl_recipes_train_and_moe_layouts_equal_one_process(tmp_path, run_
     import transformers
 
     short = ["--set", "data.samples=32", "--no-progress"]
-    ep2 = (2, ["--set", "parallel.ep=2"])
-    tp2_sp = (2, ["--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"])
+    ep2 = ["--set", "parallel.ep=2"]
+    tp2_sp = ["--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"]
     halves = ["--set", "train.steps=2", "--set", "checkpoint.every=2"]
-    runs = {"dense": ("qwen3_vl_tiny", (1, ["--set", "train.steps=30", "--set", "checkpoint.every=30"])),
-            "moe": ("qwen3_vl_moe_tiny", (1, ["--set", "train.steps=4"])),
-            "moe_ep2": ("qwen3_vl_moe_tiny", (2, ep2[1] + halves)),
-            "moe_tp2_sp": ("qwen3_vl_moe_tiny", (2, tp2_sp[1] + halves))}
-    resumes = {"moe_ep2": (1, []), "moe_tp2_sp": ep2}
+    runs = {"dense": ("qwen3_vl_tiny", 1, ["--set", "train.steps=30", "--set", "checkpoint.every=30"]),
+            "moe": ("qwen3_vl_moe_tiny", 1, ["--set", "train.steps=4"]),
+            "moe_ep2": ("qwen3_vl_moe_tiny", 2, ep2 + halves),
+            "moe_tp2_sp": ("qwen3_vl_moe_tiny", 2, tp2_sp + halves)}
+    resumes = {"moe_ep2": (1, []), "moe_tp2_sp": (2, ep2)}  # (processes, layout) of the resumed half
     got = {}
-    for name, (recipe, (nproc, extra)) in runs.items():
+    for name, (recipe, nproc, extra) in runs.items():
         out, data = tmp_path / name, tmp_path / "data"
         train(run_distributed, recipe, *short, *extra, "--set", f"output_dir={out}", nproc=nproc, data=data)
         if name in resumes:
