@@ -6,12 +6,11 @@ mm-train code names no family."""
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from test_run import mm_train_command
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "packages" / "mm-train" / "src" / "mm_train"
@@ -20,7 +19,7 @@ FAMILY_WORDS = re.compile(r"qwen|cogvideo|\bwan(2|_|\b)|umt5|llamafactory|tiny_v
 
 def toy_command(*args):
     """(argv, env) of `mm-train ARGS` with the toy family importable."""
-    command = shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
+    command = mm_train_command()
     env = {**os.environ, "MM_TRAIN_FAMILIES": "toy_family",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     return [command, *args], env
@@ -109,7 +108,6 @@ def test_moe_routing_metrics_reach_metrics_jsonl_and_ep2_trains_as_one_process(t
 
 
 def test_a_family_module_that_cannot_be_imported_is_named():
-    command = shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
-    result = subprocess.run([command, "recipes"], env={**os.environ, "MM_TRAIN_FAMILIES": "no_such_family_module"},
-                            capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "MM_TRAIN_FAMILIES": "no_such_family_module"}
+    result = subprocess.run([mm_train_command(), "recipes"], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "MM_TRAIN_FAMILIES names 'no_such_family_module'" in result.stderr, result.stderr

@@ -112,12 +112,11 @@ def test_a_killed_worker_stops_the_run_and_resume_continues(tmp_path):
     import subprocess
     import time
 
-    from test_run import shutil, sys
+    from test_run import mm_train_command
 
     data, out = tmp_path / "data", tmp_path / "killed"
-    command = shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
-    args = [command, "run", *SHORT, "--set", "checkpoint.every=2", "--set", "train.steps=400", "--nproc", "2",
-            "--set", f"output_dir={out}"]
+    args = [mm_train_command(), "run", *SHORT, "--set", "checkpoint.every=2", "--set", "train.steps=400",
+            "--nproc", "2", "--set", f"output_dir={out}"]
     proc = subprocess.Popen(args, env={**os.environ, "MM_TRAIN_DATA": str(data)}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     pid_file = out / "logs" / "node_0" / "pids" / "rank_1.pid"

@@ -16,10 +16,14 @@ pytestmark = pytest.mark.distributed
 FIELDS = {"step", "loss", "grad_norm", "lr", "samples_per_s", "tokens_per_s", "mfu", "mem_bytes", "skipped"}
 
 
+def mm_train_command() -> str:
+    """The `mm-train` of this interpreter's environment (hatch's test env), else the one on PATH."""
+    return shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
+
+
 def mm_train(*args, data, timeout=600):
-    command = shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
     env = {**os.environ, "MM_TRAIN_DATA": str(data)}
-    return subprocess.run([command, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([mm_train_command(), *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def losses(out):
@@ -93,7 +97,7 @@ def test_two_nodes_on_loopback_train_like_one_process(tmp_path):
     short = ["--set", "train.steps=3", "--set", "data.samples=32", "--no-progress"]
     train(None, *short, "--set", f"output_dir={tmp_path / 'single'}", data=tmp_path / "data")
     port = str(free_port())
-    command = shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
+    command = mm_train_command()
     env = {**os.environ, "MM_TRAIN_DATA": str(tmp_path / "data")}
     # Both "machines" are this one, so both msruns would find 127.0.0.1 among their addresses and
     # start a scheduler; node 1 gets an `ip` that lists no address (what a second machine would

@@ -10,14 +10,12 @@ time) are printed.
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
-from test_run import mm_train
+from test_run import mm_train, mm_train_command
 
 pytestmark = [pytest.mark.soak, pytest.mark.distributed]
 
@@ -43,7 +41,7 @@ def last_step(out) -> int:
 
 def test_kill_and_resume_for_half_an_hour_gives_the_uninterrupted_curve(tmp_path):
     data, out, rng = tmp_path / "data", tmp_path / "soak", random.Random(0)
-    command = shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
+    command = mm_train_command()
     env = {**os.environ, "MM_TRAIN_DATA": str(data)}
     started, kills, launches = time.time(), [], 0
     while True:
