@@ -59,6 +59,7 @@ def case_names(world_size: int) -> List[str]:
         names += [f"{kind}/all_to_all/int64", f"{kind}/broadcast/float32", f"{kind}/broadcast/bool"]
         names += [f"{kind}/all_to_all_v/{sizes}" for sizes in ("random", "empty", "known", "megabytes")]
         names += [f"{kind}/all_to_all_v/native_{sizes}" for sizes in ("random", "empty")]
+        names += [f"{kind}/all_gather_bytes/{sizes}" for sizes in ("random", "empty", "one_empty")]
         names += [f"{kind}/ring_shift/{d}" for d in ("+1", "-1", "+2", "+3")] + [f"{kind}/barrier"]
         names += [f"{kind}/map/{m}" for m in MAPS]
         names += [f"{kind}/errors/not_divisible"]
@@ -119,6 +120,21 @@ def _expected_reduce(stack: np.ndarray, op: str, dtype: str) -> np.ndarray:
     return _NP_REDUCE[op](stack).astype(stack.dtype)
 
 
+def _run_all_gather_bytes(sizes: str, group, name: str) -> str:
+    """Byte strings of different lengths (0 bytes for every rank, or for group rank 0 only), with
+    zero bytes inside and at the end (the padding must not eat them)."""
+    from mm_parallel import comm
+
+    def data(index: int) -> bytes:
+        length = 0 if sizes == "empty" or (sizes == "one_empty" and index == 0) else 3 + 37 * index
+        values = np.random.default_rng([index] + [ord(c) for c in name]).integers(0, 4, length)
+        return values.astype(np.uint8).tobytes() + (b"\0\0" if length else b"")
+
+    want = [data(i) for i in range(group.size)]
+    got = comm.all_gather_bytes(data(group.rank), group)
+    return "" if got == want else f"got lengths {[len(g) for g in got]}, want {[len(w) for w in want]} or other bytes"
+
+
 def _run_case(name: str, topo) -> str:
 
     from mm_parallel import comm
@@ -144,6 +160,8 @@ def _run_case(name: str, topo) -> str:
         xs = [_data(r, name, dtype=dtype) for r in group.ranks]
         got = _to_np(comm.all_gather(_to_ms(xs[me], dtype), group, dim))
         return _compare(got, np.concatenate(xs, axis=dim))
+    if what == "all_gather_bytes":
+        return _run_all_gather_bytes(parts[2], group, name)
     if what == "reduce_scatter":
         dim, op = int(parts[2][3:]), parts[3]
         got = _to_np(comm.reduce_scatter(_to_ms(xs[me], "float32"), group, dim, op))

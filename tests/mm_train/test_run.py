@@ -87,36 +87,86 @@ def test_a_worker_failure_ends_with_the_workers_own_error_line(tmp_path):
     assert "msrun" in (out / "logs" / "node_0" / "failure.txt").read_text()
 
 
-def test_two_nodes_on_loopback_train_like_one_process(tmp_path):
-    """Two `mm-train launch` (node_rank 0 and 1, one worker each, one scheduler port) make a
-    data-parallel world of two; the losses equal one process's."""
-    from train_runs import train
-
+def launch_two_nodes(tmp_path, *args, outs, data, expect_ok=True):
+    """Two `mm-train launch` (node_rank 0 and 1, one worker each, one scheduler port) on this
+    machine; ``outs``: each node's output_dir (two folders stand for two nodes' own disks).
+    Returns each node's stderr."""
     from mm_parallel.testing import free_port
 
-    short = ["--set", "train.steps=3", "--set", "data.samples=32", "--no-progress"]
-    train(None, *short, "--set", f"output_dir={tmp_path / 'single'}", data=tmp_path / "data")
     port = str(free_port())
-    command = mm_train_command()
-    env = {**os.environ, "MM_TRAIN_DATA": str(tmp_path / "data")}
+    env = {**os.environ, "MM_TRAIN_DATA": str(data)}
     # Both "machines" are this one, so both msruns would find 127.0.0.1 among their addresses and
     # start a scheduler; node 1 gets an `ip` that lists no address (what a second machine would
     # report for node 0's address), so it starts only its worker, which joins node 0's scheduler.
     other_machine = tmp_path / "node1_bin"
-    other_machine.mkdir()
+    other_machine.mkdir(exist_ok=True)
     (other_machine / "ip").write_text("#!/bin/sh\necho '[]'\n")
     (other_machine / "ip").chmod(0o755)
     envs = [env, {**env, "PATH": f"{other_machine}{os.pathsep}{env['PATH']}"}]
-    nodes = [subprocess.Popen([command, "launch", *short, "--set", f"output_dir={tmp_path / 'two'}", "--nnodes", "2",
-                               "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port,
+    nodes = [subprocess.Popen([mm_train_command(), "launch", *args, "--set", f"output_dir={outs[rank]}", "--nnodes",
+                               "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port,
                                "--cluster-timeout", "120"],
                               env=envs[rank], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for rank in (0, 1)]
+    errs = []
     for node in nodes:
         _, err = node.communicate(timeout=600)
-        assert node.returncode == 0, err[-3000:]
+        assert (node.returncode == 0) == expect_ok, err[-3000:]
+        errs.append(err)
+    return errs
+
+
+def test_two_nodes_on_loopback_train_like_one_process(tmp_path):
+    """A data-parallel world of two over two launches; the losses equal one process's."""
+    from train_runs import train
+
+    short = ["--set", "train.steps=3", "--set", "data.samples=32", "--no-progress"]
+    train(None, *short, "--set", f"output_dir={tmp_path / 'single'}", data=tmp_path / "data")
+    launch_two_nodes(tmp_path, *short, outs=[tmp_path / "two"] * 2, data=tmp_path / "data")
     assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "single"), rel=1e-4)
     assert (tmp_path / "two" / "logs" / "node_1").is_dir()
+
+
+def test_node_local_disks_keep_each_nodes_part_and_resume_across_both(tmp_path):
+    """checkpoint.shared_fs=false with pp2 over two nodes, each with its own output_dir: each
+    node's checkpoint holds its stage's weights and optimizer state plus the shared files, the
+    manifests (equal) name the node of every file. A truncated file on node 1 makes both nodes
+    skip that checkpoint; the resumed run continues from the one before with the uninterrupted
+    losses. Resuming under another layout is refused naming the files on the other node."""
+    from train_runs import train
+
+    short = ["--set", "train.steps=4", "--set", "data.samples=32", "--set", "checkpoint.every=2", "--no-progress"]
+    local = [*short, "--set", "parallel.pp=2", "--set", "checkpoint.shared_fs=false"]
+    train(None, *short, "--set", f"output_dir={tmp_path / 'single'}", data=tmp_path / "data")
+    outs = [tmp_path / "node0", tmp_path / "node1"]
+    launch_two_nodes(tmp_path, *local, outs=outs, data=tmp_path / "data")
+    whole = losses(outs[0])
+    assert whole == pytest.approx(losses(tmp_path / "single"), rel=1e-4)
+    step_4 = [out / "checkpoints" / "step_4" for out in outs]
+    shared = {"config.json", "model.safetensors.index.json"}
+    mine = [{"model-00001-of-00002.safetensors", *shared}, {"model-00002-of-00002.safetensors", *shared}]
+    for node, folder in enumerate(step_4):
+        assert set(os.listdir(folder / "model")) == mine[node]
+        assert [n for n in os.listdir(folder) if n.startswith("optimizer")] == [f"optimizer-stage00{node}.safetensors"]
+    manifests = [json.loads((folder / "manifest.json").read_text())["files"] for folder in step_4]
+    assert manifests[0] == manifests[1]
+    assert manifests[0]["optimizer-stage001.safetensors"]["nodes"] == ["1"]
+    assert manifests[0]["trainer_state.json"]["nodes"] == ["0", "1"]
+    assert not (outs[1] / "metrics.jsonl").exists()  # rank 0 alone writes the metrics
+
+    stage_1 = step_4[1] / "optimizer-stage001.safetensors"
+    with open(stage_1, "r+b") as f:
+        f.truncate(stage_1.stat().st_size - 8)
+    err = launch_two_nodes(tmp_path, *local, "--resume", outs=outs, data=tmp_path / "data")[0]
+    assert "skipping checkpoint" in err and "on node 1: optimizer-stage001.safetensors has" in err, err[-3000:]
+    assert "step_2 (step 2)" in err
+    assert losses(outs[0]) == pytest.approx(whole, rel=1e-6)
+
+    other_layout = [*short, "--set", "checkpoint.shared_fs=false", "--set", "train.collective_timeout=30"]
+    err = launch_two_nodes(tmp_path, *other_layout, "--resume", outs=outs, data=tmp_path / "data",
+                           expect_ok=False)[1]
+    assert "checkpoint.shared_fs is false and this node (1) holds only its own part" in err, err[-3000:]
+    assert "model-00001-of-00002.safetensors (on node 0)" in err
 
 
 def test_the_lora_recipe_trains_adapters_and_checkpoints_them(tmp_path):

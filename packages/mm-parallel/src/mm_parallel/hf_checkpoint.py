@@ -192,26 +192,31 @@ def write_weights(state: Dict[str, np.ndarray], path: str, file: str = "model.sa
     os.replace(tmp, os.path.join(path, file))
 
 
-def write_index(path: str, files: Dict[str, str], base: str = "model.safetensors") -> None:
-    """``<base>.index.json`` mapping every tensor name to its file."""
-    total = 0
-    for file in set(files.values()):
-        header, _ = _header(os.path.join(path, file))
-        total += sum(int(np.prod(v["shape"])) * np.dtype(_DTYPES[v["dtype"]]).itemsize
-                     for k, v in header.items() if k != "__metadata__")
+def write_index(path: str, files: Dict[str, str], base: str = "model.safetensors",
+                total_size: Optional[int] = None) -> None:
+    """``<base>.index.json`` mapping every tensor name to its file; ``total_size`` (the tensors'
+    bytes) is read from the files' headers unless given."""
+    if total_size is None:
+        total_size = 0
+        for file in set(files.values()):
+            header, _ = _header(os.path.join(path, file))
+            total_size += sum(int(np.prod(v["shape"])) * np.dtype(_DTYPES[v["dtype"]]).itemsize
+                              for k, v in header.items() if k != "__metadata__")
     with open(os.path.join(path, base + ".index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(files.items()))}, f, indent=2)
+        json.dump({"metadata": {"total_size": total_size}, "weight_map": dict(sorted(files.items()))}, f, indent=2)
 
 
 def save_folder(models, path, name_map: Callable[[nn.Cell, str], Optional[str]], write_config: Callable[[str], None],
-                base: str = "model.safetensors", dtype=None) -> None:
+                base: str = "model.safetensors", dtype=None, folder_writer: Optional[bool] = None) -> None:
     """Write a Hugging Face folder from every rank's pipeline chunks; every rank calls it.
 
     ``models``: a model, or the list of chunks (virtual stages) a pipeline rank holds, each with
     ``topology`` and ``chunk``; ``name_map(model, path)`` gives a parameter's checkpoint name.
     Tensor-parallel shards are gathered; the first rank of each (dp, cp, tp) group writes its
     virtual stages, one file per virtual stage (``base`` without pipelining, else
-    ``<stem>-0000k-of-0000n.safetensors``), and global rank 0 writes the config and the index.
+    ``<stem>-0000k-of-0000n.safetensors``). The writers tell every rank which tensors each file
+    holds (a gather, not a read of the others' files), and the ``folder_writer`` ranks (default
+    global rank 0; on node-local disks the first rank of each node) write the config and the index.
     ``dtype``: the floating tensors' dtype on disk (default: each parameter's own).
     """
     from mm_parallel import comm
@@ -222,20 +227,22 @@ def save_folder(models, path, name_map: Callable[[nn.Cell, str], Optional[str]],
     path, stem = str(path), base[: -len(".safetensors")]
     total = topo.pp.size * topo.config.vpp
     writer = topo.tp.rank == 0 and topo.cp.rank == 0 and topo.dp.rank == 0
+    written = {}  # file -> (tensor names, bytes)
     for model in models:
         state = full_state(model, lambda name, m=model: name_map(m, name), dtype, keep=writer)
         virtual = model.chunk * topo.pp.size + topo.pp.rank
         file = base if total == 1 else f"{stem}-{virtual + 1:05d}-of-{total:05d}.safetensors"
         if writer:
             write_weights(state, path, file)
-    if topo.world_size > 1:
-        comm.barrier(topo.world)  # every stage's file is complete before the index names it
-    if topo.rank == 0:
+            written[file] = (sorted(state), sum(int(v.nbytes) for v in state.values()))
+    if topo.world_size > 1:  # every stage's file is complete (and named) before the index names it
+        parts = comm.all_gather_bytes(json.dumps(written).encode(), topo.world)
+        written = {file: entry for part in parts for file, entry in json.loads(part).items()}
+    if topo.rank == 0 if folder_writer is None else folder_writer:
+        os.makedirs(path, exist_ok=True)
         write_config(path)
         if total > 1:
-            weight_map = {}
-            for file in sorted(f for f in os.listdir(path) if f.startswith(stem + "-") and f.endswith(".safetensors")):
-                weight_map.update({name: file for name in safetensor_names(os.path.join(path, file))})
-            write_index(path, weight_map, base)
+            write_index(path, {name: file for file, (names, _) in written.items() for name in names}, base,
+                        total_size=sum(size for _, size in written.values()))
     if topo.world_size > 1:
         comm.barrier(topo.world)  # nobody reads the folder before it is complete

@@ -22,7 +22,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List
+from typing import Callable, Dict, Iterable, List, Optional
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
@@ -163,15 +163,18 @@ def unmerge_lora(model: nn.Cell):
 
 
 def save_lora(model, path: str, target_modules: List[str], r: int, alpha: float, dropout: float = 0.0,
-              name_map: Callable[[nn.Cell, str], str] = lambda model, name: name):
+              name_map: Callable[[nn.Cell, str], str] = lambda model, name: name,
+              folder_writer: Optional[bool] = None):
     """Write the adapters in PEFT's format; every rank calls it.
 
     ``model``: a Cell, or the list of chunks a pipeline rank holds. ``name_map(model, path)`` gives
     the module name the file uses (e.g. a pipeline stage's local layer number made the model's).
-    Tensors are gathered over tp; with pipeline stages each stage's first rank writes its part and
-    global rank 0 merges the parts into one adapter_model.safetensors.
+    Tensors are gathered over tp; with pipeline stages each stage's first rank sends its part (a
+    safetensors blob: adapters are small) to every rank, and the ``folder_writer`` ranks (default
+    global rank 0; on node-local disks the first rank of each node) write the merged
+    adapter_model.safetensors and adapter_config.json.
     """
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import load, save, save_file
 
     topo = get_topology()
     tensors = {}
@@ -183,24 +186,21 @@ def save_lora(model, path: str, target_modules: List[str], r: int, alpha: float,
                 full = value if dim is None else unshard(value, layer.base_layer.group, dim)
                 key = f"base_model.model.{name_map(chunk, name)}.{which}.weight"
                 tensors[key] = np.ascontiguousarray(full.asnumpy())
-    part = os.path.join(path, f".adapter_part_{topo.pp.rank}.safetensors")
-    if topo.tp.rank == 0 and topo.cp.rank == 0 and topo.dp.rank == 0:
+    stage_writer = topo.tp.rank == 0 and topo.cp.rank == 0 and topo.dp.rank == 0
+    part = save(tensors) if stage_writer and tensors else b""
+    merged = {}
+    for blob in comm.all_gather_bytes(part, topo.world):
+        if blob:
+            merged.update(load(blob))
+    if topo.rank == 0 if folder_writer is None else folder_writer:
         os.makedirs(path, exist_ok=True)
-        save_file(tensors, part)
-    comm.barrier()
-    if topo.rank == 0:
         config = {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "lora_dropout": dropout,
                   "target_modules": list(target_modules), "bias": "none", "fan_in_fan_out": False,
                   "use_rslora": False, "init_lora_weights": True, "modules_to_save": None, "task_type": None,
                   "base_model_name_or_path": None, "inference_mode": True}
         with open(os.path.join(path, "adapter_config.json"), "w") as f:
             json.dump(config, f, indent=2)
-        merged = {}
-        for stage in range(topo.pp.size):
-            stage_part = os.path.join(path, f".adapter_part_{stage}.safetensors")
-            merged.update(load_file(stage_part))
-            os.remove(stage_part)
-        save_file(merged, os.path.join(path, "adapter_model.safetensors"))
+        save_file(dict(sorted(merged.items())), os.path.join(path, "adapter_model.safetensors"))
     comm.barrier()
 
 
@@ -238,7 +238,9 @@ class PeftAdapters:
         """Read PEFT LoRA adapters into a model `apply_lora` wrapped, this rank's shard."""
         load_lora(self, str(path), self.adapter_name)
 
-    def save_adapter(self, path, lora: LoraConfig, chunks=None):
+    def save_adapter(self, path, lora: LoraConfig, chunks=None, folder_writer: Optional[bool] = None):
         """Write the LoRA adapters (``lora``: the plan's LoraConfig); all ranks call. With virtual
-        pipeline stages pass every chunk this rank holds as ``chunks``."""
-        save_lora(chunks or self, str(path), lora.target_modules, lora.r, lora.alpha, lora.dropout, self.adapter_name)
+        pipeline stages pass every chunk this rank holds as ``chunks``; ``folder_writer`` as in
+        `save_lora`."""
+        save_lora(chunks or self, str(path), lora.target_modules, lora.r, lora.alpha, lora.dropout, self.adapter_name,
+                  folder_writer)

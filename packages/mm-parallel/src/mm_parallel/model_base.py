@@ -124,11 +124,13 @@ class ParallelModel(PeftAdapters, nn.Cell):
         load_weights(model, str(path), model._names_to_read)
         return model
 
-    def save_pretrained(self, path, chunks: Optional[Sequence] = None, dtype: Optional[str] = None) -> None:
+    def save_pretrained(self, path, chunks: Optional[Sequence] = None, dtype: Optional[str] = None,
+                        folder_writer: Optional[bool] = None) -> None:
         """Write the Hugging Face folder its original library loads; every rank calls it. With
         virtual pipeline stages pass every chunk this rank holds as ``chunks``. ``dtype`` (fp32 /
         bf16 / fp16 or the torch names): the weights' dtype on disk; default each parameter's own
-        (a bf16 run writes bf16, its modules kept in fp32 stay fp32, as transformers saves)."""
+        (a bf16 run writes bf16, its modules kept in fp32 stay fp32, as transformers saves).
+        ``folder_writer``: whether this rank writes the config and index (`save_folder`)."""
         from mm_parallel import precision
         from mm_parallel.hf_checkpoint import save_folder
 
@@ -137,7 +139,8 @@ class ParallelModel(PeftAdapters, nn.Cell):
         name = precision.torch_name(target) if target is not None else \
             precision.dominant_dtype_name([p for m in models for p in m.get_parameters()])
         save_folder(models, path, lambda model, name: model._name_to_write(name),
-                    lambda folder: self.write_config(folder, name), base=self.weights_name, dtype=target)
+                    lambda folder: self.write_config(folder, name), base=self.weights_name, dtype=target,
+                    folder_writer=folder_writer)
 
     # -- sequence layout -------------------------------------------------------------------------
 

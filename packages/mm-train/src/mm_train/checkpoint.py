@@ -23,6 +23,12 @@ sha256); `latest` names each newer one it had to skip and why. A save that fails
 removes its partial folder and says so; one killed mid-write leaves a ``.tmp`` folder that the
 next run removes at start. ``keep`` prunes this run's oldest checkpoints, never another run's
 (the run id in trainer_state.json; a resumed run keeps the id of the run it continues).
+
+Node-local disks (``checkpoint.shared_fs: false``, `mm_train.node_disks`): each node's first rank
+does on its own disk what rank 0 does above; the manifest, the same on every node, lists every
+rank's files with the ``nodes`` that hold them. A checkpoint is used when every node's files
+verify and together they hold every listed file (`find_latest_on_nodes`); a rank reads only its
+own disk, so such a run resumes with the layout and the node order that wrote it.
 """
 
 from __future__ import annotations
@@ -70,29 +76,44 @@ def _files(folder: str) -> List[str]:
                   for root, _, names in os.walk(folder) for name in names)
 
 
-def write_manifest(folder: str) -> Dict[str, dict]:
-    """``folder/manifest.json``: {relative path: {size, sha256}} of every other file in it."""
+def file_entries(folder: str) -> Dict[str, dict]:
+    """{relative path: {size, sha256}} of every file in ``folder`` but the manifest."""
     paths = {rel: os.path.join(folder, rel) for rel in _files(folder) if rel != MANIFEST}
-    files = {rel: {"size": os.path.getsize(p), "sha256": file_sha256(p)} for rel, p in paths.items()}
+    return {rel: {"size": os.path.getsize(p), "sha256": file_sha256(p)} for rel, p in paths.items()}
+
+
+def write_manifest(folder: str, files: Optional[Dict[str, dict]] = None) -> Dict[str, dict]:
+    """``folder/manifest.json``: ``files`` (default: `file_entries` of the folder)."""
+    files = file_entries(folder) if files is None else files
     with open(os.path.join(folder, MANIFEST), "w") as f:
         json.dump({"files": files}, f, indent=1)
     return files
 
 
-def verify(folder: str, hashes: bool = True) -> Optional[str]:
-    """None when every file the manifest lists is there with its size and sha256 (only the size
-    without ``hashes``); else why not."""
+def _listed(folder: str) -> Tuple[Optional[Dict[str, dict]], Optional[str]]:
+    """(the manifest's files, None) or (None, why there are none)."""
     manifest = os.path.join(folder, MANIFEST)
     if not os.path.isfile(manifest):
-        return f"no {MANIFEST} (the save did not finish)"
+        return None, f"no {MANIFEST} (the save did not finish)"
     try:
         with open(manifest) as f:
-            files = json.load(f)["files"]
+            return json.load(f)["files"], None
     except (ValueError, KeyError) as error:
-        return f"{MANIFEST} is unreadable ({error})"
+        return None, f"{MANIFEST} is unreadable ({error})"
+
+
+def verify(folder: str, hashes: bool = True, here_only: bool = False) -> Optional[str]:
+    """None when every file the manifest lists is there with its size and sha256 (only the size
+    without ``hashes``); else why not. ``here_only`` (node-local disks): a file this disk does not
+    hold is not a fault — another node's holds it (`verify_on_nodes` checks that)."""
+    files, reason = _listed(folder)
+    if files is None:
+        return reason
     for rel, entry in files.items():
         path = os.path.join(folder, rel)
         if not os.path.isfile(path):
+            if here_only:
+                continue
             return f"{rel} is missing"
         size = os.path.getsize(path)
         if size != entry["size"]:
@@ -120,6 +141,57 @@ def find_latest(out: str) -> Tuple[Optional[str], List[Tuple[str, str]]]:
             return folder, skipped
         skipped.append((folder, reason))
     return None, skipped
+
+
+def _node_verdict(folder: str) -> dict:
+    """What this node's disk holds of a checkpoint: why its part is unusable (or None), the
+    manifest's files, and which of them are here."""
+    if not os.path.isdir(folder):
+        return {"reason": "its folder is not on this disk", "listed": [], "present": []}
+    files, reason = _listed(folder)
+    if files is None:
+        return {"reason": reason, "listed": [], "present": []}
+    present = [rel for rel in sorted(files) if os.path.isfile(os.path.join(folder, rel))]
+    return {"reason": verify(folder, here_only=True), "listed": sorted(files), "present": present}
+
+
+def verify_on_nodes(folder: str, disks, topo) -> Optional[str]:
+    """`verify` across node-local disks (a collective): None when every node's files verify and
+    together they hold every file the manifest lists; else why not, naming the node."""
+    verdicts = [(node, json.loads(data)) for node, data in disks.gather(json.dumps(_node_verdict(folder)).encode(),
+                                                                        topo)]
+    for node, verdict in verdicts:
+        if verdict["reason"]:
+            return f"on node {node}: {verdict['reason']}"
+    listed = verdicts[0][1]["listed"]
+    if any(verdict["listed"] != listed for _, verdict in verdicts):
+        return "the nodes' manifests list different files"
+    held = {rel for _, verdict in verdicts for rel in verdict["present"]}
+    missing = [rel for rel in listed if rel not in held]
+    return f"{missing[0]} is on no node's disk" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "") \
+        if missing else None
+
+
+def find_latest_on_nodes(out: str, disks, topo) -> Tuple[Optional[str], List[Tuple[str, str]]]:
+    """`find_latest` across node-local disks (collectives; every rank gets the same answer)."""
+    root = os.path.join(out, "checkpoints")
+    mine = json.dumps([step for step, _ in _steps(root)]).encode()
+    steps = sorted({step for _, data in disks.gather(mine, topo) for step in json.loads(data)}, reverse=True)
+    skipped = []
+    for step in steps:
+        folder = os.path.join(root, f"step_{step}")
+        reason = verify_on_nodes(folder, disks, topo)
+        if reason is None:
+            return folder, skipped
+        skipped.append((folder, reason))
+    return None, skipped
+
+
+def missing_here(folder: str) -> List[str]:
+    """The manifest's files this disk does not hold, each with the nodes that wrote it."""
+    files, _ = _listed(folder)
+    return [f"{rel} (on node {', '.join(entry.get('nodes', ['?']))})" for rel, entry in sorted((files or {}).items())
+            if not os.path.isfile(os.path.join(folder, rel))]
 
 
 def latest(out: str) -> Optional[str]:
@@ -160,33 +232,38 @@ def _names(chunks, optimizer):
 
 def save(out: str, step: int, chunks, optimizer, topo, lora=None, keep: int = 2,
          data_state: Optional[dict] = None, model_dtype: Optional[str] = None,
-         run: Optional[dict] = None) -> str:
+         run: Optional[dict] = None, disks=None) -> str:
     """Write step_N (every rank calls: the gathers are collectives); returns its path.
     ``chunks``: the model chunks (virtual pipeline stages) this rank holds, usually one;
     ``model_dtype``: the model weights' dtype on disk (default the parameters'; the optimizer
     state is fp32 whatever it is); ``run``: what trainer_state.json records of the run (its
-    ``run_id``, ``recipe``, ``versions``, ``data_fingerprint``)."""
+    ``run_id``, ``recipe``, ``versions``, ``data_fingerprint``); ``disks``: who shares a disk
+    (`mm_train.node_disks`; default one shared file system)."""
     from mm_parallel import comm
+    from mm_train import node_disks
 
-    run = dict(run or {})
+    run, disks = dict(run or {}), disks or node_disks.shared(topo)
     root = os.path.join(out, "checkpoints")
     final, tmp = os.path.join(root, f"step_{step}"), os.path.join(root, f".step_{step}.tmp")
+    writes = disks.folder_writer
     try:
-        if topo.rank == 0:
+        if writes:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
         if topo.world_size > 1:
             comm.barrier(topo.world)
-        chunks[0].save_pretrained(os.path.join(tmp, "model"), chunks, dtype=model_dtype)
+        chunks[0].save_pretrained(os.path.join(tmp, "model"), chunks, dtype=model_dtype, folder_writer=writes)
         if lora is not None:
-            chunks[0].save_adapter(os.path.join(tmp, "adapters"), lora, chunks)
+            chunks[0].save_adapter(os.path.join(tmp, "adapters"), lora, chunks, folder_writer=writes)
         optimizer.save(tmp, _names(chunks, optimizer))  # one file per pipeline stage; waits for every stage
-        if topo.rank == 0:
+        if writes:
             _write_state(tmp, step, data_state, topo, run)
-            write_manifest(tmp)  # last: a folder without it is not a checkpoint
+        files = None if disks.shared else _nodes_manifest(tmp, disks, topo)
+        if writes:
+            write_manifest(tmp, files)  # last: a folder without it is not a checkpoint
             _fsync_tree(tmp)
             _put_in_place(tmp, final)
-            _prune(root, keep, run.get("run_id"))
+            _prune(root, keep, run.get("run_id"), here_only=not disks.shared)
     except OSError as error:  # a full disk, a quota, a read-only mount: nothing half-written stays
         shutil.rmtree(tmp, ignore_errors=True)
         kept = [os.path.basename(f) for _, f in _steps(root)]
@@ -196,6 +273,21 @@ def save(out: str, step: int, chunks, optimizer, topo, lora=None, keep: int = 2,
     if topo.world_size > 1:
         comm.barrier(topo.world)
     return final
+
+
+def _nodes_manifest(folder: str, disks, topo) -> Dict[str, dict]:
+    """The manifest of a checkpoint spread over node-local disks (a collective): every node's
+    files with the ``nodes`` holding them; a file two nodes hold (config, index, trainer_state)
+    must be the same on both."""
+    files: Dict[str, dict] = {}
+    mine = json.dumps(file_entries(folder) if disks.folder_writer else {}).encode()
+    for node, data in disks.gather(mine, topo):
+        for rel, entry in json.loads(data).items():
+            known = files.setdefault(rel, {**entry, "nodes": []})
+            if (known["size"], known["sha256"]) != (entry["size"], entry["sha256"]):
+                raise RuntimeError(f"{rel} of {folder} differs between nodes {known['nodes'][0]} and {node}")
+            known["nodes"].append(node)
+    return files
 
 
 def _write_state(folder: str, step: int, data_state, topo, run: dict) -> None:
@@ -235,13 +327,14 @@ def saved_recipe(folder: str) -> Optional[dict]:
         return json.load(f)
 
 
-def _prune(root: str, keep: int, run_id: Optional[str]) -> None:
+def _prune(root: str, keep: int, run_id: Optional[str], here_only: bool = False) -> None:
     """Keep this run's newest ``keep`` checkpoints (all when keep <= 0) and drop its broken ones (a
-    file missing or of the wrong size: a resume skipped them); other runs' are not touched."""
+    file missing or of the wrong size: a resume skipped them); other runs' are not touched.
+    ``here_only``: node-local disks, where other nodes hold the rest of each checkpoint."""
     if keep <= 0:
         return
     mine = [folder for _, folder in _steps(root) if _run_id(folder) == run_id]
-    whole = [folder for folder in mine if verify(folder, hashes=False) is None]
+    whole = [folder for folder in mine if verify(folder, hashes=False, here_only=here_only) is None]
     for folder in [f for f in mine if f not in whole] + whole[keep:]:
         shutil.rmtree(folder, ignore_errors=True)
 

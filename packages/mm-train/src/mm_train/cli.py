@@ -127,14 +127,18 @@ HCCL_DEFAULT_EXEC_TIMEOUT = 1836
 WATCHDOG_FIRST_MARGIN = 60  # s: the watchdog checks every second; HCCL's error would name no rank
 
 
-def worker_environment(recipe, pid_dir: str, environ: Mapping[str, str] = os.environ) -> Dict[str, str]:
-    """The variables msrun's workers get beside the launcher's own: where they record their pids
-    and, for Ascend, HCCL_EXEC_TIMEOUT kept above train.collective_timeout, so that mm-train's
-    watchdog reports a missing rank before HCCL ends the wait with an error that names none. It is
-    only ever raised above CANN's default (checkpoint writing, exempt from the watchdog, still
-    waits under HCCL's timeout) and a value the user exported is kept (with a warning when it is
-    the shorter one). CPU collectives ignore the variable."""
-    env = {"MM_TRAIN_PID_DIR": pid_dir}
+def worker_environment(recipe, pid_dir: str, environ: Mapping[str, str] = os.environ,
+                       node_rank: int = 0) -> Dict[str, str]:
+    """The variables msrun's workers get beside the launcher's own: where they record their pids,
+    their node (``MM_TRAIN_NODE``: which ranks share a disk, `mm_train.node_disks`) and, for
+    Ascend, HCCL_EXEC_TIMEOUT kept above train.collective_timeout, so that mm-train's watchdog
+    reports a missing rank before HCCL ends the wait with an error that names none. It is only
+    ever raised above CANN's default (checkpoint writing, exempt from the watchdog, still waits
+    under HCCL's timeout) and a value the user exported is kept (with a warning when it is the
+    shorter one). CPU collectives ignore the variable."""
+    from mm_train.node_disks import NODE_VARIABLE
+
+    env = {"MM_TRAIN_PID_DIR": pid_dir, NODE_VARIABLE: str(node_rank)}
     timeout = recipe.train.collective_timeout
     if not timeout:
         return env
@@ -173,7 +177,7 @@ def _launch(args, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0
         launch(Path(__file__).with_name("_worker.py"), local, _worker_argv(args, local * nnodes),
                timeout=args.timeout, log_dir=log_dir, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                master_port=master_port, cluster_timeout=cluster_timeout,
-               env=worker_environment(recipe, str(log_dir / "pids")), tick=relay)
+               env=worker_environment(recipe, str(log_dir / "pids"), node_rank=node_rank), tick=relay)
     except DistributedRunError as error:
         report_failure(log_dir, local, error)
         return 1

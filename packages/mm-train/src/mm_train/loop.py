@@ -22,6 +22,7 @@ model class, its plan and the data; MFU counts the model's FLOPs on the first mi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -30,7 +31,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from mm_train import checkpoint, run_folder
+from mm_train import checkpoint, node_disks, run_folder
 from mm_train.recipe import Recipe, check_layout
 from mm_train.task import Task
 
@@ -47,18 +48,20 @@ def config_overrides(spec) -> dict:
     return dict(spec.config)
 
 
-def build_model(task: Task, recipe: Recipe, topo, resume_from: Optional[str] = None):
+def build_model(task: Task, recipe: Recipe, topo, resume_from: Optional[str] = None, disks=None):
     """(the model chunks this rank holds — one per virtual pipeline stage, usually one — and the
     LoRA config or None): from the checkpoint being resumed, the recipe's path, or its inline
-    config (random weights); then the task's plan (recompute, LoRA, freezing) on each chunk."""
+    config (random weights); then the task's plan (recompute, LoRA, freezing) on each chunk.
+    ``disks``: who shares a disk (`mm_train.node_disks`; default one shared file system)."""
     import mm_parallel.precision
 
     spec = recipe.model
     source = os.path.join(resume_from, "model") if resume_from else spec.path
     if not source and topo.pp.size > 1:
         # a pipeline stage draws only its own parameters, which would differ from the whole model's
-        # draw: rank 0 draws the whole model once, every stage loads its part of it
-        source = _initial_weights(task, recipe, topo)
+        # draw: rank 0 (each node's first rank on node-local disks) draws the whole model once,
+        # every stage loads its part of it
+        source = _initial_weights(task, recipe, topo, disks or node_disks.shared(topo))
     if source:
         overrides = config_overrides(spec) if spec.path else {}
         chunks = [task.model_class.from_pretrained(source, topo, chunk=c, **overrides)
@@ -76,19 +79,36 @@ def build_model(task: Task, recipe: Recipe, topo, resume_from: Optional[str] = N
     return chunks, lora
 
 
+@contextlib.contextmanager
+def _reading_checkpoint(folder: Optional[str], disks):
+    """On node-local disks a rank reads only its own node's part of a checkpoint: a file it needs
+    that another node holds (the layout or the node order changed) is named with what to do."""
+    try:
+        yield
+    except (FileNotFoundError, KeyError) as error:
+        if folder is None or disks.shared:
+            raise
+        elsewhere = checkpoint.missing_here(folder)
+        raise ValueError(f"checkpoint.shared_fs is false and this node ({disks.node}) holds only its own part of "
+                         f"{folder}: {error}. Its other files are on the other nodes' disks "
+                         f"({'; '.join(elsewhere[:3]) or 'none listed'}): resume with the layout and node order that "
+                         "wrote it, or copy every node's files into one folder") from error
+
+
 def _seed(recipe: Recipe) -> None:
     from mm_parallel.tensor_parallel import seed_parameters
 
     seed_parameters(recipe.train.seed)
 
 
-def _initial_weights(task: Task, recipe: Recipe, topo) -> str:
-    """Rank 0 draws the whole model (as one process would) into output_dir/initial_weights."""
+def _initial_weights(task: Task, recipe: Recipe, topo, disks) -> str:
+    """Rank 0 (on node-local disks each node's first rank) draws the whole model (as one process
+    would) into output_dir/initial_weights."""
     from mm_parallel import ParallelConfig, comm
     from mm_parallel.topology import Topology
 
     folder = os.path.join(recipe.output_dir, "initial_weights")
-    if topo.rank == 0:
+    if disks.folder_writer:
         solo = Topology.build(ParallelConfig(), 1, 0)
         _seed(recipe)
         task.model_class(task.inline_config(), solo).save_pretrained(folder)
@@ -176,14 +196,17 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
     ms.set_seed(recipe.train.seed)
     task = (make_task or recipe.family.task_class())(recipe, topo)
     out = recipe.output_dir
-    run = run_folder.start(recipe, task, topo, resume, resume_from, overwrite)
+    disks = node_disks.find(topo, recipe.checkpoint.shared_fs)
+    run = run_folder.start(recipe, task, topo, resume, resume_from, overwrite, disks)
     resume_from = run.resume_from
-    chunks, lora = build_model(task, recipe, topo, resume_from)
+    with _reading_checkpoint(resume_from, disks):
+        chunks, lora = build_model(task, recipe, topo, resume_from, disks)
     moe = any(mm_parallel.moe.moe_layers(chunk) for chunk in chunks)  # looked up once, not per step
     policy = recipe.train.precision_policy()
     optimizer = mm_parallel.DistributedOptimizer(chunks[0] if len(chunks) == 1 else chunks,
                                                  policy.optimizer_config(recipe.optim), topo)
-    first = checkpoint.load_optimizer(resume_from, chunks, optimizer) if resume_from else 0
+    with _reading_checkpoint(resume_from, disks):
+        first = checkpoint.load_optimizer(resume_from, chunks, optimizer) if resume_from else 0
     params = [p for chunk in chunks for p in chunk.trainable_params()]
     # the loss times the loss scale (1 unless fp16 / a static scale) is what is differentiated
     grad_fn = ms.value_and_grad(lambda batch: optimizer.scale_loss(chunks[0](**batch).loss), None, params)
@@ -258,7 +281,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
                 with watchdog.paused():  # the others wait while rank 0 writes and hashes
                     checkpoint.save(out, step + 1, chunks, optimizer, topo, lora, recipe.checkpoint.keep,
                                     data_state=task.position(step + 1), model_dtype=recipe.checkpoint.save_dtype,
-                                    run=run.record)
+                                    run=run.record, disks=disks)
     finally:
         watchdog.stop()
         stream.close()
@@ -278,32 +301,24 @@ BAD_SAMPLES = "bad_samples.jsonl"
 
 def _record_bad_samples(task, topo, out: str) -> None:
     """OUT/bad_samples.jsonl: every sample any rank skipped, {"source", "reason"} per line, once
-    each (a resumed run adds to the rows already there). Each rank writes its own part; rank 0
-    merges them."""
-    mine = getattr(task, "bad_samples", lambda: [])()
-    part = os.path.join(out, f".bad_samples.rank{topo.rank}.jsonl")
-    if mine:
-        os.makedirs(out, exist_ok=True)
-        with open(part, "w") as f:
-            f.writelines(json.dumps({"source": s, "reason": r}) + "\n" for s, r in mine)
-    if topo.world_size > 1:
-        from mm_parallel import comm
+    each (a resumed run adds to the rows already there). The ranks send theirs to rank 0 (a
+    gather: no shared disk needed), which writes the file."""
+    from mm_parallel import comm
 
-        comm.barrier(topo.world)
+    mine = "".join(json.dumps({"source": s, "reason": r}) + "\n" for s, r in getattr(task, "bad_samples", list)())
+    parts = comm.all_gather_bytes(mine.encode(), topo.world)
     if topo.rank != 0:
         return
-    path, rows = os.path.join(out, BAD_SAMPLES), {}
-    parts = [path] + [os.path.join(out, f".bad_samples.rank{r}.jsonl") for r in range(topo.world_size)]
-    for file in parts:
-        if os.path.exists(file):
-            with open(file) as f:
-                for line in f:
-                    if line.strip():
-                        row = json.loads(line)
-                        rows.setdefault(row["source"], row)
-            if file != path:
-                os.remove(file)
+    path, rows, lines = os.path.join(out, BAD_SAMPLES), {}, []
+    if os.path.exists(path):
+        with open(path) as f:
+            lines = f.read().splitlines()
+    for line in lines + [line for part in parts for line in part.decode().splitlines()]:
+        if line.strip():
+            row = json.loads(line)
+            rows.setdefault(row["source"], row)
     if rows:
+        os.makedirs(out, exist_ok=True)
         with open(path, "w") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows.values())
 

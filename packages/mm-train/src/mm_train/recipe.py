@@ -101,6 +101,9 @@ class CheckpointSection:
     every: int = 0  # 0: no checkpoints
     keep: int = 2
     save_dtype: Optional[str] = None  # the model weights' dtype on disk (fp32 | bf16 | fp16); None: the run's
+    # false: output_dir is on each node's own disk; each node keeps its part of every checkpoint
+    # (mm_train.node_disks), and a run resumes with the layout and node order that wrote it
+    shared_fs: bool = True
 
     def __post_init__(self):
         if self.save_dtype not in (None, "fp32", "bf16", "fp16"):

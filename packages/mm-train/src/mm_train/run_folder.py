@@ -122,18 +122,40 @@ class RunStart:
 
 
 def start(recipe, task, topo, resume: bool = False, resume_from: Optional[str] = None,
-          overwrite: bool = False) -> RunStart:
+          overwrite: bool = False, disks=None) -> RunStart:
     """Before training (every rank calls): claim output_dir, tidy interrupted saves, choose the
     checkpoint to resume (``resume_from``, else the newest that verifies when ``resume``) and
     refuse one whose model, data order or data set differ from this run's. Rank 0 decides and
-    reads the disk; the others follow its decision (one collective), so they never disagree."""
-    out, step, record = recipe.output_dir, _REFUSED, {}
+    reads the disk; the others follow its decision (one collective), so they never disagree. On
+    node-local disks (``disks``, `mm_train.node_disks`) each node's first rank tidies its own
+    disk and the choice checks every node's part of a checkpoint (collectives of every rank)."""
+    from mm_train import checkpoint, node_disks
+
+    out, step, record, problem = recipe.output_dir, _REFUSED, {}, None
+    disks = disks or node_disks.shared(topo)
+    try:
+        if disks.folder_writer:
+            _tidy(out, resume or bool(resume_from), overwrite, claim=topo.rank == 0)
+    except ValueError as error:
+        problem = error
+    if disks.shared:
+        chosen = _choose(out, resume, resume_from, checkpoint.verify, checkpoint.find_latest) \
+            if topo.rank == 0 else None
+    else:  # every rank takes part: the verdicts are gathered from each node
+        chosen = _choose(out, resume, resume_from, lambda folder: checkpoint.verify_on_nodes(folder, disks, topo),
+                         lambda out: checkpoint.find_latest_on_nodes(out, disks, topo))
     if topo.rank == 0:
         try:
-            step, record = _decide(recipe, task, resume, resume_from, overwrite)
+            if problem is not None:
+                raise problem
+            step, record = _decide(recipe, task, resume, chosen)
         except (ValueError, FileNotFoundError) as error:
             problem = error
     step = _shared_int(topo, step)
+    if not disks.shared and step != _REFUSED:  # each node's first rank writes trainer_state / recipe.json
+        from mm_parallel import comm
+
+        record = json.loads(comm.all_gather_bytes(json.dumps(record, default=str).encode(), topo.world)[0])
     if step == _REFUSED:
         if topo.rank == 0:
             raise problem
@@ -146,27 +168,43 @@ def start(recipe, task, topo, resume: bool = False, resume_from: Optional[str] =
 _REFUSED = -2
 
 
-def _decide(recipe, task, resume, resume_from, overwrite) -> Tuple[int, dict]:
-    """Rank 0's part of `start`: (the step to resume, -1 for none; the run's record)."""
-    from mm_train import checkpoint, data_fingerprint
+def _tidy(out: str, resuming: bool, overwrite: bool, claim: bool) -> None:
+    """Claim output_dir (``claim``: rank 0), clear it under --overwrite, tidy interrupted saves."""
+    from mm_train import checkpoint
 
-    out = recipe.output_dir
-    check_unclaimed(out, resume or bool(resume_from), overwrite)
-    if overwrite and not (resume or resume_from):
+    if claim:
+        check_unclaimed(out, resuming, overwrite)
+    if overwrite and not resuming:
         for name in clear(out):
             _say(f"--overwrite removed {os.path.join(out, name)}")
     for line in checkpoint.recover(out):
         _say(line)
-    folder = None
+
+
+def _choose(out: str, resume: bool, resume_from: Optional[str], verify, find_latest):
+    """(the checkpoint folder to resume or None, [(skipped folder, reason)], or why
+    ``resume_from`` cannot be used) — `verify` / `find_latest` of one disk or of every node's."""
     if resume_from:
-        reason = checkpoint.verify(resume_from)
+        reason = verify(resume_from)
         if reason:
-            raise ValueError(f"--resume-from {resume_from} cannot be used: {reason}")
-        folder = resume_from
-    elif resume:
-        folder, skipped = checkpoint.find_latest(out)
-        for bad, reason in skipped:
-            _say(f"skipping checkpoint {bad}: {reason}")
+            return None, [], f"--resume-from {resume_from} cannot be used: {reason}"
+        return resume_from, [], None
+    if resume:
+        folder, skipped = find_latest(out)
+        return folder, skipped, None
+    return None, [], None
+
+
+def _decide(recipe, task, resume, chosen) -> Tuple[int, dict]:
+    """Rank 0's part of `start`: (the step to resume, -1 for none; the run's record)."""
+    from mm_train import checkpoint, data_fingerprint
+
+    out = recipe.output_dir
+    folder, skipped, refusal = chosen
+    if refusal:
+        raise ValueError(refusal)
+    for bad, reason in skipped:
+        _say(f"skipping checkpoint {bad}: {reason}")
     fingerprint = data_fingerprint.fingerprint(*task.data_files())
     record = {"run_id": uuid.uuid4().hex, "versions": versions(), "data_fingerprint": fingerprint,
               "recipe": recipe.to_dict()}

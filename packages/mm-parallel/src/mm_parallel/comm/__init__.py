@@ -8,6 +8,7 @@ These functions are not differentiable; `mm_parallel.mappings` wraps them with t
 
     all_reduce(x, g, op)        every rank gets op(x_0, ..., x_{n-1})          op: sum avg max min
     all_gather(x, g, dim)       every rank gets cat(x_0, ..., x_{n-1}; dim)     (group-rank order)
+    all_gather_bytes(b, g)      every rank gets [b_0, ..., b_{n-1}]: byte strings of any lengths
     reduce_scatter(x, g, dim)   rank i gets chunk i (along dim) of sum_j x_j
     all_to_all(x, g, s, c)      rank i gets cat_j(chunk i along s of x_j; along c)
     all_to_all_v(x, g, s, r)    rank i gets cat_j(rows of x_j addressed to i; dim 0): rank j sends
@@ -21,7 +22,7 @@ These functions are not differentiable; `mm_parallel.mappings` wraps them with t
 from __future__ import annotations
 
 import os
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import mindspore as ms
 
@@ -101,6 +102,22 @@ def all_gather(x, group: Optional[Group] = None, dim: int = 0):
     if group.size == 1:
         return x
     return watched("all_gather", group.ranks, get_backend().all_gather, x, group, dim)
+
+
+def all_gather_bytes(data: bytes, group: Optional[Group] = None) -> List[bytes]:
+    """Every member's ``data`` (any length, empty too), in group-rank order: what ranks tell each
+    other of what they wrote (file names, hashes, small files) without a shared disk. Two
+    gathers: the lengths, then the bytes padded to the longest (uint8)."""
+    import numpy as np
+
+    group = _group(group)
+    if group.size == 1:
+        return [bytes(data)]
+    lengths = all_gather(ms.Tensor(np.array([len(data)], np.int64)), group).asnumpy()
+    mine = np.zeros((1, max(1, int(lengths.max()))), np.uint8)
+    mine[0, :len(data)] = np.frombuffer(bytes(data), np.uint8)
+    rows = all_gather(ms.Tensor(mine), group).asnumpy()
+    return [rows[i, :int(n)].tobytes() for i, n in enumerate(lengths)]
 
 
 def reduce_scatter(x, group: Optional[Group] = None, dim: int = 0, op: str = "sum"):
