@@ -91,6 +91,70 @@ def test_chat_template_text_labels_and_token_types(tokenizer):
         len(out["input_ids"]) - 3
 
 
+def _hf_messages(conversation):
+    """A parsed conversation as transformers' chat messages (media as content items)."""
+    import re
+
+    def content(text):
+        pieces = [p for p in re.split(r"(<image>|<video>)", text) if p]
+        return [{"type": p[1:-1]} if p in ("<image>", "<video>") else {"type": "text", "text": p} for p in pieces]
+
+    system = [] if conversation.system is None else [{"role": "system", "content": conversation.system}]
+    return system + [{"role": role, "content": content(text)} for role, text in conversation.turns]
+
+
+@pytest.mark.parametrize("default_system", ["You are a helpful assistant.", None])
+def test_chat_template_as_jinja_renders_what_encode_trains_on(tokenizer, default_system):
+    """transformers' apply_chat_template with `jinja()`, each pad expanded to the media's count (what
+    its Qwen processors do), tokenises to `encode`'s ids: one image, a video, two turns, an own system."""
+    template = QwenChatTemplate(tokenizer, default_system)
+    tokenizer.chat_template = template.jinja()
+    entries = [{"messages": [{"role": "user", "content": "<image>What is in the picture?"},
+                             {"role": "assistant", "content": "A cat on a mat."},
+                             {"role": "user", "content": "And the second one?<video>"},
+                             {"role": "assistant", "content": "Two dogs."}], "images": ["a.png"], "videos": ["b.mp4"]},
+               {"messages": [{"role": "system", "content": "system user"},
+                             {"role": "user", "content": "Describe the video.<video>"},
+                             {"role": "assistant", "content": "A bar moves down."}], "videos": ["b.mp4"]},
+               {"messages": [{"role": "user", "content": "What is in the picture?"},
+                             {"role": "assistant", "content": "Two dogs."}]}]
+    for entry in entries:
+        conversation = parse_entry(entry, "c")
+        counts = {"<|image_pad|>": [3] * len(conversation.images), "<|video_pad|>": [2, 4][:len(conversation.videos)]}
+        want = template.encode(conversation, counts["<|image_pad|>"], counts["<|video_pad|>"])["input_ids"].tolist()
+        text = rendered = tokenizer.apply_chat_template(_hf_messages(conversation), tokenize=False)
+        for pad, sizes in counts.items():
+            pieces = text.split(pad)
+            text = pieces[0] + "".join(pad * n + rest for n, rest in zip(sizes, pieces[1:]))
+        assert tokenizer(text, add_special_tokens=False)["input_ids"] == want, text
+        prompt = tokenizer.apply_chat_template(_hf_messages(conversation)[:-1], tokenize=False,
+                                               add_generation_prompt=True)
+        assert rendered.startswith(prompt) and prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_processor_settings_round_trip_through_transformers_names(tmp_path):
+    """`to_dict` is a preprocessor_config.json transformers' image processor loads with the same
+    settings (same pixels out), and each processor class builds itself again from it."""
+    from transformers import AutoImageProcessor
+
+    from mm_data.vl import Qwen3VLVideoProcessor
+
+    image = Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=64 * 28 * 28, patch_size=14)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(
+        {**image.to_dict(), "image_processor_type": "Qwen2VLImageProcessor"}))
+    loaded = AutoImageProcessor.from_pretrained(tmp_path)
+    picture = np.random.default_rng(1).integers(0, 256, (97, 41, 3), dtype=np.uint8)
+    want = image(picture)
+    got = loaded([picture], return_tensors="np")
+    assert np.array_equal(got["image_grid_thw"], want["image_grid_thw"])
+    assert np.array_equal(got["pixel_values"], want["pixel_values"])
+    assert Qwen2VLImageProcessor(**image.to_dict()).to_dict() == image.to_dict()
+    for video in (Qwen2VLVideoProcessor(max_pixels=32 * 28 * 28, fps=2.0),
+                  Qwen3VLVideoProcessor(min_pixels=32 * 32, fps=1.0, cap_pixels_per_frame=True)):
+        again = type(video)(**json.loads(json.dumps(video.to_dict())))
+        assert again.to_dict() == video.to_dict() and again.fps == video.fps and again.size == video.size
+
+
 def test_video_processor_frames_match_transformers_image_processor():
     from PIL import Image
     from transformers import Qwen2VLImageProcessorPil

@@ -69,6 +69,31 @@ def test_merge_lora_wan(tmp_path):
     _check(base, merged, expected)
 
 
+def _check_processing_files(folder, step, data):
+    """The exported folder holds the run's tokenizer with its chat template and its processors'
+    settings, as transformers loads them: the same ids and the same pixels as training used."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    from mm_data.vl import Qwen2VLVideoProcessor, QwenChatTemplate
+    from mm_train.families.qwen2_5_vl import VLTask, vl_tokenizer
+    from mm_train.recipe import load_recipe
+
+    recipe = load_recipe(str(step / "recipe.json"))
+    trained = vl_tokenizer(str(data / "tokenizer.json"))
+    loaded = AutoTokenizer.from_pretrained(folder)
+    assert loaded.chat_template == QwenChatTemplate(trained, recipe.data.system).jinja()
+    caption = json.loads((data / "data.json").read_text())[0]["messages"][1]["content"]
+    assert loaded(caption)["input_ids"] == trained(caption)["input_ids"]
+    image, video = VLTask.processors(recipe.data)
+    picture = np.random.default_rng(0).integers(0, 256, (70, 50, 3), dtype=np.uint8)
+    got = AutoImageProcessor.from_pretrained(folder)([picture], return_tensors="np")
+    assert np.array_equal(got["pixel_values"], image(picture)["pixel_values"])
+    settings = json.loads((folder / "video_preprocessor_config.json").read_text())
+    assert settings["processor_class"] == "Qwen2_5_VLProcessor"
+    assert Qwen2VLVideoProcessor(**{k: v for k, v in settings.items() if not k.endswith(("_type", "_class"))}) \
+        .to_dict() == video.to_dict()
+
+
 @pytest.mark.distributed
 def test_export_a_lora_training_checkpoint(tmp_path):
     from pathlib import Path
@@ -91,5 +116,6 @@ def test_export_a_lora_training_checkpoint(tmp_path):
     expected = _expected({k: v.numpy() for k, v in base.items()}, step / "adapters", adapter["lora_alpha"],
                          adapter["r"])
     _check({k: v.numpy() for k, v in base.items()}, {k: v.numpy() for k, v in exported.items()}, expected)
+    _check_processing_files(tmp_path / "exported", step, tmp_path / "data")
     bad = mm_train("convert", "checkpoint", str(tmp_path), str(tmp_path / "x"), data=tmp_path / "data")
     assert bad.returncode == 2 and "not a complete training checkpoint" in bad.stderr

@@ -1,6 +1,8 @@
 """Recipes: typed sections, --set overrides read as YAML, unknown keys named with the closest
 valid one, impossible layouts refused before any process starts."""
 
+import json
+
 import pytest
 
 from mm_train.recipe import build_recipe, check_layout, load_recipe
@@ -69,6 +71,23 @@ def test_values_are_typed():
         load_recipe(None, ["optim.lr=fast"])
     with pytest.raises(ValueError, match="train.steps must be a int"):
         load_recipe(None, ["train.steps=2.5"])
+
+
+def test_a_file_may_write_exponents_and_a_saved_recipe_json_loads_back(tmp_path):
+    """YAML 1.1 reads ``1e-8`` (no dot) as a string: number fields take it as the number; a
+    checkpoint's recipe.json (JSON writes 1e-08) loads back to the same recipe."""
+    import yaml
+
+    from mm_train import families
+
+    values = yaml.safe_load(families.default_recipe().read_text())
+    values.setdefault("optim", {}).update(yaml.safe_load("eps: 1e-8\nlr: 3E-4"))
+    assert values["optim"]["eps"] == "1e-8"  # what PyYAML makes of it
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(values).replace("'1e-8'", "1e-8"))
+    recipe = load_recipe(str(tmp_path / "r.yaml"))
+    assert recipe.optim.eps == 1e-8 and recipe.optim.lr == 3e-4
+    (tmp_path / "recipe.json").write_text(json.dumps(recipe.to_dict(), default=str))
+    assert load_recipe(str(tmp_path / "recipe.json")).to_dict() == recipe.to_dict()
 
 
 SHIPPED = {"qwen2_5_vl_tiny.yaml": [1, 2], "qwen2_5_vl_tiny_lora.yaml": [1, 2], "wan2_1_t2v_tiny.yaml": [1, 2],

@@ -6,7 +6,10 @@
   as a folder of the same format; the base's other files (tokenizer, processor, generation config)
   are copied along.
 - ``checkpoint STEP_DIR OUT``: a training checkpoint (OUT/checkpoints/step_N) as a standalone
-  folder, its LoRA adapters merged if the run trained some.
+  folder, its LoRA adapters merged if the run trained some, with the files that make it a whole
+  model folder: those beside the weights of the run's model.path (the originals: tokenizer,
+  processor, chat template, generation config), else what the family writes from the recipe the
+  checkpoint recorded (the tokenizer it trained with, its chat template, its processor settings).
 - ``experts SRC OUT --layout L``: a MoE model's expert tensors rewritten in another layout (fused
   in-memory, the hub's transposed fused, or per-expert keys; mm_parallel.moe.checkpoint), every
   other tensor and file as it is. Any layout loads as it is; this is for tools that need one.
@@ -65,9 +68,32 @@ def export_checkpoint(step_dir: str, out: str) -> str:
     if not os.path.isfile(os.path.join(step_dir, "trainer_state.json")) or not os.path.isdir(model):
         raise FileNotFoundError(f"{step_dir} is not a complete training checkpoint (model/ and trainer_state.json)")
     if os.path.isdir(adapters):
-        return merge_lora(model, adapters, out)
-    shutil.copytree(model, out, dirs_exist_ok=True)
+        merge_lora(model, adapters, out)
+    else:
+        shutil.copytree(model, out, dirs_exist_ok=True)
+    for line in _processing_files(step_dir, out):
+        print(line)
     return out
+
+
+def _processing_files(step_dir: str, out: str) -> list:
+    """The files beside the weights (see the module docstring); returns what it did, a line each."""
+    from mm_train.recipe import load_recipe
+
+    recorded = os.path.join(step_dir, "recipe.json")
+    if not os.path.isfile(recorded):
+        return [f"{step_dir} records no recipe.json (a checkpoint from before mm-train 0.1.7): only the model "
+                "was exported; copy the tokenizer and processor files into it by hand"]
+    recipe = load_recipe(recorded)
+    source = recipe.model.path
+    if source and os.path.isdir(source):
+        before = set(os.listdir(out))
+        _copy_side_files(source, out)
+        return [f"copied from {source}: {', '.join(sorted(set(os.listdir(out)) - before)) or 'nothing new'}"]
+    if recipe.family.processing is None:
+        return []
+    written = families.resolve(recipe.family.processing, recipe.family.extra)(recipe, out)
+    return [f"wrote {', '.join(written)} (the run's tokenizer and processor settings)"]
 
 
 # mm_parallel.moe.checkpoint.LAYOUTS, named here so the CLI starts without importing MindSpore (a test checks)

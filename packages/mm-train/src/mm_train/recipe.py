@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -168,11 +170,17 @@ def _unknown(kind: str, key: str, valid: Sequence[str]) -> ValueError:
     return ValueError(f"unknown {kind} {key!r}{hint}")
 
 
+_EXPONENT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
 def _check_types(section: str, cls, given: dict) -> None:
     """A number field given a non-number (or a flag given a non-bool) is an error naming it."""
     defaults = {f.name: f.default for f in fields(cls) if f.default is not dataclasses.MISSING}
     for key, value in given.items():
         default = defaults.get(key)
+        if isinstance(default, (int, float)) and not isinstance(default, bool) and isinstance(value, str) \
+                and _EXPONENT.match(value):
+            value = given[key] = float(value)  # YAML 1.1 reads 1e-8 (no dot) as a string
         if isinstance(default, bool):
             ok = isinstance(value, bool)
         elif isinstance(default, (int, float)):
@@ -314,8 +322,8 @@ def load_recipe(path: Optional[str] = None, overrides: Sequence[str] = ()) -> Re
     """The recipe at ``path`` (a YAML file, safe_load, or a built-in recipe's name; None: the
     built-in default), with overrides."""
     source = resolve_recipe(path)
-    with open(source) as f:
-        values = yaml.safe_load(f) or {}
+    with open(source) as f:  # a checkpoint's recipe.json is read as JSON (YAML would differ on 1e-08)
+        values = (json.load(f) if str(source).endswith(".json") else yaml.safe_load(f)) or {}
     if not isinstance(values, dict):
         raise ValueError(f"{source} must hold a mapping of sections, got {type(values).__name__}")
     return build_recipe(values, overrides)

@@ -51,7 +51,10 @@ class Qwen2VLImageProcessor:
                  max_pixels: Optional[int] = None, do_rescale: bool = True, rescale_factor: float = 1 / 255,
                  do_normalize: bool = True, image_mean: Sequence[float] = CLIP_MEAN,
                  image_std: Sequence[float] = CLIP_STD, do_convert_rgb: bool = True, patch_size: int = 14,
-                 temporal_patch_size: int = 2, merge_size: int = 2, num_threads: int = 1):
+                 temporal_patch_size: int = 2, merge_size: int = 2, num_threads: int = 1, resample: int = 3):
+        if resample != 3:
+            raise ValueError(f"resample={resample}: this processor resizes with PIL's bicubic filter only (3), as "
+                             "Qwen2-VL's processors do by default")
         size = dict(size or {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280})
         if min_pixels is not None:
             size["shortest_edge"] = min_pixels
@@ -68,6 +71,16 @@ class Qwen2VLImageProcessor:
         bytes_per_channel = np.broadcast_to(np.arange(256, dtype=np.uint8), (len(self.image_mean), 256))
         lookup = self._rescale_normalize(bytes_per_channel) if do_rescale and do_normalize else None
         self._tables = None if lookup is None else [row.tolist() for row in lookup]
+
+    def to_dict(self) -> Dict:
+        """The settings under transformers' names (a preprocessor_config.json's, which
+        transformers' Qwen2-VL image processors and this class's constructor both read)."""
+        return {"do_resize": self.do_resize, "size": dict(self.size), "resample": 3,  # PIL bicubic, as resized here
+                "do_rescale": self.do_rescale, "rescale_factor": self.rescale_factor,
+                "do_normalize": self.do_normalize, "image_mean": list(self.image_mean),
+                "image_std": list(self.image_std), "do_convert_rgb": self.do_convert_rgb,
+                "patch_size": self.patch_size, "temporal_patch_size": self.temporal_patch_size,
+                "merge_size": self.merge_size}
 
     def __call__(self, images, **_) -> Dict[str, np.ndarray]:
         images = [self._pil(image) for image in (images if isinstance(images, (list, tuple)) else [images])]

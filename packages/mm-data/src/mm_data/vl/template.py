@@ -16,6 +16,7 @@ the expanded string whole (tested), without building strings of thousands of pad
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Dict, List, Optional, Sequence
 
@@ -113,6 +114,29 @@ class QwenChatTemplate:
             types[np.asarray(ids) == self.ids[token]] = kind
         return {"input_ids": np.asarray(ids, np.int64), "labels": np.asarray(labels, np.int64),
                 "mm_token_type_ids": types}
+
+    def jinja(self) -> str:
+        """This format as a Hugging Face chat template (tokenizer_config's ``chat_template``), for
+        messages whose content is a string or a list of {"type": "text" | "image" | "video"} items:
+        each image / video is written as ``<|vision_start|><|image_pad|><|vision_end|>`` (one pad;
+        the processor expands it to the media's tokens, as transformers' Qwen processors do), the
+        default system turn is this template's, ``add_generation_prompt`` opens the assistant turn.
+        Tokenised after that expansion it gives `encode`'s ids (tested)."""
+        system = json.dumps(self.default_system or "")
+        media = "".join(f'{{%- elif item.type == "{kind}" or "{kind}" in item -%}}<|vision_start|><|{kind}_pad|>'
+                        f"<|vision_end|>" for kind in ("image", "video"))
+        return (f"{{%- set default_system = {system} -%}}"
+                '{%- if messages and messages[0].role != "system" and default_system -%}'
+                "<|im_start|>system{{ '\\n' }}{{ default_system }}<|im_end|>{{ '\\n' }}{%- endif -%}"
+                "{%- for message in messages -%}"
+                "<|im_start|>{{ message.role }}{{ '\\n' }}"
+                "{%- if message.content is string -%}{{ message.content }}"
+                "{%- else -%}{%- for item in message.content -%}"
+                '{%- if item.type == "text" -%}{{ item.text }}' + media +
+                "{%- endif -%}{%- endfor -%}{%- endif -%}"
+                "<|im_end|>{{ '\\n' }}"
+                "{%- endfor -%}"
+                "{%- if add_generation_prompt -%}<|im_start|>assistant{{ '\\n' }}{%- endif -%}")
 
     def render(self, conversation: Conversation, image_tokens: Sequence[int] = (),
                video_tokens: Sequence[int] = ()) -> str:

@@ -50,6 +50,17 @@ class Qwen2VLVideoProcessor:
         self.fps, self.num_frames = fps, num_frames
         self.cap_pixels_per_frame, self.max_video_tokens = bool(cap_pixels_per_frame), max_video_tokens
 
+    def to_dict(self) -> Dict:
+        """The settings under transformers' names (a video_preprocessor_config.json's; this class's
+        constructor reads them back)."""
+        frames = {k: v for k, v in self.frames.to_dict().items() if k != "resample"}
+        settings = {**frames, "temporal_patch_size": self.temporal_patch_size, "min_frames": self.min_frames,
+                    "max_frames": self.max_frames, "do_sample_frames": self.do_sample_frames, "fps": self.fps,
+                    "num_frames": self.num_frames, "max_video_tokens": self.max_video_tokens}
+        if self.cap_pixels_per_frame:
+            settings["cap_pixels_per_frame"] = True
+        return settings
+
     def sample_frames(self, total_num_frames: int, video_fps: Optional[float], num_frames: Optional[int] = None,
                       fps: Optional[float] = None) -> np.ndarray:
         """Indices of the frames to keep: ``num_frames`` (rounded to temporal patches) or ``fps``

@@ -67,6 +67,9 @@ class FamilySpec:
     extra: str  # the pip extra of mm-train that installs the model package
     sections: Dict[str, type] = field(default_factory=dict)  # recipe sections of this family only
     recipes: Tuple[BuiltinRecipe, ...] = ()
+    # "module:function" (recipe, folder) -> [files]: what a model folder needs beside its weights
+    # (tokenizer, chat template, processor configs) as the run used them; `convert checkpoint` calls it
+    processing: Optional[str] = None
 
     def model_class(self, config: Optional[dict] = None):
         """The model class of a config.json mapping (its model_type / _class_name), else the default."""

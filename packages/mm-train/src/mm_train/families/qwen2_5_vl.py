@@ -44,18 +44,66 @@ class VLDataSection(DataSection):
             self.require_path("a LLaMA-Factory JSON / JSONL file")
 
 
+def pixel_bounds(data) -> Dict[str, int]:
+    return {k: v for k, v in (("min_pixels", data.min_pixels), ("max_pixels", data.max_pixels)) if v}
+
+
+def data_sources(recipe):
+    """(the built-in set's folder or None, the annotation file, the tokenizer's folder or file)."""
+    data = recipe.data
+    if data.kind == "tiny_vl":
+        from mm_train.tiny_data import default_folder
+
+        folder = data.path or default_folder()
+        return folder, os.path.join(folder, "data.json"), os.path.join(folder, "tokenizer.json")
+    return None, data.path, data.tokenizer or recipe.model.path
+
+
+def vl_tokenizer(path: str):
+    return load_tokenizer(path, pad_token="<|endoftext|>", eos_token="<|im_end|>")
+
+
+def write_processing_files(recipe, out: str) -> list:
+    """What a model folder needs beside its weights to be used as trained — the tokenizer with
+    the run's chat template (its default system turn), preprocessor_config.json and
+    video_preprocessor_config.json with the run's processor settings — written into ``out``
+    (`mm-train convert checkpoint`). Returns the files written."""
+    import json
+
+    from mm_data.vl import QwenChatTemplate
+
+    _, _, tokenizer_path = data_sources(recipe)
+    if not tokenizer_path or not os.path.exists(tokenizer_path):
+        raise FileNotFoundError(f"the tokenizer this run trained with is not at {tokenizer_path}; set data.tokenizer "
+                                "(or model.path) to it")
+    before = set(os.listdir(out))
+    tokenizer = vl_tokenizer(tokenizer_path)
+    tokenizer.chat_template = QwenChatTemplate(tokenizer, recipe.data.system).jinja()
+    tokenizer.save_pretrained(out)
+    task = recipe.family.task_class()
+    image, video = task.processors(recipe.data)
+    kinds = {"preprocessor_config.json": (image, "image_processor_type", "Qwen2VLImageProcessor"),
+             "video_preprocessor_config.json": (video, "video_processor_type", type(video).__name__)}
+    for name, (processor, key, kind) in kinds.items():
+        with open(os.path.join(out, name), "w") as f:
+            json.dump({**processor.to_dict(), key: kind, "processor_class": task.processor_class}, f, indent=2)
+    return sorted(set(os.listdir(out)) - before)
+
+
 class VLTask(FamilyTask):
     """See the module docstring and mm_train.task. A sibling family (Qwen3-VL) changes the class
     attributes: its transformers config class and its processors' settings."""
 
     config_class = "Qwen2_5_VLConfig"
+    processor_class = "Qwen2_5_VLProcessor"  # what a saved folder's preprocessor_config.json names
     processor_options: Dict = {}  # patch size, mean / std ... of both processors (defaults: Qwen2-VL's)
 
-    def processors(self, pixels: Dict):
+    @classmethod
+    def processors(cls, data):
         """(image processor, video processor) with the data section's pixel bounds."""
         from mm_data.vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
-        options = {**self.processor_options, **pixels}
+        options = {**cls.processor_options, **pixel_bounds(data)}
         return Qwen2VLImageProcessor(**options), Qwen2VLVideoProcessor(**options)
 
     def __init__(self, recipe, topo):
@@ -65,17 +113,14 @@ class VLTask(FamilyTask):
         super().__init__(recipe, topo)
         data, train = recipe.data, recipe.train
         if data.kind == "tiny_vl":
-            from mm_train.tiny_data import default_folder, generate
+            from mm_train.tiny_data import generate
 
-            folder = data.path or default_folder()
-            once_on_rank_zero(topo, lambda: generate(folder, data.samples))  # the set exists before anyone reads it
-            annotations, tokenizer_path = os.path.join(folder, "data.json"), os.path.join(folder, "tokenizer.json")
-        else:
-            annotations, tokenizer_path = data.path, data.tokenizer or recipe.model.path
+            # the set exists before anyone reads it
+            once_on_rank_zero(topo, lambda: generate(data_sources(recipe)[0], data.samples))
+        _, annotations, tokenizer_path = data_sources(recipe)
         self.annotations = annotations
-        self.tokenizer = load_tokenizer(tokenizer_path, pad_token="<|endoftext|>", eos_token="<|im_end|>")
-        pixels = {k: v for k, v in (("min_pixels", data.min_pixels), ("max_pixels", data.max_pixels)) if v}
-        image_processor, video_processor = self.processors(pixels)
+        self.tokenizer = vl_tokenizer(tokenizer_path)
+        image_processor, video_processor = self.processors(data)
         self.dataset = VLSFTDataset.from_file(
             annotations, self.tokenizer, media_dir=data.media_dir, max_bad_fraction=data.max_bad_fraction,
             image_processor=image_processor, video_processor=video_processor,
@@ -135,6 +180,7 @@ SPEC = register(FamilySpec(
     plan="mm_models_vl.qwen2_5_vl.parallel_plan:parallelize",
     lora_config="mm_models_vl.qwen2_5_vl.parallel_plan:LoraConfig",
     extra="vl",
+    processing="mm_train.families.qwen2_5_vl:write_processing_files",
     recipes=(
         BuiltinRecipe("qwen2_5_vl_tiny", "qwen2_5_vl_tiny.yaml",
                       "a tiny random Qwen2.5-VL captions generated pictures (about a minute)", "1-2 CPU processes",

@@ -11,20 +11,23 @@ their routing (expert imbalance, dropped tokens) and steps aux-free expert biase
 from __future__ import annotations
 
 from mm_train.families import BuiltinRecipe, FamilySpec, register
-from mm_train.families.qwen2_5_vl import VLDataSection, VLTask
+from mm_train.families.qwen2_5_vl import VLDataSection, VLTask, pixel_bounds
 
 QWEN3_PROCESSING = dict(patch_size=16, image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5))
 
 
 class Qwen3VLTask(VLTask):
     config_class = "Qwen3VLConfig"
+    processor_class = "Qwen3VLProcessor"
     processor_options = QWEN3_PROCESSING
 
-    def processors(self, pixels):
+    @classmethod
+    def processors(cls, data):
         from mm_data.vl import Qwen2VLImageProcessor, Qwen3VLVideoProcessor
 
-        return (Qwen2VLImageProcessor(**{**self.processor_options, **pixels}),
-                Qwen3VLVideoProcessor(fps=self.recipe.data.video_fps, **pixels))
+        pixels = pixel_bounds(data)
+        return (Qwen2VLImageProcessor(**{**cls.processor_options, **pixels}),
+                Qwen3VLVideoProcessor(fps=data.video_fps, **pixels))
 
 
 class Qwen3VLMoeTask(Qwen3VLTask):
@@ -33,7 +36,8 @@ class Qwen3VLMoeTask(Qwen3VLTask):
 
 _COMMON = dict(data_sections={"tiny_vl": VLDataSection, "llamafactory": VLDataSection},
                plan="mm_models_vl.qwen3_vl.parallel_plan:parallelize",
-               lora_config="mm_models_vl.qwen3_vl.parallel_plan:LoraConfig", extra="vl")
+               lora_config="mm_models_vl.qwen3_vl.parallel_plan:LoraConfig", extra="vl",
+               processing="mm_train.families.qwen2_5_vl:write_processing_files")
 
 DENSE = register(FamilySpec(
     name="qwen3_vl",
