@@ -5,7 +5,7 @@ state Wan I2V takes, last hidden state and pooled output)."""
 import numpy as np
 import pytest
 import torch
-from torch_reference import rel_err
+from torch_reference import assert_same_state, rel_err
 
 
 def randomise(model, seed: int = 0):
@@ -55,6 +55,8 @@ def test_umt5_encoder_equals_transformers(tmp_path):
     got = ours(ids, attention_mask=mask).last_hidden_state.asnumpy()
     keep = mask.astype(bool)  # padded positions are computed but meaningless
     assert rel_err(got[keep], want.numpy()[keep]) <= 1e-5
+    ours.save_pretrained(tmp_path / "saved")  # and back: transformers loads what we write
+    assert_same_state(Reference.from_pretrained(tmp_path / "saved"), reference)
 
 
 @pytest.mark.parametrize("act", ["gelu", "quick_gelu"])
@@ -79,3 +81,5 @@ def test_clip_vision_equals_transformers(tmp_path, act):
     assert rel_err(got.pooler_output.asnumpy(), want.pooler_output.numpy()) <= 1e-5
     with pytest.raises(ValueError, match="doesn't match the model"):
         ours(pixels[..., :21, :21])
+    ours.save_pretrained(tmp_path / "saved")  # and back: transformers loads what we write
+    assert_same_state(Reference.from_pretrained(tmp_path / "saved"), reference)

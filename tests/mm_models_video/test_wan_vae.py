@@ -6,7 +6,7 @@ import diffusers  # noqa: F401  (the parity reference: required, see tests/conft
 import numpy as np
 import pytest
 import torch
-from torch_reference import rel_err
+from torch_reference import assert_same_state, rel_err
 
 MEAN, STD = [0.1, -0.2, 0.3, 0.0], [1.5, 2.0, 0.5, 1.0]
 
@@ -47,6 +47,19 @@ def test_encode_and_decode_equal_diffusers(folder, frames, size):
     ours_decoded = ours.decode(posterior.mean.numpy()).asnumpy()
     assert ours_decoded.shape == decoded.shape == video.shape
     assert rel_err(ours_decoded, decoded) <= 1e-5
+
+
+def test_save_pretrained_writes_what_diffusers_loads(folder, tmp_path):
+    from diffusers import AutoencoderKLWan as Reference
+
+    from mm_models_video import AutoencoderKLWan
+
+    path, reference = folder
+    AutoencoderKLWan.from_pretrained(path).save_pretrained(tmp_path / "saved")
+    loaded = Reference.from_pretrained(tmp_path / "saved")
+    assert_same_state(loaded, reference)
+    assert {k: v for k, v in loaded.config.items() if not k.startswith("_")} == \
+        {k: v for k, v in reference.config.items() if not k.startswith("_")}
 
 
 def test_latent_normalisation_round_trips(folder):

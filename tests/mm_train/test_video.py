@@ -18,10 +18,10 @@ RECIPES = Path(__file__).resolve().parents[2] / "packages/mm-train/src/mm_train/
 RECIPE = str(RECIPES / "wan2_1_t2v_tiny.yaml")
 
 
-def run(run_distributed, out, *extra, data, recipe=RECIPE, nproc=1):
+def run(run_distributed, out, *extra, data, recipe=RECIPE, nproc=1, variables=None):
     """(the losses, what rank 0 printed) of the recipe trained into ``out`` (train_runs.train)."""
     printed = train(run_distributed, recipe, "--set", f"data.path={data}", "--set", f"output_dir={out}",
-                    "--no-progress", *extra, nproc=nproc, data=out.parent / "unused")
+                    "--no-progress", *extra, nproc=nproc, data=out.parent / "unused", variables=variables)
     return losses(out), printed
 
 
@@ -73,20 +73,26 @@ def _encoder_folders(root):
     tokenizer(str(root / "words")).save_pretrained(root / "text_encoder")
 
 
-def test_user_annotations_build_the_cache_and_a_ready_cache_trains(tmp_path, run_distributed):
-    _encoder_folders(tmp_path)
+def _own_clips(root):
+    """Six clips of other sizes and rates than the tiny set's, and a broken one, in a JSONL file;
+    returns the `--set`s that train on them."""
     lines = []
     for i, (frames, height, width, fps) in enumerate([(20, 40, 56, 12), (18, 36, 36, 10), (25, 48, 40, 15)] * 2):
-        write_video(str(tmp_path / "videos" / f"v{i}.mp4"), frames, height, width, fps, "libx264")
+        write_video(str(root / "videos" / f"v{i}.mp4"), frames, height, width, fps, "libx264")
         lines.append(json.dumps({"file": f"videos/v{i}.mp4", "captions": [f"clip number {i}"]}))
-    (tmp_path / "videos" / "broken.mp4").write_bytes(b"\x00" * 1000)
+    (root / "videos" / "broken.mp4").write_bytes(b"\x00" * 1000)
     lines.append(json.dumps({"file": "videos/broken.mp4", "captions": ["broken"]}))
-    (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n")
-    user = ["--set", "data.kind=video", "--set", f"data.vae={tmp_path / 'vae'}", "--set",
-            f"data.text_encoder={tmp_path / 'text_encoder'}", "--set", "data.num_frames=9", "--set", "data.fps=8",
-            "--set", "data.max_area=1024", "--set", "data.text_max_length=8", "--set", "data.max_bad_fraction=0.2",
-            "--set", "data.caption_dropout=0", "--set", "train.steps=2", "--set", "train.global_batch_size=2",
-            "--set", "train.micro_batch_size=1"]
+    (root / "data.jsonl").write_text("\n".join(lines) + "\n")
+    return ["--set", "data.kind=video", "--set", "data.num_frames=9", "--set", "data.fps=8", "--set",
+            "data.max_area=1024", "--set", "data.text_max_length=8", "--set", "data.max_bad_fraction=0.2", "--set",
+            "data.caption_dropout=0", "--set", "train.steps=2", "--set", "train.global_batch_size=2", "--set",
+            "train.micro_batch_size=1"]
+
+
+def test_user_annotations_build_the_cache_and_a_ready_cache_trains(tmp_path, run_distributed):
+    _encoder_folders(tmp_path)
+    user = _own_clips(tmp_path) + ["--set", f"data.vae={tmp_path / 'vae'}", "--set",
+                                   f"data.text_encoder={tmp_path / 'text_encoder'}"]
     got, log = run(run_distributed, tmp_path / "user", *user, data=tmp_path / "data.jsonl")
     assert np.isfinite(got).all() and "1 bad samples skipped" in log
     assert "broken.mp4" in (tmp_path / "user" / "bad_samples.jsonl").read_text()
@@ -97,6 +103,38 @@ def test_user_annotations_build_the_cache_and_a_ready_cache_trains(tmp_path, run
              "--set", "train.micro_batch_size=1", "--set", "data.caption_dropout=0"]
     again, _ = run(run_distributed, tmp_path / "ready", *ready, data=cache)
     assert again == pytest.approx(got, rel=1e-5)  # the same cache, seed and steps: the same run
+
+
+def test_own_clips_train_with_the_tiny_encoders_by_name(tmp_path, run_distributed):
+    """data.vae / text_encoder / image_encoder: tiny write the tiny random encoders once as real
+    folders in the Wan2.1 diffusers layout — diffusers and transformers load them with our
+    tensors bit for bit — and one's own clips train on them, T2V and I2V."""
+    import torch
+    from diffusers import AutoencoderKLWan
+    from transformers import AutoTokenizer, CLIPImageProcessorPil, CLIPVisionModel, UMT5EncoderModel
+
+    from mm_train import tiny_video
+
+    user = _own_clips(tmp_path) + ["--set", "data.vae=tiny", "--set", "data.text_encoder=tiny"]
+    home = {"MM_TRAIN_VIDEO_DATA": str(tmp_path / "home")}
+    t2v, _ = run(run_distributed, tmp_path / "t2v", *user, data=tmp_path / "data.jsonl", variables=home)
+    i2v, log = run(run_distributed, tmp_path / "i2v", *user, "--set", "data.image_encoder=tiny",
+                   data=tmp_path / "data.jsonl", recipe=str(RECIPES / "wan2_1_i2v_tiny.yaml"), variables=home)
+    assert np.isfinite(t2v + i2v).all() and "1 bad samples skipped" in log
+    folders = tmp_path / "home" / "tiny_encoders"
+    assert sorted(p.name for p in folders.iterdir() if p.is_dir()) == sorted(tiny_video.ENCODER_FIELDS)
+    vae, text, clip, _ = tiny_video.encoders(image=True)
+    for ours, theirs in ((vae, AutoencoderKLWan.from_pretrained(folders / "vae")),
+                         (text, UMT5EncoderModel.from_pretrained(folders / "text_encoder")),
+                         (clip, CLIPVisionModel.from_pretrained(folders / "image_encoder"))):
+        state, names = theirs.state_dict(), 0
+        for name, param in ours.parameters_and_names():
+            name = name if name in state else "vision_model." + name
+            assert torch.equal(state[name], torch.from_numpy(param.asnumpy())), name
+            names += 1
+        assert names == len(set(state) - {"encoder.embed_tokens.weight"})  # tied to shared.weight
+    assert AutoTokenizer.from_pretrained(folders / "tokenizer")("a red square")["input_ids"]
+    assert CLIPImageProcessorPil.from_pretrained(folders / "image_processor").crop_size["height"] == 32
 
 
 def test_online_encoding_trains_alike_under_dp2(tmp_path, run_distributed):

@@ -44,12 +44,12 @@ def main_on_this_rank(argv, variables):
     return printed.getvalue()
 
 
-def train(run_distributed, *args, nproc=1, data):
-    """`mm-train run ARGS [--nproc N]` with MM_TRAIN_DATA=data, as its workers run it (module
-    docstring): in this process for one process, on the pool of ``nproc`` workers otherwise.
-    Returns what rank 0 printed to stderr."""
+def train(run_distributed, *args, nproc=1, data, variables=None):
+    """`mm-train run ARGS [--nproc N]` with MM_TRAIN_DATA=data (and ``variables``), as its workers
+    run it (module docstring): in this process for one process, on the pool of ``nproc`` workers
+    otherwise. Returns what rank 0 printed to stderr."""
     argv = ["run", *args] + (["--nproc", str(nproc)] if nproc > 1 else [])
-    variables = {"MM_TRAIN_DATA": str(data)}
+    variables = {"MM_TRAIN_DATA": str(data), **(variables or {})}
     if nproc == 1:
         return main_on_this_rank(argv, variables)
     return run_distributed(main_on_this_rank, nproc=nproc, timeout=900, argv=argv, variables=variables)[0]

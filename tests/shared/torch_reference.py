@@ -14,6 +14,16 @@ def rel_err(ours, ref) -> float:
     return float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
+def assert_same_state(loaded, reference):
+    """Every tensor of the original module, bit for bit, and nothing else."""
+    import torch
+
+    want, got = reference.state_dict(), loaded.state_dict()
+    assert sorted(got) == sorted(want)
+    for name, value in want.items():
+        assert torch.equal(got[name], value), name
+
+
 def rms_err(ours, ref) -> float:
     """||ours - ref|| / ||ref||: for bf16 comparisons, where the max-based rel_err is one bf16 step of
     the largest value."""

@@ -206,6 +206,17 @@ def write_index(path: str, files: Dict[str, str], base: str = "model.safetensors
         json.dump({"metadata": {"total_size": total_size}, "weight_map": dict(sorted(files.items()))}, f, indent=2)
 
 
+def save_module(model: nn.Cell, path, config: dict, name_map: Callable[[str], Optional[str]] = lambda n: n,
+                base: str = "model.safetensors") -> None:
+    """Write a whole (unsplit) module as a Hugging Face folder: ``config`` as config.json and its
+    parameters as ``base`` under ``name_map``'s names — the frozen encoders (VAE, text and image
+    encoders), which every rank holds whole; one process writes."""
+    path = str(path)
+    write_weights(full_state(model, name_map), path, base)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+
+
 def save_folder(models, path, name_map: Callable[[nn.Cell, str], Optional[str]], write_config: Callable[[str], None],
                 base: str = "model.safetensors", dtype=None, folder_writer: Optional[bool] = None) -> None:
     """Write a Hugging Face folder from every rank's pipeline chunks; every rank calls it.

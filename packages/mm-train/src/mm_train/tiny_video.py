@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Dict
 
 import numpy as np
 
@@ -118,3 +119,40 @@ def encoders(seed: int = 0, image: bool = False):
     size = IMAGE_CONFIG["image_size"]
     processor = CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
     return vae, text, clip, processor
+
+
+TINY = "tiny"  # data.vae / text_encoder / image_encoder: the tiny random encoders, as folders
+# the data fields that name encoder folders, which are also the Wan2.1 diffusers folder's sub-folders
+ENCODER_FIELDS = ("vae", "text_encoder", "tokenizer", "image_encoder", "image_processor")
+
+
+def encoder_folders(root: str, seed: int = 0) -> Dict[str, str]:
+    """The tiny random encoders of `encoders` written once under ``root`` as the folders users
+    point real recipes at, in the Wan2.1 diffusers layout: vae/ (diffusers AutoencoderKLWan),
+    text_encoder/ (transformers UMT5EncoderModel), tokenizer/ (trained on every caption the tiny
+    set can have), image_encoder/ (CLIPVisionModel) and image_processor/ (its CLIPImageProcessor).
+    ``data.vae: tiny`` (and text_encoder / image_encoder) name them, so one's own clips train
+    before real encoders are downloaded. Returns {field: folder}."""
+    from transformers import PreTrainedTokenizerFast
+
+    from mm_train.tiny_data import train_tokenizer
+
+    root = Path(root)
+    folders = {field: str(root / field) for field in ENCODER_FIELDS}
+    done = root / ".complete"
+    if done.exists() and json.loads(done.read_text()) == {"seed": seed}:
+        return folders
+    vae, text, clip, processor = encoders(seed, image=True)
+    vae.save_pretrained(folders["vae"])
+    text.save_pretrained(folders["text_encoder"])
+    clip.save_pretrained(folders["image_encoder"])
+    processor.save_pretrained(folders["image_processor"])
+    captions = [f"a {c} square moving {m} on {b}" for c in COLOURS for m in MOVES for b in COLOURS if b != c]
+    os.makedirs(folders["tokenizer"], exist_ok=True)
+    vocabulary = Path(folders["tokenizer"]) / "tokenizer.json"
+    train_tokenizer(captions, vocabulary, SPECIAL, TEXT_CONFIG["vocab_size"], unk_token="<unk>")
+    PreTrainedTokenizerFast(tokenizer_file=str(vocabulary), pad_token="<pad>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(folders["tokenizer"])
+    done.write_text(json.dumps({"seed": seed}))  # last: a folder without it is written again
+    return folders
+

@@ -70,6 +70,27 @@ def _encoders(vae, text, image_encoder=None, image_processor=None):
     return encoders
 
 
+def encoder_sources(data, topo) -> Dict[str, str]:
+    """{vae, text_encoder, tokenizer, image_encoder, image_processor: folder} of a ``video`` data
+    section: its own folders, and for each set to ``tiny`` the tiny random encoders' (written once
+    under the tiny set's folder, `tiny_video.encoder_folders`). The tokenizer defaults to the
+    text encoder's folder, the image processor to the image encoder's."""
+    from mm_train import tiny_video
+
+    given = {field: getattr(data, field) for field in tiny_video.ENCODER_FIELDS}
+    if tiny_video.TINY in given.values():
+        root = os.path.join(default_folder(), "tiny_encoders")
+        once_on_rank_zero(topo, lambda: tiny_video.encoder_folders(root))
+        tiny = tiny_video.encoder_folders(root)
+        given = {field: tiny[field] if value == tiny_video.TINY else value for field, value in given.items()}
+        for encoder, companion in (("text_encoder", "tokenizer"), ("image_encoder", "image_processor")):
+            if getattr(data, encoder) == tiny_video.TINY and not getattr(data, companion):
+                given[companion] = tiny[companion]
+    given["tokenizer"] = given["tokenizer"] or given["text_encoder"]
+    given["image_processor"] = given["image_processor"] or given["image_encoder"]
+    return given
+
+
 class _Source:
     """Where a recipe's clips come from and how they are read and encoded."""
 
@@ -88,8 +109,9 @@ class _Source:
             self.buckets = AspectBuckets(max_area=tiny_video.SIZE ** 2, stride=16)
             self.fps, self.text_length = tiny_video.FPS, 16
         else:
+            self.folders = encoder_sources(data, topo)
             self.annotations = data.path
-            self.tokenizer = load_tokenizer(data.tokenizer or data.text_encoder, pad_token="<pad>", eos_token="</s>")
+            self.tokenizer = load_tokenizer(self.folders["tokenizer"], pad_token="<pad>", eos_token="</s>")
             self.cache = data.features_dir or os.path.join(recipe.output_dir, "features")
             self.frames = FrameBuckets(num_frames=data.num_frames)
             self.buckets = AspectBuckets(max_area=data.max_area, stride=16)
@@ -111,19 +133,20 @@ class _Source:
             return _encoders(*tiny_video.encoders(image=self.i2v))
         from mm_models_video import AutoencoderKLWan, UMT5EncoderModel
 
-        data = self.data
-        vae, text = AutoencoderKLWan.from_pretrained(data.vae), UMT5EncoderModel.from_pretrained(data.text_encoder)
+        folders = self.folders
+        vae = AutoencoderKLWan.from_pretrained(folders["vae"])
+        text = UMT5EncoderModel.from_pretrained(folders["text_encoder"])
         if not self.i2v:
             return _encoders(vae, text)
-        if not data.image_encoder:
+        if not folders["image_encoder"]:
             raise ValueError("an I2V model needs data.image_encoder: a CLIP vision folder (with its "
-                             "preprocessor_config.json, or data.image_processor)")
+                             "preprocessor_config.json, or data.image_processor), or tiny")
         from transformers import CLIPImageProcessorPil
 
         from mm_models_video import CLIPVisionModel
 
-        return _encoders(vae, text, CLIPVisionModel.from_pretrained(data.image_encoder),
-                         CLIPImageProcessorPil.from_pretrained(data.image_processor or data.image_encoder))
+        return _encoders(vae, text, CLIPVisionModel.from_pretrained(folders["image_encoder"]),
+                         CLIPImageProcessorPil.from_pretrained(folders["image_processor"]))
 
 
 class WanTrainData:

@@ -22,7 +22,7 @@ from mindspore import Tensor, nn, ops
 
 from mm_parallel import ops as kernels
 from mm_parallel.blocks import LayerNorm, Linear, PatchConv, activation, patchify
-from mm_parallel.hf_checkpoint import load_weights
+from mm_parallel.hf_checkpoint import load_weights, save_module
 from mm_parallel.tensor_parallel import new_parameter
 
 
@@ -119,6 +119,12 @@ class CLIPVisionModel(nn.Cell):
         model = cls(CLIPVisionConfig.from_pretrained(str(path)))
         load_weights(model, str(path), lambda name: (name, "vision_model." + name))
         return model
+
+    def save_pretrained(self, path) -> None:
+        """Write the transformers folder (config.json, model.safetensors under vision_model.*)
+        that transformers' CLIPVisionModel loads (tested); one process writes."""
+        save_module(self, path, {**self.config.to_dict(), "architectures": ["CLIPVisionModel"]},
+                    lambda name: "vision_model." + name)
 
     def construct(self, pixel_values, output_hidden_states: bool = False) -> VisionOutput:
         pixels = pixel_values if isinstance(pixel_values, Tensor) else Tensor(np.asarray(pixel_values, np.float32))

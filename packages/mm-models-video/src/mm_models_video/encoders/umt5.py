@@ -24,7 +24,7 @@ from mindspore import Tensor, nn, ops
 
 from mm_parallel import ops as kernels
 from mm_parallel.blocks import Indexed, Linear, RMSNorm, activation
-from mm_parallel.hf_checkpoint import load_weights
+from mm_parallel.hf_checkpoint import load_weights, save_module
 from mm_parallel.tensor_parallel import new_parameter
 
 
@@ -142,6 +142,12 @@ class UMT5EncoderModel(nn.Cell):
         load_weights(model, str(path), lambda name: (name, "encoder.embed_tokens.weight") if name == "shared.weight"
                      else name)
         return model
+
+    def save_pretrained(self, path) -> None:
+        """Write the transformers folder (config.json, model.safetensors) that transformers'
+        UMT5EncoderModel loads (tested; the embedding as shared.weight, which it ties to
+        encoder.embed_tokens); one process writes."""
+        save_module(self, path, {**self.config.to_dict(), "architectures": ["UMT5EncoderModel"]})
 
     def construct(self, input_ids, attention_mask=None) -> EncoderOutput:
         ids = input_ids.asnumpy() if isinstance(input_ids, Tensor) else np.asarray(input_ids)

@@ -26,12 +26,13 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mm_parallel.blocks import Indexed
-from mm_parallel.hf_checkpoint import load_weights
+from mm_parallel.hf_checkpoint import load_weights, save_module
 from mm_parallel.ops import attention
 from mm_parallel.tensor_parallel import new_parameter
 
 CACHE_T = 2  # frames of each convolution's input kept for the next chunk
 
+DIFFUSERS_VERSION = "0.42.1"  # what the written config.json names: the diffusers these twins match
 _DEFAULTS = dict(base_dim=96, decoder_base_dim=None, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
                  attn_scales=[], temperal_downsample=[False, True, True], dropout=0.0, latents_mean=None,
                  latents_std=None, is_residual=False, in_channels=3, out_channels=3, patch_size=None,
@@ -327,6 +328,12 @@ class AutoencoderKLWan(nn.Cell):
             model = cls(json.load(f))
         load_weights(model, str(path))
         return model
+
+    def save_pretrained(self, path) -> None:
+        """Write the diffusers folder (config.json, diffusion_pytorch_model.safetensors) that
+        diffusers' AutoencoderKLWan loads (tested); one process writes."""
+        save_module(self, path, {"_class_name": "AutoencoderKLWan", "_diffusers_version": DIFFUSERS_VERSION,
+                                 **self.config}, base="diffusion_pytorch_model.safetensors")
 
     def encode(self, video) -> LatentDistribution:
         """(B, C, 1 + 4k, H, W) in [-1, 1] -> latent distribution of (B, z, 1 + k, H/8, W/8)."""
