@@ -73,6 +73,36 @@ def test_a_layout_the_processes_cannot_hold_is_refused_before_launch(tmp_path):
     assert not (tmp_path / "data").exists()  # nothing started
 
 
+@pytest.mark.parametrize("recipe,nproc,overrides,lines", [
+    (None, 3, ["parallel.tp=3"], ["text_config.num_attention_heads=4 is not divisible by parallel.tp=3; choose "
+                                  "parallel.tp among 1, 2, 4",
+                                  "the vocabulary size (the tokenizer's 300 tokens rounded up to 64)=320 is not "
+                                  "divisible by parallel.tp=3"]),
+    (None, 2, ["parallel.pp=2", "model.config.text_config.num_hidden_layers=3"],
+     ["text_config.num_hidden_layers=3 layers cannot be cut evenly into pp x vpp = 2 x 1 = 2 stages"]),
+    ("wan2_1_t2v_tiny", 4, ["parallel.cp=4"], ["Ulysses context parallelism splits each tp rank's 2 heads over 4 "
+                                               "ranks"]),
+    ("qwen3_vl_moe_tiny", 3, ["parallel.ep=3", "train.global_batch_size=12"],
+     ["text_config.num_experts=4 is not divisible by parallel.ep=3"]),
+])
+def test_a_layout_the_model_cannot_hold_is_refused_before_launch(tmp_path, monkeypatch, capsys, recipe, nproc,
+                                                                 overrides, lines):
+    """Heads, vocabulary, layers per stage, Ulysses heads, experts: each a line saying what to
+    change, exit 2, no process started and nothing written (mm_train.shape_checks)."""
+    from mm_train import cli, tiny_data
+
+    tiny_data.generate(str(tmp_path / "data"), 32)  # the tokenizer the vocabulary comes from
+    monkeypatch.setenv("MM_TRAIN_DATA", str(tmp_path / "data"))
+    args = ["run"] + ([recipe] if recipe else []) + ["--nproc", str(nproc), "--set", f"output_dir={tmp_path / 'out'}"]
+    assert cli.main(args + [a for o in overrides for a in ("--set", o)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mm-train: the layout does not fit the model: ")
+    for line in lines:
+        assert line in err, err
+    assert all(line.startswith("mm-train: ") for line in err.splitlines())
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_worker_failure_ends_with_the_workers_own_error_line(tmp_path):
     out = tmp_path / "out"
     result = mm_train("run", "--nproc", "2", "--set", "train.steps=4", "--set", "data.samples=32", "--set",

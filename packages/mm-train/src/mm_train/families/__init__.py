@@ -70,6 +70,9 @@ class FamilySpec:
     # "module:function" (recipe, folder) -> [files]: what a model folder needs beside its weights
     # (tokenizer, chat template, processor configs) as the run used them; `convert checkpoint` calls it
     processing: Optional[str] = None
+    # "module:function" (recipe, config.json mapping) -> [problems]: the layout against the model's
+    # shapes, checked before launch (mm_train.shape_checks)
+    shape_rules: Optional[str] = None
 
     def model_class(self, config: Optional[dict] = None):
         """The model class of a config.json mapping (its model_type / _class_name), else the default."""

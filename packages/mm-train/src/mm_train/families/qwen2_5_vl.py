@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from mm_train.families import BuiltinRecipe, FamilySpec, register
 from mm_train.recipe import DataSection
@@ -88,6 +88,44 @@ def write_processing_files(recipe, out: str) -> list:
         with open(os.path.join(out, name), "w") as f:
             json.dump({**processor.to_dict(), key: kind, "processor_class": task.processor_class}, f, indent=2)
     return sorted(set(os.listdir(out)) - before)
+
+
+def shape_rules(recipe, config: dict) -> List[str]:
+    """Qwen2.5-VL / Qwen3-VL (dense, MoE): the text model's heads, FFN, vocabulary (the tokenizer's,
+    rounded up to 64, for an inline config), layers and experts against the layout, and the
+    vision tower's heads and FFN against tp (`mm_train.shape_checks`)."""
+    from mm_train.shape_checks import attention_rules, layer_rules, require_divisible
+
+    par, problems = recipe.parallel, []
+    text = {**config, **config.get("text_config", {})}  # hub folders hold the text fields at the top
+    attention_rules(problems, "text_config.", text.get("num_attention_heads"), text.get("num_key_value_heads"), par)
+    require_divisible(problems, "text_config.intermediate_size", text.get("intermediate_size"), "parallel.tp", par.tp)
+    if recipe.model.path:
+        require_divisible(problems, "text_config.vocab_size", text.get("vocab_size"), "parallel.tp", par.tp)
+    else:
+        tokens = _inline_vocabulary(recipe, par.tp)
+        require_divisible(problems, f"the vocabulary size (the tokenizer's {tokens} tokens rounded up to 64)",
+                          tokens and -(-tokens // 64) * 64, "parallel.tp", par.tp)
+    layer_rules(problems, "text_config.num_hidden_layers", text.get("num_hidden_layers"), par)
+    require_divisible(problems, "text_config.num_experts", text.get("num_experts"), "parallel.ep", par.ep)
+    if text.get("num_experts"):
+        require_divisible(problems, "text_config.moe_intermediate_size", text.get("moe_intermediate_size"),
+                          "the experts' tp (parallel.expert_tp)", par.expert_tp_size)
+    vision = config.get("vision_config", {})
+    require_divisible(problems, "vision_config.num_heads", vision.get("num_heads"), "parallel.tp", par.tp)
+    require_divisible(problems, "vision_config.intermediate_size", vision.get("intermediate_size"), "parallel.tp",
+                      par.tp)
+    return problems
+
+
+def _inline_vocabulary(recipe, tp: int) -> Optional[int]:
+    """The tokenizer's size, which an inline config's vocabulary rounds up to 64
+    (`VLTask.token_ids`); None when tp does not split it or the tokenizer is not written yet (the
+    built-in set's is made by the first run; the model checks it then)."""
+    _, _, path = data_sources(recipe)
+    if tp <= 1 or not path or not os.path.exists(path):
+        return None
+    return len(vl_tokenizer(path))
 
 
 class VLTask(FamilyTask):
@@ -181,6 +219,7 @@ SPEC = register(FamilySpec(
     lora_config="mm_models_vl.qwen2_5_vl.parallel_plan:LoraConfig",
     extra="vl",
     processing="mm_train.families.qwen2_5_vl:write_processing_files",
+    shape_rules="mm_train.families.qwen2_5_vl:shape_rules",
     recipes=(
         BuiltinRecipe("qwen2_5_vl_tiny", "qwen2_5_vl_tiny.yaml",
                       "a tiny random Qwen2.5-VL captions generated pictures (about a minute)", "1-2 CPU processes",

@@ -10,7 +10,7 @@ mean((v_pred - (noise - x0))^2), optionally weighted per sample.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from mm_train.families import BuiltinRecipe, FamilySpec, register
 from mm_train.recipe import DataSection
@@ -64,6 +64,18 @@ class DiffusionSection:
                 raise ValueError(f"diffusion.{name} {getattr(self, name)!r} is not one of {choices}")
 
 
+def shape_rules(recipe, config: dict) -> List[str]:
+    """Wan2.1: the DiT's heads and FFN against tp and Ulysses, its blocks against the pipeline
+    stages (`mm_train.shape_checks`)."""
+    from mm_train.shape_checks import attention_rules, layer_rules, require_divisible
+
+    par, problems = recipe.parallel, []
+    attention_rules(problems, "", config.get("num_attention_heads"), None, par)
+    require_divisible(problems, "ffn_dim", config.get("ffn_dim"), "parallel.tp", par.tp)
+    layer_rules(problems, "num_layers", config.get("num_layers"), par)
+    return problems
+
+
 class WanTask(FamilyTask):
     """See the module docstring and mm_train.task."""
 
@@ -113,6 +125,7 @@ SPEC = register(FamilySpec(
     plan="mm_models_video.wan.parallel_plan:parallelize",
     lora_config="mm_models_video.wan.parallel_plan:LoraConfig",
     extra="video",
+    shape_rules="mm_train.families.wan:shape_rules",
     recipes=(
         BuiltinRecipe("wan2_1_t2v_tiny", "wan2_1_t2v_tiny.yaml",
                       "a tiny random Wan2.1 T2V DiT on the built-in clips (feature cache)", _TINY),

@@ -1,0 +1,80 @@
+"""The layout against the model's shapes, checked in the launcher before any process starts.
+
+A tensor-parallel split needs tp to divide what it cuts (heads, key / value heads, FFN and
+vocabulary rows), Ulysses needs its degree to divide each tp rank's heads, pipeline stages need
+whole layers, expert parallelism whole experts. The model code checks each of these when it is
+built — in every worker, ~20 s after launch on this machine, one message among many. A family's
+``shape_rules`` (`mm_train.families.FamilySpec`) lists the same constraints over its config.json
+(from model.path, or the recipe's inline config) so that `check_model_layout` refuses the run at
+once, one line per problem saying what to change. A key the config does not hold is not checked
+here (the model's default applies; the model's own check remains).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import List, Optional
+
+
+def divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def require_divisible(problems: List[str], what: str, value: Optional[int], knob: str, size: int) -> None:
+    """Note a problem when ``size`` (the layout's ``knob``) does not divide ``value`` (the model's ``what``)."""
+    if value is None or size <= 1 or value % size == 0:
+        return
+    problems.append(f"{what}={value} is not divisible by {knob}={size}; choose {knob} among {divisors(value)}")
+
+
+def ulysses_degree(parallel) -> int:
+    if parallel.cp <= 1 or parallel.cp_algo == "ring":
+        return 1
+    return parallel.cp if parallel.cp_algo == "ulysses" else (parallel.ulysses_degree or 1)
+
+
+def attention_rules(problems: List[str], prefix: str, heads: Optional[int], kv_heads: Optional[int], parallel) -> None:
+    """tp divides the heads and key / value heads; Ulysses divides each tp rank's heads."""
+    require_divisible(problems, f"{prefix}num_attention_heads", heads, "parallel.tp", parallel.tp)
+    require_divisible(problems, f"{prefix}num_key_value_heads", kv_heads, "parallel.tp", parallel.tp)
+    u = ulysses_degree(parallel)
+    if heads and parallel.tp and heads % parallel.tp == 0 and u > 1 and (heads // parallel.tp) % u:
+        problems.append(f"Ulysses context parallelism splits each tp rank's {heads // parallel.tp} heads over {u} "
+                        f"ranks ({prefix}num_attention_heads={heads} / tp={parallel.tp}); choose a cp (or "
+                        "ulysses_degree) dividing it, or parallel.cp_algo=ring")
+
+
+def layer_rules(problems: List[str], what: str, layers: Optional[int], parallel) -> None:
+    """pp x vpp stages of whole, equal layer counts (unless the plan lists its own)."""
+    stages = parallel.pp * parallel.vpp
+    if layers is None or stages <= 1 or getattr(parallel, "pipeline_num_layers", None):
+        return
+    if layers % stages:
+        problems.append(f"{what}={layers} layers cannot be cut evenly into pp x vpp = {parallel.pp} x "
+                        f"{parallel.vpp} = {stages} stages; choose pp x vpp among {divisors(layers)}")
+
+
+def model_config(recipe) -> dict:
+    """The model's config.json: model.path's, else the recipe's inline config (as written)."""
+    path = recipe.model.path
+    if path:
+        file = os.path.join(path, "config.json")
+        if not os.path.isfile(file):
+            raise FileNotFoundError(f"model.path {path} has no config.json; point it at a Hugging Face / diffusers "
+                                    "model folder")
+        with open(file) as f:
+            return json.load(f)
+    return dict(recipe.model.config)
+
+
+def check_model_layout(recipe) -> None:
+    """Refuse (ValueError, every problem on its own line) a layout the model's shapes cannot hold."""
+    from mm_train import families
+
+    rules = recipe.family.shape_rules
+    if rules is None:
+        return
+    problems = families.resolve(rules, recipe.family.extra)(recipe, model_config(recipe))
+    if problems:
+        raise ValueError("the layout does not fit the model: " + "\nmm-train: ".join(problems))
