@@ -110,7 +110,7 @@ def test_every_shipped_recipe_loads_and_fits_the_machines_it_is_written_for(name
     for world in worlds:
         assert check_layout(recipe, world) >= 1, (name, world)
     if recipe.model.path is None:  # the real ones' model folders are not here; the tiny ones' shapes fit
-        from mm_train.shape_checks import check_model_layout
+        from mm_train.preflight import check_before_launch
 
-        check_model_layout(recipe)
+        check_before_launch(recipe)
     assert {p.name for p in path.parent.glob("*.yaml")} == set(SHIPPED)  # each shipped recipe is checked

@@ -84,11 +84,18 @@ def test_a_layout_the_processes_cannot_hold_is_refused_before_launch(tmp_path):
                                                "ranks"]),
     ("qwen3_vl_moe_tiny", 3, ["parallel.ep=3", "train.global_batch_size=12"],
      ["text_config.num_experts=4 is not divisible by parallel.ep=3"]),
+    (None, 2, ["data.kind=llamafactory", "data.path=nowhere/data.json"],
+     ["data.path nowhere/data.json does not exist; point it at a LLaMA-Factory JSON / JSONL file",
+      "no tokenizer: set data.tokenizer (a model folder or a tokenizer.json) or model.path"]),
+    ("wan2_1_t2v_tiny", 1, ["data.kind=video", "data.path=nowhere.jsonl", "data.vae=tiny", "data.text_encoder=te"],
+     ["data.path nowhere.jsonl does not exist", "data.text_encoder te does not exist; point it at its model folder "
+                                                "(or tiny)"]),
 ])
-def test_a_layout_the_model_cannot_hold_is_refused_before_launch(tmp_path, monkeypatch, capsys, recipe, nproc,
-                                                                 overrides, lines):
-    """Heads, vocabulary, layers per stage, Ulysses heads, experts: each a line saying what to
-    change, exit 2, no process started and nothing written (mm_train.shape_checks)."""
+def test_a_run_the_model_or_data_cannot_hold_is_refused_before_launch(tmp_path, monkeypatch, capsys, recipe, nproc,
+                                                                      overrides, lines):
+    """Heads, vocabulary, layers per stage, Ulysses heads, experts, missing data and tokenizer:
+    each a line saying what to change, exit 2, no process started and nothing written
+    (mm_train.preflight)."""
     from mm_train import cli, tiny_data
 
     tiny_data.generate(str(tmp_path / "data"), 32)  # the tokenizer the vocabulary comes from
@@ -96,7 +103,7 @@ def test_a_layout_the_model_cannot_hold_is_refused_before_launch(tmp_path, monke
     args = ["run"] + ([recipe] if recipe else []) + ["--nproc", str(nproc), "--set", f"output_dir={tmp_path / 'out'}"]
     assert cli.main(args + [a for o in overrides for a in ("--set", o)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("mm-train: the layout does not fit the model: ")
+    assert err.startswith("mm-train: this run cannot start: ")
     for line in lines:
         assert line in err, err
     assert all(line.startswith("mm-train: ") for line in err.splitlines())

@@ -87,15 +87,15 @@ def _recipes(args) -> int:
 
 
 def _run(args) -> int:
+    from mm_train.preflight import check_before_launch
     from mm_train.recipe import check_layout, load_recipe
     from mm_train.run_folder import check_unclaimed
-    from mm_train.shape_checks import check_model_layout
 
     recipe = load_recipe(args.recipe, args.overrides)
     in_launch = "RANK_ID" in os.environ  # a worker msrun started
     if not in_launch:  # refused here, before any process starts
         check_layout(recipe, args.nproc)
-        check_model_layout(recipe)
+        check_before_launch(recipe)
         check_unclaimed(recipe.output_dir, args.resume or bool(args.resume_from), args.overwrite)
     if args.nproc > 1 and not in_launch:
         return _launch(args)
@@ -188,8 +188,8 @@ def _launch(args, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0
 
 
 def _launch_node(args) -> int:
+    from mm_train.preflight import check_before_launch
     from mm_train.recipe import check_layout, load_recipe
-    from mm_train.shape_checks import check_model_layout
 
     if not 0 <= args.node_rank < args.nnodes:
         raise ValueError(f"--node-rank {args.node_rank} is not in 0 .. {args.nnodes - 1}")
@@ -197,7 +197,7 @@ def _launch_node(args) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     check_layout(recipe, args.nnodes * args.nproc_per_node)
-    check_model_layout(recipe)
+    check_before_launch(recipe)
     check_unclaimed(recipe.output_dir, args.resume or bool(args.resume_from), args.overwrite)
     return _launch(args, args.nnodes, args.node_rank, args.master_addr, args.master_port, args.cluster_timeout)
 

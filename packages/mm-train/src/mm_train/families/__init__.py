@@ -71,8 +71,8 @@ class FamilySpec:
     # (tokenizer, chat template, processor configs) as the run used them; `convert checkpoint` calls it
     processing: Optional[str] = None
     # "module:function" (recipe, config.json mapping) -> [problems]: the layout against the model's
-    # shapes, checked before launch (mm_train.shape_checks)
-    shape_rules: Optional[str] = None
+    # shapes and the data's files, checked before launch (mm_train.preflight)
+    preflight: Optional[str] = None
 
     def model_class(self, config: Optional[dict] = None):
         """The model class of a config.json mapping (its model_type / _class_name), else the default."""

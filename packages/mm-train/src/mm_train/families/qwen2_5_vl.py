@@ -90,13 +90,20 @@ def write_processing_files(recipe, out: str) -> list:
     return sorted(set(os.listdir(out)) - before)
 
 
-def shape_rules(recipe, config: dict) -> List[str]:
-    """Qwen2.5-VL / Qwen3-VL (dense, MoE): the text model's heads, FFN, vocabulary (the tokenizer's,
-    rounded up to 64, for an inline config), layers and experts against the layout, and the
-    vision tower's heads and FFN against tp (`mm_train.shape_checks`)."""
-    from mm_train.shape_checks import attention_rules, layer_rules, require_divisible
+def preflight(recipe, config: dict) -> List[str]:
+    """Qwen2.5-VL / Qwen3-VL (dense, MoE): the annotations and the tokenizer are there; the text
+    model's heads, FFN, vocabulary (the tokenizer's, rounded up to 64, for an inline config),
+    layers and experts against the layout, the vision tower's heads and FFN against tp
+    (`mm_train.preflight`)."""
+    from mm_train.preflight import attention_rules, layer_rules, require_divisible, require_exists
 
-    par, problems = recipe.parallel, []
+    par, problems, data = recipe.parallel, [], recipe.data
+    if data.kind != "tiny_vl":
+        require_exists(problems, "data.path", data.path, "a LLaMA-Factory JSON / JSONL file")
+        require_exists(problems, "data.media_dir", data.media_dir, "the folder the media paths start in", True)
+        if not (data.tokenizer or recipe.model.path):
+            problems.append("no tokenizer: set data.tokenizer (a model folder or a tokenizer.json) or model.path")
+        require_exists(problems, "data.tokenizer", data.tokenizer, "a model folder or a tokenizer.json")
     text = {**config, **config.get("text_config", {})}  # hub folders hold the text fields at the top
     attention_rules(problems, "text_config.", text.get("num_attention_heads"), text.get("num_key_value_heads"), par)
     require_divisible(problems, "text_config.intermediate_size", text.get("intermediate_size"), "parallel.tp", par.tp)
@@ -219,7 +226,7 @@ SPEC = register(FamilySpec(
     lora_config="mm_models_vl.qwen2_5_vl.parallel_plan:LoraConfig",
     extra="vl",
     processing="mm_train.families.qwen2_5_vl:write_processing_files",
-    shape_rules="mm_train.families.qwen2_5_vl:shape_rules",
+    preflight="mm_train.families.qwen2_5_vl:preflight",
     recipes=(
         BuiltinRecipe("qwen2_5_vl_tiny", "qwen2_5_vl_tiny.yaml",
                       "a tiny random Qwen2.5-VL captions generated pictures (about a minute)", "1-2 CPU processes",

@@ -38,7 +38,7 @@ _COMMON = dict(data_sections={"tiny_vl": VLDataSection, "llamafactory": VLDataSe
                plan="mm_models_vl.qwen3_vl.parallel_plan:parallelize",
                lora_config="mm_models_vl.qwen3_vl.parallel_plan:LoraConfig", extra="vl",
                processing="mm_train.families.qwen2_5_vl:write_processing_files",
-               shape_rules="mm_train.families.qwen2_5_vl:shape_rules")
+               preflight="mm_train.families.qwen2_5_vl:preflight")
 
 DENSE = register(FamilySpec(
     name="qwen3_vl",

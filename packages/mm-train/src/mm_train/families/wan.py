@@ -64,12 +64,21 @@ class DiffusionSection:
                 raise ValueError(f"diffusion.{name} {getattr(self, name)!r} is not one of {choices}")
 
 
-def shape_rules(recipe, config: dict) -> List[str]:
-    """Wan2.1: the DiT's heads and FFN against tp and Ulysses, its blocks against the pipeline
-    stages (`mm_train.shape_checks`)."""
-    from mm_train.shape_checks import attention_rules, layer_rules, require_divisible
+def preflight(recipe, config: dict) -> List[str]:
+    """Wan2.1: the annotations or the feature cache and the encoders' folders (or tiny) are there;
+    the DiT's heads and FFN against tp and Ulysses, its blocks against the pipeline stages
+    (`mm_train.preflight`)."""
+    from mm_train.preflight import attention_rules, layer_rules, require_divisible, require_exists
+    from mm_train.tiny_video import ENCODER_FIELDS, TINY
 
-    par, problems = recipe.parallel, []
+    par, problems, data = recipe.parallel, [], recipe.data
+    if data.kind == "video":
+        require_exists(problems, "data.path", data.path, "video annotations (data.json / .jsonl / .txt or a folder)")
+        for field in ENCODER_FIELDS:
+            if getattr(data, field) != TINY:
+                require_exists(problems, f"data.{field}", getattr(data, field), "its model folder (or tiny)", True)
+    elif data.kind == "video_features":
+        require_exists(problems, "data.path", data.path, "a feature cache folder", True)
     attention_rules(problems, "", config.get("num_attention_heads"), None, par)
     require_divisible(problems, "ffn_dim", config.get("ffn_dim"), "parallel.tp", par.tp)
     layer_rules(problems, "num_layers", config.get("num_layers"), par)
@@ -125,7 +134,7 @@ SPEC = register(FamilySpec(
     plan="mm_models_video.wan.parallel_plan:parallelize",
     lora_config="mm_models_video.wan.parallel_plan:LoraConfig",
     extra="video",
-    shape_rules="mm_train.families.wan:shape_rules",
+    preflight="mm_train.families.wan:preflight",
     recipes=(
         BuiltinRecipe("wan2_1_t2v_tiny", "wan2_1_t2v_tiny.yaml",
                       "a tiny random Wan2.1 T2V DiT on the built-in clips (feature cache)", _TINY),

@@ -1,13 +1,15 @@
-"""The layout against the model's shapes, checked in the launcher before any process starts.
+"""What the launcher checks before any process starts: the layout against the model's shapes,
+and that the data and its tokenizer / encoders exist.
 
 A tensor-parallel split needs tp to divide what it cuts (heads, key / value heads, FFN and
 vocabulary rows), Ulysses needs its degree to divide each tp rank's heads, pipeline stages need
 whole layers, expert parallelism whole experts. The model code checks each of these when it is
 built — in every worker, ~20 s after launch on this machine, one message among many. A family's
-``shape_rules`` (`mm_train.families.FamilySpec`) lists the same constraints over its config.json
-(from model.path, or the recipe's inline config) so that `check_model_layout` refuses the run at
-once, one line per problem saying what to change. A key the config does not hold is not checked
-here (the model's default applies; the model's own check remains).
+``preflight`` (`mm_train.families.FamilySpec`) lists the same constraints over its config.json
+(from model.path, or the recipe's inline config), and the files its data section names, so that
+`check_before_launch` refuses the run at once, one line per problem saying what to change. A key
+the config does not hold is not checked here (the model's default applies; the model's own
+check remains).
 """
 
 from __future__ import annotations
@@ -68,13 +70,20 @@ def model_config(recipe) -> dict:
     return dict(recipe.model.config)
 
 
-def check_model_layout(recipe) -> None:
-    """Refuse (ValueError, every problem on its own line) a layout the model's shapes cannot hold."""
+def require_exists(problems: List[str], field: str, path: Optional[str], what: str, folder: bool = False) -> None:
+    """Note a problem when ``path`` (the recipe's ``field``) is set but is not there."""
+    if path and not (os.path.isdir(path) if folder else os.path.exists(path)):
+        problems.append(f"{field} {path} does not exist; point it at {what}")
+
+
+def check_before_launch(recipe) -> None:
+    """Refuse (ValueError, every problem on its own line) a layout the model's shapes cannot hold
+    or data the run cannot read."""
     from mm_train import families
 
-    rules = recipe.family.shape_rules
+    rules = recipe.family.preflight
     if rules is None:
         return
     problems = families.resolve(rules, recipe.family.extra)(recipe, model_config(recipe))
     if problems:
-        raise ValueError("the layout does not fit the model: " + "\nmm-train: ".join(problems))
+        raise ValueError("this run cannot start: " + "\nmm-train: ".join(problems))
