@@ -168,8 +168,9 @@ def verify_on_nodes(folder: str, disks, topo) -> Optional[str]:
         return "the nodes' manifests list different files"
     held = {rel for _, verdict in verdicts for rel in verdict["present"]}
     missing = [rel for rel in listed if rel not in held]
-    return f"{missing[0]} is on no node's disk" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "") \
-        if missing else None
+    if not missing:
+        return None
+    return f"{missing[0]} is on no node's disk" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
 
 
 def find_latest_on_nodes(out: str, disks, topo) -> Tuple[Optional[str], List[Tuple[str, str]]]:
