@@ -188,10 +188,10 @@ class Qwen3VLMoeForConditionalGeneration(Qwen3VLForConditionalGeneration):
     hf_config_name = "Qwen3VLMoeConfig"
     transformers_expert_layouts = ("fused", "fused_transposed")
 
-    def save_pretrained(self, path, chunks=None, dtype=None) -> None:
+    def save_pretrained(self, path, chunks=None, dtype=None, folder_writer=None) -> None:
         for model in list(chunks) if chunks else [self]:
             for layer in model.sparse_layers:
                 experts = layer.experts
                 if experts.save_layout is None and experts.checkpoint_layout not in self.transformers_expert_layouts:
                     experts.save_layout = "fused_transposed"
-        super().save_pretrained(path, chunks, dtype)
+        super().save_pretrained(path, chunks, dtype, folder_writer)
