@@ -45,6 +45,22 @@ def test_killing_the_launcher_stops_every_worker(tmp_path):
     while time.time() < deadline and any(_alive(pid) for pid in workers):
         time.sleep(0.5)
     assert not any(_alive(pid) for pid in workers), [pid for pid in workers if _alive(pid)]
+    assert not _processes_reading(out / "logs"), "a process of the killed launch still reads its logs"
+
+
+def _processes_reading(folder) -> list:
+    """The command lines of live processes naming a file under ``folder`` (msrun's `tail -f`
+    of the worker logs, started with --join and never stopped when msrun is killed)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(folder) in command and _alive(int(pid)):
+            found.append(command)
+    return found
 
 
 def _alive(pid: int) -> bool:

@@ -156,6 +156,10 @@ def launch_command(script: os.PathLike, nproc: int, args: Sequence[str], log_dir
         f"--node_rank={node_rank}",
         f"--log_dir={log_dir}",
         "--join=True",
+        # with --join msrun copies each worker's log to its output through a `tail -f` child that
+        # outlives a killed msrun (measured: two per killed 2-worker launch, adopted by init); no
+        # worker in the list means no tail (the logs are read from their files instead)
+        "--tail_worker_log=-2",
         *([f"--cluster_time_out={cluster_timeout}"] if cluster_timeout else []),
         str(script),
         *args,
