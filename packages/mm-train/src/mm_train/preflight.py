@@ -19,8 +19,10 @@ import os
 from typing import List, Optional
 
 
-def divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+def divisors(n: int, limit: int = 64) -> str:
+    """n's divisors up to ``limit`` (the sizes a parallel group takes), as a list to choose from."""
+    found = [str(d) for d in range(1, min(n, limit) + 1) if n % d == 0]
+    return ", ".join(found) + (f" (divisors up to {limit})" if n > limit else "")
 
 
 def require_divisible(problems: List[str], what: str, value: Optional[int], knob: str, size: int) -> None:
@@ -30,17 +32,11 @@ def require_divisible(problems: List[str], what: str, value: Optional[int], knob
     problems.append(f"{what}={value} is not divisible by {knob}={size}; choose {knob} among {divisors(value)}")
 
 
-def ulysses_degree(parallel) -> int:
-    if parallel.cp <= 1 or parallel.cp_algo == "ring":
-        return 1
-    return parallel.cp if parallel.cp_algo == "ulysses" else (parallel.ulysses_degree or 1)
-
-
 def attention_rules(problems: List[str], prefix: str, heads: Optional[int], kv_heads: Optional[int], parallel) -> None:
     """tp divides the heads and key / value heads; Ulysses divides each tp rank's heads."""
     require_divisible(problems, f"{prefix}num_attention_heads", heads, "parallel.tp", parallel.tp)
     require_divisible(problems, f"{prefix}num_key_value_heads", kv_heads, "parallel.tp", parallel.tp)
-    u = ulysses_degree(parallel)
+    u = parallel.ulysses_size
     if heads and parallel.tp and heads % parallel.tp == 0 and u > 1 and (heads // parallel.tp) % u:
         problems.append(f"Ulysses context parallelism splits each tp rank's {heads // parallel.tp} heads over {u} "
                         f"ranks ({prefix}num_attention_heads={heads} / tp={parallel.tp}); choose a cp (or "
