@@ -155,4 +155,3 @@ def encoder_folders(root: str, seed: int = 0) -> Dict[str, str]:
                             unk_token="<unk>").save_pretrained(folders["tokenizer"])
     done.write_text(json.dumps({"seed": seed}))  # last: a folder without it is written again
     return folders
-
