@@ -117,21 +117,39 @@ def _initial_weights(task: Task, recipe: Recipe, topo, disks) -> str:
 
 
 class _Progress:
-    """The status on stderr: step, bar, loss, speed. On a terminal one line redrawn in place;
-    otherwise (a log file, msrun's worker logs the launcher relays) a plain line every
-    ``total / 20`` steps, at most ``PLAIN_SECONDS`` apart, and at the last step."""
+    """The status on stderr: step, bar, loss, speed, time so far and the ETA. On a terminal one
+    line redrawn in place; otherwise (a log file, msrun's worker logs the launcher relays) a plain
+    line every ``total / 20`` steps, at most ``PLAIN_SECONDS`` apart, and at the last step. The
+    ETA is the mean time of the steps after this run's first one (which also pays for warm-up;
+    a resumed run's first is the one after its checkpoint) times the steps left."""
 
     PLAIN_SECONDS = 30.0
 
-    def __init__(self, total: int, enabled: bool, tty: Optional[bool] = None):
-        self.total, self.enabled, self.start = total, enabled, time.perf_counter()
+    def __init__(self, total: int, enabled: bool, tty: Optional[bool] = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.total, self.enabled, self.clock, self.start = total, enabled, clock, clock()
         self.tty = sys.stderr.isatty() if tty is None else tty
         self.every, self.printed_at = max(1, total // 20), self.start
+        self.warm = None  # (step, time) at the end of this run's first step
+
+    def eta(self, step: int, now: float) -> str:
+        """"eta 1m05s" (or 2h03m) after ``step`` at ``now``; "eta --" until a second step is timed."""
+        if self.warm is None:
+            self.warm = (step, now)
+        steps, since = step - self.warm[0], now - self.warm[1]
+        if step >= self.total:
+            return "done"
+        if steps <= 0:
+            return "eta --"
+        left = int(round(since / steps * (self.total - step)))
+        hours, rest = divmod(left, 3600)
+        return f"eta {hours}h{rest // 60:02d}m" if hours else f"eta {rest // 60}m{rest % 60:02d}s"
 
     def update(self, step: int, loss: float, samples_per_s: float, routing: Optional[Dict] = None):
         if not self.enabled:
             return
-        now = time.perf_counter()
+        now = self.clock()
+        eta = self.eta(step, now)
         if not self.tty and step % self.every and step != self.total and now - self.printed_at < self.PLAIN_SECONDS:
             return
         self.printed_at = now
@@ -141,7 +159,7 @@ class _Progress:
             moe = (f"  moe imbalance {max(r['imbalance'] for r in routing.values()):4.2f}"
                    f" dropped {max(r['dropped_fraction'] for r in routing.values()):4.1%}")
         line = (f"step {step:>5}/{self.total} [{'#' * done}{'.' * (30 - done)}] loss {loss:8.4f}  "
-                f"{samples_per_s:6.1f} samples/s{moe}  {now - self.start:6.1f}s")
+                f"{samples_per_s:6.1f} samples/s{moe}  {now - self.start:6.1f}s  {eta}")
         if self.tty:
             print("\r" + line, end="\n" if step == self.total else "", flush=True, file=sys.stderr)
         else:
