@@ -147,3 +147,20 @@ def test_shape_checks_do_not_depend_on_the_group():
         comm.all_reduce(Tensor(np.zeros((2,), np.int32)), topo.tp, op="avg")
     with pytest.raises(ValueError, match="not in the tp group"):
         comm.broadcast(Tensor(np.zeros((2,), np.float32)), 3, topo.tp)
+
+
+def test_a_group_mindspore_failed_to_create_is_an_error_not_a_cached_empty_name(monkeypatch):
+    """mint.distributed.new_group logs a failure and returns "" (which names no group); the backend
+    raises instead of caching it, and a later call tries again."""
+    import mindspore.mint.distributed as dist
+
+    from mm_parallel.comm.cpu import CpuBackend
+    from mm_parallel.topology import Group
+
+    backend, calls = CpuBackend(), []
+    backend._world_size = 4
+    monkeypatch.setattr(dist, "new_group", lambda ranks, backend: calls.append(ranks) or "")
+    with pytest.raises(RuntimeError, match=r"communication group of ranks \[0, 2\] failed"):
+        backend.group_name(Group((0, 2), 0, "cp"))
+    monkeypatch.setattr(dist, "new_group", lambda ranks, backend: calls.append(ranks) or "mccl_2_x")
+    assert backend.group_name(Group((0, 2), 0, "cp")) == "mccl_2_x" and calls == [[0, 2], [0, 2]]
