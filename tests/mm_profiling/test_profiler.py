@@ -83,6 +83,37 @@ def test_bad_profile_sections_are_clear_errors():
         ProfileConfig(ascend={"aic_metric": "PipeUtilization"})
     assert ProfileConfig.from_dict({"enable": True, "ranks": [0, 2]}).profiles_rank(2)
     assert not ProfileConfig.from_dict({"enable": True, "ranks": [0, 2]}).profiles_rank(1)
+    with pytest.raises(ValueError, match=r"aic_metrics must be one of \['PipeUtilization'"):
+        ProfileConfig(level=1, ascend={"aic_metrics": "pipe"})
+    with pytest.raises(ValueError, match="aic_metrics=Memory needs profile.level 1 or 2"):
+        ProfileConfig(ascend={"aic_metrics": "Memory"})
+    with pytest.raises(ValueError, match=r"\['hbm_ddr'\] are switches"):
+        ProfileConfig(ascend={"hbm_ddr": "yes"})
+
+
+@pytest.mark.filterwarnings("ignore:The parameter '(pcie|hbm_ddr)' will be deprecated")  # MindSpore's notice
+@pytest.mark.parametrize("level, ascend", [
+    (1, {"aic_metrics": "Memory", "l2_cache": True, "hbm_ddr": True, "pcie": True}),
+    (2, {"aic_metrics": "ArithmeticUtilization", "sys_io": True, "sys_interconnection": True}),
+    (0, {"aic_metrics": "None", "hbm_ddr": True}),
+])
+def test_ascend_options_reach_mindspore_as_it_checks_them(level, ascend):
+    """The Ascend branch's arguments pass MindSpore's own parameter check (ProfilerParameters, what
+    profile() runs them through) unchanged: before, aic_metrics went as a string, which it resets to
+    the default with only a log warning, and hbm_ddr / pcie were dropped."""
+    from mindspore.profiler import ProfilerActivity, ProfilerLevel
+    from mindspore.profiler.common.profiler_parameters import ProfilerParameters
+
+    from mm_profiling.config import ProfileConfig
+    from mm_profiling.control import ascend_arguments
+
+    switches, experimental = ascend_arguments(ProfileConfig(level=level, ascend=ascend))
+    checked = ProfilerParameters(activities=[ProfilerActivity.CPU, ProfilerActivity.NPU],
+                                 profiler_level=[ProfilerLevel.Level0, ProfilerLevel.Level1,
+                                                 ProfilerLevel.Level2][level], **switches, **experimental)
+    for key, value in ascend.items():
+        got = getattr(checked, key)
+        assert (got.value if key == "aic_metrics" else got) == value, key
 
 
 def test_dynamic_capture_follows_edits_of_the_control_file(tmp_path):
@@ -122,7 +153,7 @@ def test_ascend_only_options_are_ignored_on_cpu_with_one_warning(tmp_path, caplo
     from mm_profiling.config import ProfileConfig
     from mm_profiling.control import StepProfiler
 
-    config = ProfileConfig(enable=True, start_step=1, end_step=1, save_path=str(tmp_path),
+    config = ProfileConfig(enable=True, start_step=1, end_step=1, save_path=str(tmp_path), level=1,
                            ascend={"aic_metrics": "PipeUtilization", "l2_cache": True})
     profiler = StepProfiler(config, rank=0)
     with caplog.at_level(logging.WARNING, logger="mm_profiling.control"):

@@ -12,6 +12,10 @@
     save_path: ./profile
     ascend: {aic_metrics: PipeUtilization, l2_cache: false}   # Ascend-only, ignored elsewhere
 
+``ascend``: aic_metrics (one of AICORE_METRICS, MindSpore's AicoreMetrics values; levels 1 and 2
+only: at level 0 MindSpore collects none and resets it), l2_cache, sys_io, sys_interconnection
+(MindSpore's _ExperimentalConfig) and hbm_ddr, pcie (its profile() switches): flags true / false.
+
 A wrong key is an error that names the closest valid one; impossible values are errors too.
 """
 
@@ -23,6 +27,9 @@ from typing import Any, Dict, List
 
 TYPES = ("static", "dynamic")
 ASCEND_ONLY = ("aic_metrics", "l2_cache", "hbm_ddr", "pcie", "sys_io", "sys_interconnection")
+# mindspore.profiler.AicoreMetrics' values (named here: the config loads without MindSpore)
+AICORE_METRICS = ("PipeUtilization", "ArithmeticUtilization", "Memory", "MemoryL0", "MemoryUB",
+                  "ResourceConflictRatio", "L2Cache", "MemoryAccess", "None")
 
 
 @dataclass
@@ -53,6 +60,19 @@ class ProfileConfig:
         unknown = set(self.ascend) - set(ASCEND_ONLY)
         if unknown:
             raise ValueError(f"profile.ascend has unknown options {sorted(unknown)}; known: {list(ASCEND_ONLY)}")
+        self._check_ascend()
+
+    def _check_ascend(self) -> None:
+        """Values MindSpore would otherwise reset with only a log warning are errors here."""
+        metrics = self.ascend.get("aic_metrics")
+        if metrics is not None and metrics not in AICORE_METRICS:
+            raise ValueError(f"profile.ascend.aic_metrics must be one of {list(AICORE_METRICS)}, got {metrics!r}")
+        if metrics not in (None, "None") and self.level == 0:
+            raise ValueError(f"profile.ascend.aic_metrics={metrics} needs profile.level 1 or 2: at level 0 MindSpore "
+                             "collects no AI Core metrics (it would reset the option)")
+        flags = [k for k, v in self.ascend.items() if k != "aic_metrics" and not isinstance(v, bool)]
+        if flags:
+            raise ValueError(f"profile.ascend {flags} are switches: true or false")
 
     @classmethod
     def from_dict(cls, values: Dict[str, Any]) -> "ProfileConfig":

@@ -34,6 +34,22 @@ from mm_profiling.config import ProfileConfig
 log = logging.getLogger(__name__)
 
 
+EXPERIMENTAL_OPTIONS = ("aic_metrics", "l2_cache", "sys_io", "sys_interconnection")  # _ExperimentalConfig's
+PROFILE_OPTIONS = ("hbm_ddr", "pcie")  # profile()'s own
+
+
+def ascend_arguments(config: ProfileConfig):
+    """(profile() keywords, _ExperimentalConfig keywords) of ``profile.ascend``, typed as MindSpore
+    checks them: aic_metrics an AicoreMetrics member (given as its name, MindSpore would reset it
+    to the default with only a log warning), hbm_ddr / pcie to profile() itself."""
+    from mindspore.profiler import AicoreMetrics
+
+    experimental = {k: v for k, v in config.ascend.items() if k in EXPERIMENTAL_OPTIONS}
+    if "aic_metrics" in experimental:
+        experimental["aic_metrics"] = AicoreMetrics(experimental["aic_metrics"])
+    return {k: v for k, v in config.ascend.items() if k in PROFILE_OPTIONS}, experimental
+
+
 def _profiler(config: ProfileConfig, out: str):
     from mindspore.profiler import (
         ProfilerActivity,
@@ -44,18 +60,17 @@ def _profiler(config: ProfileConfig, out: str):
     )
 
     on_ascend = ms.get_context("device_target") == "Ascend"
-    extra = {}
+    switches, extra = {}, {}
     if config.ascend and not on_ascend:
         log.warning("profile.ascend options %s apply on Ascend only; ignored on %s", sorted(config.ascend),
                     ms.get_context("device_target"))
     elif on_ascend:
-        extra = {k: v for k, v in config.ascend.items() if k in ("aic_metrics", "l2_cache", "sys_io",
-                                                                 "sys_interconnection")}
+        switches, extra = ascend_arguments(config)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.NPU] if on_ascend else [])
     level = [ProfilerLevel.Level0, ProfilerLevel.Level1, ProfilerLevel.Level2][config.level]
     return profile(activities=activities, with_stack=config.with_stack, profile_memory=config.with_memory,
                    record_shapes=config.record_shapes, start_profile=False,
-                   on_trace_ready=tensorboard_trace_handler(out),
+                   on_trace_ready=tensorboard_trace_handler(out), **switches,
                    experimental_config=_ExperimentalConfig(profiler_level=level, **extra))
 
 
