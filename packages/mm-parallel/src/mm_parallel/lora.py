@@ -187,12 +187,12 @@ def save_lora(model, path: str, target_modules: List[str], r: int, alpha: float,
                 key = f"base_model.model.{name_map(chunk, name)}.{which}.weight"
                 tensors[key] = np.ascontiguousarray(full.asnumpy())
     stage_writer = topo.tp.rank == 0 and topo.cp.rank == 0 and topo.dp.rank == 0
-    part = save(tensors) if stage_writer and tensors else b""
-    merged = {}
-    for blob in comm.all_gather_bytes(part, topo.world):
-        if blob:
-            merged.update(load(blob))
+    parts = comm.all_gather_bytes(save(tensors) if stage_writer and tensors else b"", topo.world)
     if topo.rank == 0 if folder_writer is None else folder_writer:
+        merged = {}
+        for blob in parts:
+            if blob:
+                merged.update(load(blob))
         os.makedirs(path, exist_ok=True)
         config = {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "lora_dropout": dropout,
                   "target_modules": list(target_modules), "bias": "none", "fan_in_fan_out": False,

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List
 
 TYPES = ("static", "dynamic")
-ASCEND_ONLY = ("aic_metrics", "l2_cache", "hbm_ddr", "pcie", "sys_io", "sys_interconnection")
+EXPERIMENTAL_OPTIONS = ("aic_metrics", "l2_cache", "sys_io", "sys_interconnection")  # _ExperimentalConfig's
+PROFILE_OPTIONS = ("hbm_ddr", "pcie")  # profile()'s own
+ASCEND_ONLY = EXPERIMENTAL_OPTIONS + PROFILE_OPTIONS
 # mindspore.profiler.AicoreMetrics' values (named here: the config loads without MindSpore)
 AICORE_METRICS = ("PipeUtilization", "ArithmeticUtilization", "Memory", "MemoryL0", "MemoryUB",
                   "ResourceConflictRatio", "L2Cache", "MemoryAccess", "None")

@@ -29,13 +29,9 @@ from typing import Optional
 
 import mindspore as ms
 
-from mm_profiling.config import ProfileConfig
+from mm_profiling.config import EXPERIMENTAL_OPTIONS, PROFILE_OPTIONS, ProfileConfig
 
 log = logging.getLogger(__name__)
-
-
-EXPERIMENTAL_OPTIONS = ("aic_metrics", "l2_cache", "sys_io", "sys_interconnection")  # _ExperimentalConfig's
-PROFILE_OPTIONS = ("hbm_ddr", "pcie")  # profile()'s own
 
 
 def ascend_arguments(config: ProfileConfig):
