@@ -13,10 +13,9 @@ from __future__ import annotations
 from typing import Optional
 
 import mindspore as ms
-import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import nn, ops
 
-from mm_parallel import mappings
+from mm_parallel import census, mappings
 from mm_parallel import ops as kernels
 from mm_parallel.ops.device import as_type, ones, tiled_to
 from mm_parallel.ops.norms import in_input_dtype
@@ -124,7 +123,7 @@ class RMSNorm(nn.Cell):
             local = hidden_size // self.group.size
         else:
             self.group = None
-        self.weight = Parameter(Tensor(np.ones((local,), np.float32)), name="weight")
+        self.weight = census.filled((local,), "weight", 1.0)
         if self.group is not None:
             split(self.weight, (0, "tp"))
 
@@ -144,9 +143,8 @@ class LayerNorm(nn.Cell):
     def __init__(self, hidden_size: int, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True):
         super().__init__()
         self.eps = eps
-        ones, zeros = np.ones((hidden_size,), np.float32), np.zeros((hidden_size,), np.float32)
-        self.weight = Parameter(Tensor(ones), name="weight") if elementwise_affine else None
-        self.bias = Parameter(Tensor(zeros), name="bias") if elementwise_affine and bias else None
+        self.weight = census.filled((hidden_size,), "weight", 1.0) if elementwise_affine else None
+        self.bias = census.filled((hidden_size,), "bias", 0.0) if elementwise_affine and bias else None
 
     def construct(self, x):
         return kernels.layer_norm(x, self.weight, self.bias, self.eps)

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional
 
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Tensor, nn, ops
 
-from mm_parallel import comm, mappings
+from mm_parallel import census, comm, mappings
 from mm_parallel.precision import keep_in_fp32
 from mm_parallel.sequence_parallel import mark_sequence_parallel
 from mm_parallel.sharding import sharding_of, split
@@ -67,10 +67,13 @@ class LoraLinear(nn.Cell):
         group = getattr(base, "group", None)
         in_full = in_local * (group.size if self.kind == "row" else 1)
         bound = 1.0 / math.sqrt(in_full)  # PEFT's default: kaiming-uniform(a=sqrt 5) on A, zeros on B
-        a_full = init_rng().uniform(-bound, bound, (r, in_full)).astype(np.float32)
-        a_local = shard(a_full, group, 1) if self.kind == "row" else a_full
-        self.lora_A = Parameter(Tensor(np.ascontiguousarray(a_local)), name="lora_A")
-        self.lora_B = Parameter(Tensor(np.zeros((out_local, r), np.float32)), name="lora_B")
+
+        def a_local():
+            a_full = init_rng().uniform(-bound, bound, (r, in_full)).astype(np.float32)
+            return shard(a_full, group, 1) if self.kind == "row" else a_full
+
+        self.lora_A = census.parameter((r, in_local), "lora_A", a_local)
+        self.lora_B = census.filled((out_local, r), "lora_B", 0.0)
         keep_in_fp32(self.lora_A, self.lora_B)  # adapters train in fp32 under a bf16 base (as PEFT does)
         # the adapters are split like their base weight: B's rows of a column layer, A's columns of a row layer
         if self.kind == "column":

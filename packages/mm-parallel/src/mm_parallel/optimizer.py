@@ -81,6 +81,29 @@ def no_weight_decay(name: str, param) -> bool:
     return name.endswith("bias") or len(param.shape) <= 1
 
 
+def bucket_slice(sizes: Sequence[int], group, zero_stage: int) -> Tuple[int, int, int, int, int]:
+    """(numel, shards, padded, start, end) of a bucket of parameters of ``sizes`` values reduced
+    over ``group``: its N values padded to a multiple of the D shards (D = group size with ZeRO,
+    else 1) and the [start, end) slice this rank keeps master weights and moments for."""
+    numel = int(sum(sizes))
+    shards = group.size if zero_stage > 0 else 1
+    padded = -(-numel // shards) * shards
+    per_shard = padded // shards
+    index = group.rank if zero_stage > 0 else 0
+    return numel, shards, padded, index * per_shard, (index + 1) * per_shard
+
+
+def state_bytes_of(params: Sequence, topo: Topology, zero_stage: int) -> int:
+    """The bytes `DistributedOptimizer.state_bytes` reports for these trainable parameters (only
+    their shapes and sharding specs are read): per bucket 3 fp32 buffers of this rank's slice.
+    (The update's copies of the undecayed values — norms, biases — are a few more, not counted.)"""
+    by_group: Dict[str, List[int]] = {}
+    for p in params:
+        by_group.setdefault(sharding_of(p).grad_sync, []).append(int(np.prod(p.shape)))
+    slices = (bucket_slice(sizes, topo.groups[name], zero_stage) for name, sizes in by_group.items())
+    return sum(4 * len(STATES) * (end - start) for *_, start, end in slices)
+
+
 class _Bucket:
     """The parameters reduced over one group, end to end in flat fp32 buffers (this rank's ZeRO slice)."""
 
@@ -88,12 +111,7 @@ class _Bucket:
         self.params, self.group, self.zero_stage = params, group, zero_stage
         self.sizes = [int(np.prod(p.shape)) for p in params]
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
-        self.shards = group.size if zero_stage > 0 else 1
-        self.numel = int(self.offsets[-1])
-        self.padded = -(-self.numel // self.shards) * self.shards
-        per_shard = self.padded // self.shards
-        index = group.rank if zero_stage > 0 else 0
-        self.start, self.end = index * per_shard, (index + 1) * per_shard
+        self.numel, self.shards, self.padded, self.start, self.end = bucket_slice(self.sizes, group, zero_stage)
         # padding values are zeros: counting them adds nothing, and keeps the common case "count all"
         decay, counted = np.zeros(self.padded, np.float32), np.zeros(self.padded, bool)
         holder = self.shards > 1 or group.rank == 0  # a replicated bucket is counted on group rank 0

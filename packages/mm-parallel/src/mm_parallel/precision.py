@@ -102,18 +102,23 @@ def cast_parameters(model, precision: Precision, keep_in_fp32: Iterable[str] = (
     many were cast."""
     from mm_parallel.hf_checkpoint import owned_parameters
 
-    dtype, keep, cast = precision.param_dtype, tuple(keep_in_fp32 or ()), 0
-    if dtype == ms.float32:
+    keep, cast = tuple(keep_in_fp32 or ()), 0
+    if precision.param_dtype == ms.float32:
         return 0
     for name, param, _, _ in owned_parameters(model):
-        if getattr(param, "keep_in_fp32", False) or param.dtype not in DTYPES.values():
-            continue
-        if _kept(name, keep):
-            continue
+        dtype = dtype_under(precision, name, param, keep)
         if param.dtype != dtype:
             param.set_dtype(dtype)
             cast += 1
     return cast
+
+
+def dtype_under(precision: Precision, name: str, param, keep_in_fp32: Sequence[str] = ()):
+    """The dtype `cast_parameters` gives parameter ``name``: the precision's, unless it is not a
+    float of ours, is marked `keep_in_fp32`, or lies under a ``keep_in_fp32`` module."""
+    if getattr(param, "keep_in_fp32", False) or param.dtype not in DTYPES.values() or _kept(name, keep_in_fp32):
+        return param.dtype
+    return precision.param_dtype
 
 
 def parameter_bytes(params) -> int:

@@ -20,9 +20,9 @@ from typing import Optional
 
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Tensor, nn, ops
 
-from mm_parallel import comm, mappings
+from mm_parallel import census, comm, mappings
 from mm_parallel.ops import low_precision
 from mm_parallel.ops.device import as_type, host_array, ones, tiled_to
 from mm_parallel.sequence_parallel import mark_sequence_parallel
@@ -110,13 +110,21 @@ def new_parameter(full_shape, name, init_std: Optional[float], group: Group, spl
                   zeros: bool = False):
     """A parameter drawn whole (normal(0, init_std or 0.02), or zeros) and cut to this rank's shard
     of ``group`` (declared split over tp along ``split_dim``, see mm_parallel.sharding)."""
-    if zeros:
-        value = np.zeros(full_shape, np.float32)
-    else:
-        value = init_rng().normal(0.0, init_std or 0.02, full_shape).astype(np.float32)
+    full_shape = tuple(full_shape)
+    local_shape = list(full_shape)
     if split_dim is not None:
-        value = shard(value, group, split_dim)
-    param = Parameter(Tensor(np.ascontiguousarray(value)), name=name)
+        if full_shape[split_dim] % group.size:
+            shard(np.empty(full_shape, np.bool_), group, split_dim)  # the error naming the shape
+        local_shape[split_dim] //= group.size
+
+    def value():
+        if zeros:
+            whole = np.zeros(full_shape, np.float32)
+        else:
+            whole = init_rng().normal(0.0, init_std or 0.02, full_shape).astype(np.float32)
+        return shard(whole, group, split_dim) if split_dim is not None else whole
+
+    param = census.parameter(local_shape, name, value)
     return split(param, (split_dim, "tp")) if split_dim is not None else param
 
 

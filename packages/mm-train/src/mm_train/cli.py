@@ -3,6 +3,7 @@
     mm-train run [RECIPE] [--set section.key=value ...] [--nproc N] [--resume | --resume-from DIR] [--overwrite]
     mm-train launch [RECIPE] --nnodes 2 --node-rank R --master-addr ADDR --master-port P [--nproc-per-node N]
     mm-train recipes
+    mm-train plan [RECIPE] [--set ...] [--nodes N] [--devices-per-node D] [--device NAME] [--json]
     mm-train convert ...
 
 RECIPE is a YAML file or the name of a built-in recipe (``mm-train recipes`` lists them); ``run``
@@ -59,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     from mm_train import convert
 
     convert.add_parser(commands)
+    from mm_train.plan import command as plan_command
+
+    plan_command.add_parser(commands)
     return parser
 
 
@@ -214,6 +218,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _launch_node(args)
         if args.command == "recipes":
             return _recipes(args)
+        if args.command == "plan":
+            from mm_train.plan import command as plan_command
+
+            return plan_command.run(args)
         if args.command == "convert":
             from mm_train import convert
 

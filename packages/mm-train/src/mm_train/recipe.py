@@ -8,7 +8,8 @@
     optim:      the fields of mm_parallel.OptimizerConfig (lr, lr_schedule, warmup_steps, ...)
     train:      steps, global_batch_size, micro_batch_size, seed, log_every, precision (bf16 | fp16 |
                 fp32), grad_dtype
-    checkpoint: every, keep, save_dtype
+    checkpoint: every, keep, save_dtype, shared_fs
+    cluster:    nodes, devices_per_node, device: where the recipe is meant to run (`mm-train plan`)
     profile:    the fields of mm_profiling.ProfileConfig (enable, start_step, end_step, ...)
     output_dir
     ...         sections of the family's own (e.g. a diffusion objective), typed by the family
@@ -114,6 +115,22 @@ class CheckpointSection:
 
 
 @dataclass
+class ClusterSection:
+    """Where the recipe is meant to run (`mm-train plan`; its flags override these): ``device``
+    names an entry of mm_train/plan/devices.yaml."""
+
+    nodes: int = 1
+    devices_per_node: int = 1
+    device: str = "cpu"
+
+    def __post_init__(self):
+        for name in ("nodes", "devices_per_node"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) or \
+                    getattr(self, name) < 1:
+                raise ValueError(f"cluster.{name} must be a whole number >= 1, got {getattr(self, name)!r}")
+
+
+@dataclass
 class Recipe:
     model: ModelSection
     data: DataSection  # the family's section for data.kind
@@ -122,6 +139,7 @@ class Recipe:
     train: TrainSection
     checkpoint: CheckpointSection
     profile: Dict[str, Any]
+    cluster: ClusterSection = field(default_factory=ClusterSection)
     output_dir: str = "runs/default"
     family_sections: Dict[str, Any] = field(default_factory=dict)  # the family's own sections, typed
 
@@ -150,7 +168,8 @@ class Recipe:
         return out
 
 
-GENERIC_SECTIONS = ("model", "data", "parallel", "optim", "train", "checkpoint", "profile", "output_dir")
+GENERIC_SECTIONS = ("model", "data", "parallel", "optim", "train", "checkpoint", "cluster", "profile",
+                    "output_dir")
 
 
 def _sections(spec, data_kind: str):
@@ -161,7 +180,8 @@ def _sections(spec, data_kind: str):
         raise ValueError(f"data.kind {data_kind!r} does not feed model.family {spec.name}; "
                          f"choose one of {list(spec.data_sections)}")
     return {"model": ModelSection, "data": spec.data_sections[data_kind], "parallel": ParallelConfig,
-            "optim": OptimizerConfig, "train": TrainSection, "checkpoint": CheckpointSection, **spec.sections}
+            "optim": OptimizerConfig, "train": TrainSection, "checkpoint": CheckpointSection, "cluster": ClusterSection,
+            **spec.sections}
 
 
 def _unknown(kind: str, key: str, valid: Sequence[str]) -> ValueError:

@@ -126,7 +126,7 @@ def start(recipe, task, topo, resume: bool = False, resume_from: Optional[str] =
     """Before training (every rank calls): claim output_dir, tidy interrupted saves, choose the
     checkpoint to resume (``resume_from``, else the newest that verifies when ``resume``) and
     refuse one whose model, data order or data set differ from this run's. Rank 0 decides and
-    reads the disk; the others follow its decision (one collective), so they never disagree. On
+    reads the disk; the others follow its decision (`_from_rank_zero`), so they never disagree. On
     node-local disks (``disks``, `mm_train.node_disks`) each node's first rank tidies its own
     disk and the choice checks every node's part of a checkpoint (collectives of every rank)."""
     from mm_train import checkpoint, node_disks
@@ -151,11 +151,7 @@ def start(recipe, task, topo, resume: bool = False, resume_from: Optional[str] =
             step, record = _decide(recipe, task, resume, chosen)
         except (ValueError, FileNotFoundError) as error:
             problem = error
-    step = _shared_int(topo, step)
-    if not disks.shared and step != _REFUSED:  # each node's first rank writes trainer_state / recipe.json
-        from mm_parallel import comm
-
-        record = json.loads(comm.all_gather_bytes(json.dumps(record, default=str).encode(), topo.world)[0])
+    step, record = _from_rank_zero(topo, [step, record])
     if step == _REFUSED:
         if topo.rank == 0:
             raise problem
@@ -229,17 +225,14 @@ def _decide(recipe, task, resume, chosen) -> Tuple[int, dict]:
     return int(state["step"]), record
 
 
-def _shared_int(topo, value: int) -> int:
-    """Rank 0's ``value`` on every rank."""
-    if topo.world_size == 1:
-        return value
-    import mindspore as ms
-    import numpy as np
-
+def _from_rank_zero(topo, value):
+    """Rank 0's ``value`` (JSON) on every rank, rank 0 included, so that every copy of what it
+    records (node-local disks: each node's trainer_state / recipe.json) is written from the same
+    bytes."""
     from mm_parallel import comm
 
-    mine = np.array([value if topo.rank == 0 else 0], np.float32)  # exact below 2^24
-    return int(comm.all_reduce(ms.Tensor(mine), topo.world).asnumpy()[0])
+    mine = json.dumps(value, default=str).encode() if topo.rank == 0 else b""
+    return json.loads(comm.all_gather_bytes(mine, topo.world)[0])
 
 
 def _say(line: str) -> None:

@@ -18,6 +18,16 @@ from typing import Callable, Dict, Iterator, List, Optional, Protocol, Tuple
 from mm_train.families import resolve
 
 
+def plan_options(recipe, lora) -> dict:
+    """The keywords of the family's ``parallelize`` for ``recipe``: recompute, LoRA (a config or
+    None), freezing (given only when the recipe freezes: not every family's plan takes it)."""
+    spec = recipe.model
+    options = dict(recompute=spec.recompute, recompute_num_layers=spec.recompute_num_layers, lora=lora)
+    if spec.freeze:
+        options["freeze"] = spec.freeze
+    return options
+
+
 class Task(Protocol):
     """What the loop needs of a family (see `FamilyTask`)."""
 
@@ -105,11 +115,7 @@ class FamilyTask:
         return resolve(self.spec.lora_config, self.spec.extra)(**options)
 
     def plan(self, model, lora) -> None:
-        spec = self.recipe.model
-        options = dict(recompute=spec.recompute, recompute_num_layers=spec.recompute_num_layers, lora=lora)
-        if spec.freeze:
-            options["freeze"] = spec.freeze
-        self.parallelize(model, **options)
+        self.parallelize(model, **plan_options(self.recipe, lora))
 
     def position(self, step: int) -> dict:
         """The data loader's state at the start of ``step``."""

@@ -27,9 +27,10 @@ import math
 from typing import Optional
 
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Tensor, nn, ops
 
 from mm_models_video.wan.config import WanTransformerConfig
+from mm_parallel import census
 from mm_parallel import ops as kernels
 from mm_parallel.blocks import Activation, FeedForward, Identity, Indexed, LayerNorm, Linear, RMSNorm
 from mm_parallel.ops.device import tiled_to
@@ -153,8 +154,7 @@ class WanImageEmbedding(nn.Cell):
         self.norm2 = LayerNorm(out_features)
         self.pos_embed = None
         if pos_embed_seq_len is not None:
-            self.pos_embed = Parameter(Tensor(np.zeros((1, pos_embed_seq_len, in_features), np.float32)),
-                                       name="pos_embed")
+            self.pos_embed = census.filled((1, pos_embed_seq_len, in_features), "pos_embed", 0.0)
 
     def construct(self, x):
         if self.pos_embed is not None:  # first-last-frame: the two images' tokens side by side

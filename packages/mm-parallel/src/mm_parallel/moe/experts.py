@@ -24,9 +24,9 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Tensor, nn, ops
 
-from mm_parallel import mappings
+from mm_parallel import census, mappings
 from mm_parallel.blocks import activation
 from mm_parallel.ops.device import use_fused, with_zero_row
 from mm_parallel.ops.grouped_matmul import grouped_matmul
@@ -78,12 +78,19 @@ class GroupedExperts(nn.Cell):
     def _drawn(self, full_shape, name, spec, init_std):
         """Each expert drawn from its own seed (the same numbers on every rank and layout), only
         this rank's experts drawn, then cut to its tp shard."""
-        seeds = init_rng().integers(0, 2 ** 63, full_shape[0])
-        experts = [np.random.default_rng(int(seeds[e])).normal(0.0, init_std or 0.02, full_shape[1:])
-                   for e in range(self.first, self.first + self.local)]
-        tp_part = ParamSharding(tuple((d - 1, g) for d, g in spec.splits if g == "tp"), fused=spec.fused)
-        local = np.stack([tp_part.local(e, self.topology) for e in experts]).astype(np.float32)
-        return set_sharding(Parameter(Tensor(np.ascontiguousarray(local)), name=name), spec)
+        local_shape = (self.local,) + tuple(full_shape[1:])
+        for dim, group in spec.splits:
+            if group == "tp":
+                local_shape = local_shape[:dim] + (local_shape[dim] // self.tp_group.size,) + local_shape[dim + 1:]
+
+        def value():
+            seeds = init_rng().integers(0, 2 ** 63, full_shape[0])
+            experts = [np.random.default_rng(int(seeds[e])).normal(0.0, init_std or 0.02, full_shape[1:])
+                       for e in range(self.first, self.first + self.local)]
+            tp_part = ParamSharding(tuple((d - 1, g) for d, g in spec.splits if g == "tp"), fused=spec.fused)
+            return np.stack([tp_part.local(e, self.topology) for e in experts])
+
+        return set_sharding(census.parameter(local_shape, name, value), spec)
 
     # -- checkpoints (hf_checkpoint calls these for the parameters of this cell) ----------------
 

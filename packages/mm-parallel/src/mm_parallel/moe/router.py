@@ -19,8 +19,9 @@ from typing import Optional
 
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Tensor, nn, ops
 
+from mm_parallel import census
 from mm_parallel.moe.config import MoEConfig
 from mm_parallel.precision import keep_in_fp32
 from mm_parallel.tensor_parallel import new_parameter
@@ -47,8 +48,8 @@ class TopKRouter(nn.Cell):
         self.weight = new_parameter((config.num_experts, config.hidden_size), "weight", init_std, None)
         self.expert_bias = None
         if config.expert_bias:
-            self.expert_bias = keep_in_fp32(Parameter(Tensor(np.zeros(config.num_experts, np.float32)),
-                                                      name="expert_bias", requires_grad=False))
+            self.expert_bias = keep_in_fp32(census.filled((config.num_experts,), "expert_bias", 0.0,
+                                                             requires_grad=False))
         self.load = np.zeros(config.num_experts, np.float64)  # slots per expert since the last bias update
 
     def read_hf_tensor(self, folder, keys, attr: str):

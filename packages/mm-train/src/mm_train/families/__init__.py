@@ -73,6 +73,9 @@ class FamilySpec:
     # "module:function" (recipe, config.json mapping) -> [problems]: the layout against the model's
     # shapes and the data's files, checked before launch (mm_train.preflight)
     preflight: Optional[str] = None
+    # "module:function" (recipe, model config) -> mm_train.plan.workload.Workload: the shapes and
+    # FLOPs of one sample for `mm-train plan`
+    workload: Optional[str] = None
 
     def model_class(self, config: Optional[dict] = None):
         """The model class of a config.json mapping (its model_type / _class_name), else the default."""

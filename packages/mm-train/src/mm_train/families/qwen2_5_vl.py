@@ -216,6 +216,47 @@ class VLTask(FamilyTask):
         return batch
 
 
+def workload(recipe, config):
+    """The planner's shapes (mm_train.plan.workload) of one sample: data.max_length tokens with
+    one picture of data.max_pixels, through the vision tower (on the first stage; frozen under
+    model.freeze [vision]) and the language model. Serves Qwen2.5-VL (windowed vision attention)
+    and Qwen3-VL (whole-image attention; MoE layers count their k routed experts)."""
+    import math
+
+    from mm_train.plan.workload import LayerStack, Workload
+
+    text, vision = config.text_config, config.vision_config
+    seq, merge = recipe.data.max_length, vision.spatial_merge_size
+    pixels = recipe.data.max_pixels or 1280 * (vision.patch_size * merge) ** 2  # unset: 1280 merged tokens
+    side = max(1, math.isqrt(pixels // (vision.patch_size * merge) ** 2))  # merged tokens a side
+    grid = [[1, side * merge, side * merge]]
+    patches = (side * merge) ** 2
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv = text.num_key_value_heads * head_dim
+    mlp = getattr(text, "moe_intermediate_size", 0) * getattr(text, "num_experts_per_tok", 0) or text.intermediate_size
+    h, hv, fv = text.hidden_size, vision.hidden_size, vision.intermediate_size
+    if hasattr(vision, "window_size"):  # Qwen2.5-VL: windows of window_size pixels, some blocks whole
+        from mm_models_vl.qwen2_5_vl.flops import qwen2_5_vl_flops
+
+        window = min(patches, (vision.window_size // vision.patch_size) ** 2)
+        full = len(vision.fullatt_block_indexes)
+        keys = (full * patches + (vision.depth - full) * window) / vision.depth
+        flops, vision_inside = qwen2_5_vl_flops(config, seq, image_grid_thw=grid), 6 * hv + 4 * fv
+    else:
+        from mm_models_vl.qwen3_vl.flops import text_flops, vision_flops
+
+        keys, vision_inside = patches, 6 * hv + 2 * fv
+        flops = text_flops(config, seq) + vision_flops(config, grid)
+    frozen = "vision" in (recipe.model.freeze or [])
+    stacks = [LayerStack("vision tower", vision.depth, patches, hv, outside=4 * hv, inside=vision_inside,
+                         heads=vision.num_heads, keys=int(keys), pipelined=False, trained=not frozen),
+              LayerStack("language model", text.num_hidden_layers, seq, h, outside=4 * h,
+                         inside=3 * h + 3 * kv + 4 * mlp, heads=text.num_attention_heads, keys=seq)]
+    return Workload(stacks, float(flops), seq, boundary_hidden=h, logits_vocab=text.vocab_size,
+                    notes=[f"one {grid[0][1] * vision.patch_size} x {grid[0][2] * vision.patch_size} picture and "
+                           f"{seq} tokens per sample (data.max_pixels, data.max_length)"])
+
+
 SPEC = register(FamilySpec(
     name="qwen2_5_vl",
     description="Qwen2.5-VL (3B / 7B / 32B / 72B): vision-language SFT and LoRA",
@@ -227,6 +268,7 @@ SPEC = register(FamilySpec(
     extra="vl",
     processing="mm_train.families.qwen2_5_vl:write_processing_files",
     preflight="mm_train.families.qwen2_5_vl:preflight",
+    workload="mm_train.families.qwen2_5_vl:workload",
     recipes=(
         BuiltinRecipe("qwen2_5_vl_tiny", "qwen2_5_vl_tiny.yaml",
                       "a tiny random Qwen2.5-VL captions generated pictures (about a minute)", "1-2 CPU processes",
@@ -236,6 +278,6 @@ SPEC = register(FamilySpec(
         BuiltinRecipe("qwen2_5_vl_7b_sft", "qwen2_5_vl_7b_sft.yaml",
                       "Qwen2.5-VL-7B-Instruct SFT on LLaMA-Factory data (TP1 PP2 ZeRO-1)", "1 x 8 Ascend NPUs"),
         BuiltinRecipe("qwen2_5_vl_72b_sft", "qwen2_5_vl_72b_sft.yaml",
-                      "Qwen2.5-VL-72B-Instruct SFT (TP2 PP8)", "2 x 8 Ascend NPUs"),
+                      "Qwen2.5-VL-72B-Instruct SFT (TP2 PP8 DP4)", "8 x 8 Ascend NPUs"),
     ),
 ))

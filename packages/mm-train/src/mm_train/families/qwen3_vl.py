@@ -38,7 +38,8 @@ _COMMON = dict(data_sections={"tiny_vl": VLDataSection, "llamafactory": VLDataSe
                plan="mm_models_vl.qwen3_vl.parallel_plan:parallelize",
                lora_config="mm_models_vl.qwen3_vl.parallel_plan:LoraConfig", extra="vl",
                processing="mm_train.families.qwen2_5_vl:write_processing_files",
-               preflight="mm_train.families.qwen2_5_vl:preflight")
+               preflight="mm_train.families.qwen2_5_vl:preflight",
+               workload="mm_train.families.qwen2_5_vl:workload")
 
 DENSE = register(FamilySpec(
     name="qwen3_vl",

@@ -122,6 +122,27 @@ class WanTask(FamilyTask):
         return latent_tokens(batch, self.patch_size)
 
 
+def workload(recipe, config):
+    """The planner's shapes (mm_train.plan.workload) of one clip: data.num_frames frames of
+    data.max_area pixels, through the VAE's 4 x 8 x 8 compression and the DiT's patches; each block
+    keeps its self-attention, cross-attention to data.text_max_length text tokens and GELU FFN."""
+    from mm_models_video.wan.flops import wan_dit_flops
+    from mm_train.plan.workload import LayerStack, Workload
+
+    data = recipe.data
+    pt, ph, pw = config.patch_size
+    frames = (data.num_frames - 1) // 4 + 1
+    side = int((data.max_area / 64) ** 0.5)  # latent pixels a side of a square frame of max_area
+    tokens = (frames // pt) * (side // ph) * (side // pw)
+    h = config.num_attention_heads * config.attention_head_dim
+    text = data.text_max_length
+    stack = LayerStack("DiT", config.num_layers, tokens, h, outside=8 * h, inside=10 * h + 2 * config.ffn_dim,
+                       heads=config.num_attention_heads, keys=tokens + text)
+    flops = wan_dit_flops(config, frames, side, side, text, 257 if config.image_dim else 0)
+    return Workload([stack], float(flops), tokens, boundary_hidden=h,
+                    notes=[f"{data.num_frames} frames of {data.max_area} pixels: {tokens} video tokens per clip"])
+
+
 _TINY, _ASCEND = "1-2 CPU processes", "Ascend NPUs"
 
 SPEC = register(FamilySpec(
@@ -135,6 +156,7 @@ SPEC = register(FamilySpec(
     lora_config="mm_models_video.wan.parallel_plan:LoraConfig",
     extra="video",
     preflight="mm_train.families.wan:preflight",
+    workload="mm_train.families.wan:workload",
     recipes=(
         BuiltinRecipe("wan2_1_t2v_tiny", "wan2_1_t2v_tiny.yaml",
                       "a tiny random Wan2.1 T2V DiT on the built-in clips (feature cache)", _TINY),
@@ -143,6 +165,6 @@ SPEC = register(FamilySpec(
         BuiltinRecipe("wan2_1_t2v_1_3b", "wan2_1_t2v_1_3b.yaml",
                       "Wan2.1-T2V-1.3B pre-training (CP4 Ulysses, DP2, ZeRO-1)", f"1 x 8 {_ASCEND}"),
         BuiltinRecipe("wan2_1_t2v_14b", "wan2_1_t2v_14b.yaml",
-                      "Wan2.1-T2V-14B pre-training (CP8 Ulysses, DP2)", f"2 x 8 {_ASCEND}"),
+                      "Wan2.1-T2V-14B pre-training (TP4-SP CP2 Ulysses, DP2)", f"2 x 8 {_ASCEND}"),
     ),
 ))

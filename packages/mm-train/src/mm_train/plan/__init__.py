@@ -1,0 +1,138 @@
+"""`mm-train plan`: memory per device, step time, SPS / TPS and MFU of a recipe on a cluster,
+predicted from the recipe and the model's config.json alone (no weights read).
+
+The cluster is the recipe's ``cluster`` section (nodes, devices_per_node, device), which flags
+override; devices come from devices.yaml beside this module (plus a user file). Memory is counted
+by `mm_train.plan.memory` (parameters from the model code built by shape only), time by
+`mm_train.plan.timing`, the shapes by the family's ``workload`` (`mm_train.plan.workload`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict, Optional
+
+import yaml
+
+DEVICES_FILE = Path(__file__).with_name("devices.yaml")
+HEADROOM = 0.9  # a plan fits when its peak is at most this share of the device memory it may use
+
+
+def load_devices(extra: Optional[str] = None) -> dict:
+    """{"devices": {...}, "efficiency": {...}} from devices.yaml, updated by ``extra`` or $MM_TRAIN_DEVICES."""
+    with open(DEVICES_FILE) as f:
+        known = yaml.safe_load(f)
+    extra = extra or os.environ.get("MM_TRAIN_DEVICES")
+    if extra:
+        with open(extra) as f:
+            more = yaml.safe_load(f) or {}
+        known["devices"].update(more.get("devices", {}))
+        known["efficiency"].update(more.get("efficiency", {}))
+    return known
+
+
+def host_memory_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
+
+
+def device_spec(name: str, known: dict) -> dict:
+    if name not in known["devices"]:
+        raise ValueError(f"device {name!r} is unknown; choose one of {sorted(known['devices'])} or add it to a "
+                         "devices file (--devices FILE)")
+    device = dict(known["devices"][name], name=name)
+    device["memory_bytes"] = int(device["memory_gib"] * 2 ** 30) if device["memory_gib"] else host_memory_bytes()
+    return device
+
+
+def model_config(recipe, task_factory=None):
+    """The model's config as its class loads it: model.path's config.json (with model.config
+    overrides), else the inline config completed by the family's task (tokenizer vocabulary)."""
+    import json
+
+    from mm_parallel import ParallelConfig
+    from mm_parallel.topology import Topology
+    from mm_train import loop
+
+    spec = recipe.family
+    if recipe.model.path:
+        with open(os.path.join(recipe.model.path, "config.json")) as f:
+            raw = json.load(f)
+        return raw, spec.model_class(raw).load_config(recipe.model.path, loop.config_overrides(recipe.model))
+    task = (task_factory or spec.task_class())(recipe, Topology.build(ParallelConfig(), 1, 0))
+    return task.model_json, task.inline_config()
+
+
+def make_plan(recipe, nodes: Optional[int] = None, devices_per_node: Optional[int] = None,
+              device: Optional[str] = None, devices_file: Optional[str] = None) -> Dict:
+    """The plan of ``recipe`` on its cluster (the arguments override the recipe's cluster section)."""
+    from mm_parallel.topology import Topology
+    from mm_train.families import resolve
+    from mm_train.plan import memory, timing
+    from mm_train.recipe import check_layout
+
+    cluster = {"nodes": nodes or recipe.cluster.nodes,
+               "devices_per_node": devices_per_node or recipe.cluster.devices_per_node,
+               "device": device or recipe.cluster.device}
+    known = load_devices(devices_file)
+    spec_device = device_spec(cluster["device"], known)
+    world = cluster["nodes"] * cluster["devices_per_node"]
+    micro_batches = check_layout(recipe, world)
+    raw, config = model_config(recipe)
+    family = recipe.family
+    if not family.workload:
+        raise ValueError(f"family {family.name} gives no workload: mm-train plan cannot predict it")
+    workload = resolve(family.workload)(recipe, config)
+    ranks, peak, slowest = [], 0, None
+    for position in memory.positions(recipe.parallel, world):
+        topo = Topology.build(recipe.parallel, world, position.rank)
+        chunks = memory.build_chunks(family, recipe, raw, config, topo)
+        entry = {"tp_rank": position.tp, "pp_stage": position.pp, "ep_rank": position.ep, "count": position.count,
+                 **memory.static_bytes(chunks, recipe, topo),
+                 **memory.activation_bytes(workload, recipe, topo, spec_device["fused_attention"], micro_batches)}
+        entry["total_bytes"] = sum(entry[k] for k in ("weights_bytes", "grads_bytes", "optimizer_bytes",
+                                                      "activations_bytes"))
+        grads_numel = entry["grads_bytes"] // memory.DTYPE_BYTES[recipe.train.grad_dtype]
+        times = timing.step_time(workload, recipe, topo, spec_device, cluster, known["efficiency"], grads_numel,
+                                 micro_batches)
+        ranks.append(entry)
+        peak = max(peak, entry["total_bytes"])
+        slowest = times if slowest is None or times["step_time_s"] > slowest["step_time_s"] else slowest
+    return _summary(recipe, cluster, spec_device, world, ranks, peak, slowest, workload)
+
+
+def _summary(recipe, cluster, device, world, ranks, peak, times, workload) -> Dict:
+    shared = device.get("shared_memory", False)  # one host's RAM holds every process
+    usable = device["memory_bytes"] * device["usable_fraction"] * HEADROOM
+    demand = sum(r["total_bytes"] * r["count"] for r in ranks) if shared else peak
+    step = times["step_time_s"]
+    sps = recipe.train.global_batch_size / step if step else 0.0
+    flops = 3 * workload.flops_per_sample * sps
+    terms = {k[:-2]: v for k, v in times.items() if k != "step_time_s"}
+    return {"fits": demand <= usable, "devices": world, "cluster": cluster, "device": device["name"],
+            "device_memory_bytes": device["memory_bytes"], "usable_bytes": int(usable), "ranks": ranks,
+            "peak_bytes": int(peak), "demand_bytes": int(demand), "step_time_s": step, "samples_per_s": sps,
+            "tokens_per_s": sps * workload.tokens_per_sample,
+            "mfu": flops / (world * device["peak_tflops"] * 1e12) if device["peak_tflops"] else 0.0,
+            "breakdown": terms, "dominant": max(terms, key=terms.get), "notes": workload.notes}
+
+
+def render(plan: Dict) -> str:
+    """The human table of a plan."""
+    gib = 2 ** 30
+    lines = [f"{plan['devices']} x {plan['device']} ({plan['cluster']['nodes']} x {plan['cluster']['devices_per_node']}"
+             f"), {plan['device_memory_bytes'] / gib:.1f} GiB each, plan for <= {plan['usable_bytes'] / gib:.1f} GiB",
+             f"{'tp':>3} {'pp':>3} {'ep':>3} {'ranks':>5} {'params':>12} {'weights':>9} {'grads':>9} {'optim':>9} "
+             f"{'activ.':>9} {'total GiB':>9}"]
+    for r in plan["ranks"]:
+        lines.append(f"{r['tp_rank']:>3} {r['pp_stage']:>3} {r['ep_rank']:>3} {r['count']:>5} {r['params']:>12,} "
+                     + " ".join(f"{r[k] / gib:>9.2f}" for k in ("weights_bytes", "grads_bytes", "optimizer_bytes",
+                                                               "activations_bytes", "total_bytes")))
+    verdict = "fits" if plan["fits"] else "DOES NOT FIT"
+    lines.append(f"peak {plan['peak_bytes'] / gib:.2f} GiB per rank: {verdict}")
+    parts = ", ".join(f"{k} {v:.3g} s" for k, v in plan["breakdown"].items() if v)
+    lines.append(f"step {plan['step_time_s']:.3g} s ({parts}; {plan['dominant']} dominates): "
+                 f"{plan['samples_per_s']:.3g} samples/s, {plan['tokens_per_s']:.4g} tokens/s, MFU {plan['mfu']:.1%}")
+    lines += [f"note: {n}" for n in plan["notes"]]
+    return "\n".join(lines)

@@ -1,0 +1,154 @@
+"""Memory per rank of a training run: parameters, gradients and optimizer state counted from the
+model code itself, activations from the family's workload.
+
+Parameters. Each distinct model-parallel position (tp rank x pp stage x ep rank; dp and cp ranks
+hold copies) is built as the run builds it — its chunks under `Topology.build` of one of its
+ranks, the family's plan (recompute, LoRA, freezing) applied — inside
+`mm_parallel.census.shapes_only`, so no value exists. Then, as the run does:
+
+    weights     every parameter held, in the dtype `mm_parallel.precision.dtype_under` gives it
+    gradients   the trainable ones, summed over the step's micro-batches in train.grad_dtype
+    optimizer   `mm_parallel.optimizer.state_bytes_of`: fp32 master + 2 moments of this rank's
+                ZeRO slice of each bucket
+
+Activations of one micro-batch on a stage, with t = tp, s = the stack's tokens per sample / cp,
+b = micro_batch_size and L the stage's layers of a stack, in the activation dtype:
+
+    per layer   s b (outside / t_sp + inside / t + scores heads keys / t)      (workload.LayerStack)
+    recompute   full: L s b hidden / t_sp (each layer's input) + one layer's full set; block N: N
+                layers like full, the rest whole; selective: the scores term dropped
+    pipeline    a stage's backward recomputes its forward (mm_parallel.pipeline), so micro-batches
+                in flight keep only the stage's input, s b boundary_hidden / t_sp each: at most
+                min(pp - stage, m) under 1F1B, the interleaved order's count under VPP
+    logits      the last stage's fp32 logits and their gradient, 2 x 4 s b vocab / t
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class Position:
+    """One distinct model-parallel position: (tp rank, pp stage, ep rank), a rank holding it and
+    how many ranks do."""
+
+    tp: int
+    pp: int
+    ep: int
+    rank: int
+    count: int
+
+
+def positions(parallel, world_size: int) -> List[Position]:
+    """Every distinct (tp, pp, ep) position of a layout over ``world_size`` ranks."""
+    from mm_parallel.topology import Topology
+
+    found: Dict[Tuple[int, int, int], List[int]] = {}
+    for rank in range(world_size):
+        topo = Topology.build(parallel, world_size, rank)
+        found.setdefault((topo.tp.rank, topo.pp.rank, topo.ep.rank), []).append(rank)
+    return [Position(*key, ranks[0], len(ranks)) for key, ranks in sorted(found.items())]
+
+
+def build_chunks(spec, recipe, raw_config: dict, model_config, topo) -> list:
+    """The model chunks ``topo``'s rank holds, built by shape only with the family's plan applied
+    (``raw_config``: the config.json mapping that names the model class)."""
+    from mm_parallel import census
+    from mm_train.families import resolve
+    from mm_train.task import plan_options
+
+    model_class = spec.model_class(raw_config)
+    parallelize = resolve(spec.plan, spec.extra)
+    lora = resolve(spec.lora_config, spec.extra)(**recipe.model.lora) if recipe.model.lora else None
+    options = plan_options(recipe, lora)
+    config = model_class.load_config(model_config)
+    with census.shapes_only():
+        chunks = [model_class(config, topo, chunk=c) for c in range(topo.config.vpp)]
+        for chunk in chunks:
+            parallelize(chunk, **options)
+    return chunks
+
+
+def static_bytes(chunks, recipe, topo) -> Dict[str, int]:
+    """{params, weights_bytes, grads_bytes, optimizer_bytes} of a rank holding ``chunks``."""
+    from mm_parallel.hf_checkpoint import owned_parameters
+    from mm_parallel.optimizer import state_bytes_of
+    from mm_parallel.precision import dtype_under
+
+    policy = recipe.train.precision_policy()
+    params = weights = 0
+    for chunk in chunks:
+        keep = getattr(type(chunk), "_keep_in_fp32_modules", None) or ()
+        for name, param, _, _ in owned_parameters(chunk):
+            numel = math.prod(param.shape)
+            params += numel
+            weights += numel * _itemsize(dtype_under(policy, name, param, keep))
+    trainable = [p for chunk in chunks for p in chunk.trainable_params()]
+    grads = sum(math.prod(p.shape) for p in trainable) * DTYPE_BYTES[recipe.train.grad_dtype]
+    optimizer = state_bytes_of(trainable, topo, topo.config.zero_stage) if trainable else 0
+    return {"params": params, "weights_bytes": weights, "grads_bytes": grads, "optimizer_bytes": optimizer}
+
+
+def _itemsize(dtype) -> int:
+    import mindspore as ms
+
+    return {ms.float32: 4, ms.bfloat16: 2, ms.float16: 2}.get(dtype, 4)
+
+
+def stage_layers(stack_layers: int, topo, pipeline_num_layers=None) -> int:
+    """The layers of a pipelined stack one pp stage holds (all its vpp chunks)."""
+    from mm_parallel.pipeline import stage_layer_ranges
+
+    ranges = stage_layer_ranges(stack_layers, topo.pp.size, topo.config.vpp, pipeline_num_layers)
+    return sum(len(r[topo.pp.rank]) for r in ranges)
+
+
+def in_flight(pp: int, vpp: int, stage: int, micro_batches: int) -> float:
+    """Stage inputs kept at the worst moment, in units of one micro-batch's whole-stage input."""
+    if pp == 1:
+        return 0.0
+    if vpp == 1:
+        return float(min(pp - stage, micro_batches))
+    from mm_parallel.pipeline import interleaved_order
+
+    open_, worst = 0, 0
+    for kind, _, _ in interleaved_order(pp, vpp, micro_batches, stage):
+        open_ += 1 if kind == "F" else -1
+        worst = max(worst, open_)
+    return worst / vpp  # each chunk's input is one stage input (the same hidden) per micro-batch
+
+
+def activation_bytes(workload, recipe, topo, fused_attention: bool, micro_batches: int) -> Dict[str, int]:
+    """{activations_bytes, and its parts} of one rank (module docstring)."""
+    par, b = topo.config, recipe.train.micro_batch_size
+    t, cp = topo.tp.size, topo.cp.size
+    t_sp = t if par.sequence_parallel else 1
+    size = DTYPE_BYTES[recipe.train.precision]
+    mode, block_n = recipe.model.recompute, recipe.model.recompute_num_layers
+    micro = boundary = 0.0
+    for stack in workload.stacks:
+        if not stack.trained or (not stack.pipelined and not topo.is_first_stage):
+            continue
+        layers = stage_layers(stack.layers, topo) if stack.pipelined else stack.layers
+        s = stack.tokens / cp
+        scores = 0.0 if fused_attention or mode == "selective" else stack.heads * stack.keys / t
+        whole = s * b * (stack.outside / t_sp + stack.inside / t + scores)
+        kept_input = s * b * stack.hidden / t_sp
+        recomputed = layers if mode == "full" else min(block_n or 0, layers) if mode == "block" else 0
+        micro += recomputed * kept_input + (layers - recomputed) * whole + (whole if recomputed else 0.0)
+        if stack.pipelined:
+            boundary = s * b * workload.boundary_hidden / t_sp
+    flight = in_flight(topo.pp.size, par.vpp, topo.pp.rank, micro_batches) * boundary
+    logits = 0.0
+    if workload.logits_vocab and topo.is_last_stage:
+        logits = 2 * 4 * workload.pipelined.tokens / cp * b * workload.logits_vocab / t
+    parts = {"activations_layers_bytes": int(micro * size), "activations_in_flight_bytes": int(flight * size),
+             "logits_bytes": int(logits)}
+    parts["activations_bytes"] = sum(parts.values())
+    return parts
+

@@ -1,0 +1,83 @@
+"""Time per step of a training run: compute, communication and the pipeline bubble.
+
+With F the forward FLOPs of one sample (the family's count), G the global batch, m the
+micro-batches per data-parallel rank and step, and E_c, E_n the compute and link efficiencies
+(devices.yaml):
+
+    compute     passes F G / (dp tp cp pp) / (peak E_c) per rank, passes = 3 (forward, backward
+                = 2 forwards) + 1 when layers are recomputed (full / block recompute; under pp a
+                stage's backward always recomputes its forward, mm_parallel.pipeline)
+    bubble      compute (pp - 1) / (m vpp)  (1F1B; interleaving divides the idle ticks by vpp)
+    collectives bytes on the slowest link each group spans (a group whose ranks sit on two
+                servers moves at inter_gbps, else intra_gbps), times E_n; our PyNative steps do
+                not overlap them with compute, so they add:
+                tp / sp   per layer and micro-batch 4 all-reduces (or all-gather + reduce-scatter
+                          pairs) of s b h activation values, 2 (t - 1) / t each; 6 with recompute
+                cp        Ulysses: 8 all-to-alls of s b h / cp values, (c - 1) / c each; ring: keys
+                          and values (at most s b h / cp values each) passed c - 1 times forward,
+                          with their gradients backward: 6 (c - 1) s b h / cp
+                pp        each micro-batch's stage input forward and its gradient back
+                dp / ZeRO the fp32 gradient all-reduce 2 (d - 1) / d N 4 bytes, plus with ZeRO the
+                          all-gather of the updated slices (d - 1) / d N 4
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+from mm_train.plan.memory import stage_layers
+
+
+def group_spans_servers(topo, kind: str, devices_per_node: int) -> bool:
+    """Whether ``topo``'s ``kind`` group holds ranks of more than one server (ranks fill servers in order)."""
+    return len({r // devices_per_node for r in topo.groups[kind].ranks}) > 1
+
+
+def _link_bytes_per_s(topo, kind: str, device: dict, cluster: dict, efficiency: float) -> float:
+    inter = group_spans_servers(topo, kind, cluster["devices_per_node"])
+    return (device["inter_gbps"] if inter else device["intra_gbps"]) * 1e9 * efficiency
+
+
+def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: dict, grads_numel: int,
+              micro_batches: int) -> Dict[str, float]:
+    """{compute_s, bubble_s, tp_s, cp_s, pp_s, dp_s, step_time_s} of one rank (module docstring)."""
+    par = topo.config
+    dp, t, c, p = topo.dp.size, topo.tp.size, topo.cp.size, topo.pp.size
+    size = 2 if recipe.train.precision in ("bf16", "fp16") else 4
+    recomputed = recipe.model.recompute in ("full", "block") or p > 1
+    passes = 3 + (1 if recomputed else 0)
+    samples_per_rank = recipe.train.global_batch_size / dp
+    peak = device["peak_tflops"] * 1e12 * efficiency["compute"]
+    compute = passes * workload.flops_per_sample * samples_per_rank / (t * c * p) / peak
+    bubble = compute * (p - 1) / (micro_batches * par.vpp) if p > 1 else 0.0
+    comm_eff = efficiency["communication"]
+    b = recipe.train.micro_batch_size
+    times = {"compute_s": compute, "bubble_s": bubble, "tp_s": 0.0, "cp_s": 0.0, "pp_s": 0.0, "dp_s": 0.0}
+    for stack in workload.stacks:
+        if not stack.pipelined and not topo.is_first_stage:
+            continue
+        layers = stage_layers(stack.layers, topo) if stack.pipelined else stack.layers
+        activation = stack.tokens / c * b * stack.hidden * size  # bytes of one layer's s b h values
+        if t > 1:
+            per_layer = (6 if recomputed else 4) * 2 * (t - 1) / t * activation
+            times["tp_s"] += micro_batches * layers * per_layer / _link_bytes_per_s(topo, "tp", device, cluster,
+                                                                                    comm_eff)
+        if c > 1:
+            if par.cp_algo == "ring":
+                per_layer = 6 * (c - 1) * activation  # k, v forward; k, v and their gradients backward
+            else:
+                per_layer = 8 * (c - 1) / c * activation
+            times["cp_s"] += micro_batches * layers * per_layer / _link_bytes_per_s(topo, "cp", device, cluster,
+                                                                                    comm_eff)
+    if p > 1:
+        stage_input = workload.pipelined.tokens / c * b * workload.boundary_hidden * size
+        times["pp_s"] = micro_batches * par.vpp * 2 * stage_input / _link_bytes_per_s(topo, "pp", device, cluster,
+                                                                                      comm_eff)
+    if dp * c > 1:
+        d = topo.dp_cp.size
+        volume = 2 * (d - 1) / d * grads_numel * 4
+        if par.zero_stage > 0:
+            volume += (d - 1) / d * grads_numel * 4
+        times["dp_s"] = volume / _link_bytes_per_s(topo, "dp_cp", device, cluster, comm_eff)
+    times["step_time_s"] = sum(times.values())
+    return times

@@ -1,0 +1,55 @@
+"""What one micro-batch asks of the model: each family's shapes for the planner (`mm-train plan`).
+
+A family's ``workload`` function (FamilySpec.workload) turns a recipe and the model's config into
+a `Workload`: the stacks of transformer layers a sample goes through (language model, vision
+tower, DiT), each with its tokens per sample and the activation elements its code keeps per
+token and layer for the backward, the forward FLOPs of one sample (the family's own count, the
+one MFU uses in training) and the tokens a throughput figure counts.
+
+Saved activations per token and layer are split the way tensor / sequence parallelism divides
+them (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models"):
+
+    outside   elements outside the tp-split linears (norm inputs / outputs, residuals): divided by
+              tp only under sequence parallelism
+    inside    elements between a column and a row linear (q, k, v, attention output, MLP
+              intermediates): divided by tp always
+    scores    attention probabilities kept per query (heads x keys), divided by tp; zero where the
+              attention kernel keeps only its log-sum-exp (fused attention on Ascend)
+
+Context parallelism divides a stack's tokens by cp (its layers see tokens / cp each).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+
+@dataclass(frozen=True)
+class LayerStack:
+    """``layers`` identical layers every sample goes through with ``tokens`` tokens."""
+
+    name: str
+    layers: int
+    tokens: int  # per sample
+    hidden: int
+    outside: float  # saved elements per token and layer outside the tp-split linears
+    inside: float  # ... between a column and a row linear
+    heads: int  # attention heads (the scores term)
+    keys: int  # keys each query attends to (window, frame or whole sequence; + cross-attention keys)
+    pipelined: bool = True  # its layers are cut over the pipeline stages (else: all on the first stage)
+    trained: bool = True  # False: frozen, its activations are not kept for a backward
+
+
+@dataclass(frozen=True)
+class Workload:
+    stacks: List[LayerStack]
+    flops_per_sample: float  # forward FLOPs of one sample (a training step is 3 forwards)
+    tokens_per_sample: int  # what tokens / s counts
+    boundary_hidden: int  # the hidden size of what pipeline stages pass on (per token of the pipelined stack)
+    logits_vocab: int = 0  # the last stage's logits (fp32, vocabulary split over tp), 0 for none
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def pipelined(self) -> LayerStack:
+        return next(s for s in self.stacks if s.pipelined)

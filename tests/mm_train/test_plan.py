@@ -1,0 +1,178 @@
+"""`mm-train plan`: what it counts equals what a run builds; the shipped real-size recipes fit.
+
+Parameter, weight and optimizer bytes are compared with the real model of every position of a
+layout (built with values in this process under `Topology.build` of that rank, cast by the run's
+precision, planned by the family, with a real DistributedOptimizer) — the planner builds by shape
+only. The real-size recipes are planned on the shapes of their published checkpoints
+(tests/mm_train/data/hub_configs.json: the hub's config.json shape fields).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from mm_train.plan import make_plan, memory, model_config
+from mm_train.recipe import load_recipe
+from mm_train.task import plan_options
+
+HUB_CONFIGS = json.loads((Path(__file__).parent / "data" / "hub_configs.json").read_text())
+REAL_RECIPES = ["qwen2_5_vl_7b_sft", "qwen2_5_vl_72b_sft", "qwen3_vl_8b_sft", "qwen3_vl_30b_a3b_sft",
+                "wan2_1_t2v_1_3b", "wan2_1_t2v_14b"]
+
+CASES = {
+    "vl_tp2_pp2_bf16": ("qwen2_5_vl_tiny", 8, ["parallel.tp=2", "parallel.pp=2", "parallel.zero_stage=1",
+                                               "train.precision=bf16", "model.recompute=full"]),
+    "vl_lora_frozen_vision": ("qwen2_5_vl_tiny_lora", 4, ["parallel.tp=2", "parallel.sequence_parallel=true"]),
+    "vl_vpp_zero2": ("qwen2_5_vl_tiny", 8, ["parallel.pp=2", "parallel.vpp=2", "parallel.zero_stage=2",
+                                           "model.freeze=[vision]", "train.global_batch_size=16",
+                                           "model.config.text_config.num_hidden_layers=4"]),
+    "qwen3_moe_ep2_tp2": ("qwen3_vl_moe_tiny", 8, ["parallel.tp=2", "parallel.ep=2", "parallel.zero_stage=1",
+                                                   "train.precision=bf16"]),
+    "wan_tp2_cp2": ("wan2_1_t2v_tiny", 8, ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.cp=2",
+                                          "parallel.zero_stage=1"]),
+}
+
+
+def _real_chunks(recipe, raw, config, topo):
+    """The chunks a run builds for ``topo``'s rank (with values), cast and planned as the loop does."""
+    import mm_parallel.precision
+    from mm_train.families import resolve
+
+    spec = recipe.family
+    model_class = spec.model_class(raw)
+    parallelize = resolve(spec.plan, spec.extra)
+    lora = resolve(spec.lora_config, spec.extra)(**recipe.model.lora) if recipe.model.lora else None
+    options = plan_options(recipe, lora)
+    chunks = [model_class(model_class.load_config(config), topo, chunk=c) for c in range(topo.config.vpp)]
+    for chunk in chunks:
+        mm_parallel.precision.apply(chunk, recipe.train.precision_policy())
+        parallelize(chunk, **options)
+    return chunks
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_predicted_parameter_and_optimizer_bytes_equal_the_real_build(case, tmp_path):
+    import mindspore as ms
+
+    import mm_parallel
+    from mm_parallel.hf_checkpoint import owned_parameters
+    from mm_parallel.ops import low_precision
+    from mm_parallel.topology import Topology
+
+    name, world, sets = CASES[case]
+    recipe = load_recipe(name, [*sets, f"output_dir={tmp_path / 'out'}", f"data.path={tmp_path / 'data'}"])
+    raw, config = model_config(recipe)
+    positions = memory.positions(recipe.parallel, world)
+    assert sum(p.count for p in positions) == world
+    before = low_precision.compute_dtype()
+    try:
+        for position in positions:
+            topo = Topology.build(recipe.parallel, world, position.rank)
+            predicted = memory.static_bytes(memory.build_chunks(recipe.family, recipe, raw, config, topo), recipe,
+                                            topo)
+            real = _real_chunks(recipe, raw, config, topo)
+            held = [p for chunk in real for _, p, _, _ in owned_parameters(chunk)]
+            trainable = [p for chunk in real for p in chunk.trainable_params()]
+            optimizer = mm_parallel.DistributedOptimizer(real[0] if len(real) == 1 else real,
+                                                         recipe.train.precision_policy().optimizer_config(recipe.optim),
+                                                         topo)
+            assert predicted["params"] == sum(int(p.size) for p in held), position
+            assert predicted["weights_bytes"] == sum(int(p.nbytes) for p in held), position
+            grad_size = 4 if recipe.train.grad_dtype == "fp32" else 2
+            assert predicted["grads_bytes"] == sum(int(p.size) for p in trainable) * grad_size, position
+            assert predicted["optimizer_bytes"] == optimizer.state_bytes(), position
+            if recipe.train.precision == "bf16":
+                assert any(p.dtype == ms.bfloat16 for p in held)
+    finally:
+        low_precision.set_compute_dtype(before)
+
+
+def test_a_shape_only_build_holds_no_memory():
+    """A 72B stage built by shape only: no parameter's values exist (MindSpore allocates a
+    declared tensor only when its data is read), and the process grows by far less than 1 GiB."""
+    import resource
+
+    from mm_parallel.topology import Topology
+
+    recipe = load_recipe("qwen2_5_vl_72b_sft", [f"model.path={_hub_folder('Qwen2.5-VL-72B-Instruct')}"])
+    raw, config = model_config(recipe)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    topo = Topology.build(recipe.parallel, 64, 0)
+    chunks = memory.build_chunks(recipe.family, recipe, raw, config, topo)
+    held = memory.static_bytes(chunks, recipe, topo)
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+    assert held["params"] > 5e9 and held["weights_bytes"] > 10 * 2 ** 30
+    assert grown < 2 ** 30, f"the shape-only build grew the process by {grown / 2 ** 30:.1f} GiB"
+
+
+_FOLDERS = {}
+
+
+def _hub_folder(key: str) -> str:
+    """A model folder holding only the published config.json of ``key``."""
+    if key not in _FOLDERS:
+        import tempfile
+
+        folder = os.path.join(tempfile.mkdtemp(prefix="hub_"), key)
+        os.makedirs(folder)
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(HUB_CONFIGS[key], f)
+        _FOLDERS[key] = folder
+    return _FOLDERS[key]
+
+
+def _planned(name: str, *sets: str) -> dict:
+    recipe = load_recipe(name)
+    key = next(k for k in HUB_CONFIGS if k != "_comment" and recipe.model.path.endswith(k))
+    return make_plan(load_recipe(name, [f"model.path={_hub_folder(key)}", *sets]))
+
+
+@pytest.mark.parametrize("name", REAL_RECIPES)
+def test_every_shipped_real_size_recipe_fits_on_its_cluster(name):
+    plan = _planned(name)
+    recipe = load_recipe(name)
+    assert plan["devices"] == recipe.cluster.nodes * recipe.cluster.devices_per_node
+    assert plan["fits"], json.dumps({k: v for k, v in plan.items() if k != "ranks"}, indent=1)
+    assert plan["peak_bytes"] <= plan["usable_bytes"] < plan["device_memory_bytes"]
+    assert sum(r["count"] for r in plan["ranks"]) == plan["devices"]
+    for rank in plan["ranks"]:
+        parts = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
+        assert rank["total_bytes"] == sum(rank[k] for k in parts) and all(rank[k] >= 0 for k in parts)
+    assert plan["step_time_s"] > 0 and 0 < plan["mfu"] < 1
+    assert plan["samples_per_s"] == pytest.approx(recipe.train.global_batch_size / plan["step_time_s"])
+
+
+def test_the_old_72b_layout_is_shown_not_to_fit():
+    """TP2 x PP8 on 2 x 8 leaves dp = 1: ZeRO shards nothing, each rank holds ~4.4 B parameters
+    with fp32 gradients and Adam state (the reason the recipe moved to 8 x 8)."""
+    plan = _planned("qwen2_5_vl_72b_sft", "cluster.nodes=2")
+    assert not plan["fits"]
+    widest = max(plan["ranks"], key=lambda r: r["total_bytes"])
+    # dp 1: the whole fp32 state (master + 2 moments) of every trained parameter, 3 x its fp32 gradient
+    assert widest["optimizer_bytes"] == pytest.approx(3 * widest["grads_bytes"], rel=1e-6)
+    assert plan["peak_bytes"] > 64 * 2 ** 30
+
+
+def test_plan_command_prints_one_json_object(tmp_path, capsys):
+    from mm_train.cli import main
+
+    folder = _hub_folder("Wan2.1-T2V-1.3B-Diffusers/transformer")
+    code = main(["plan", "wan2_1_t2v_1_3b", "--set", f"model.path={folder}", "--json"])
+    plan = json.loads(capsys.readouterr().out)
+    assert code == 0 and plan["fits"] is True
+    for key in ("devices", "ranks", "peak_bytes", "step_time_s", "samples_per_s", "tokens_per_s", "mfu",
+                "breakdown"):
+        assert key in plan
+    assert {"count", "params", "weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
+            "total_bytes"} <= set(plan["ranks"][0])
+    assert math.isclose(plan["tokens_per_s"], plan["samples_per_s"] * 31941, rel_tol=1e-9)
+    code = main(["plan", "wan2_1_t2v_1_3b", "--set", f"model.path={folder}", "--device", "ascend-910b4",
+                 "--nodes", "1", "--devices-per-node", "1", "--set", "parallel.cp=1", "--set",
+                 "parallel.zero_stage=0", "--set", "model.recompute=none"])
+    out = capsys.readouterr()
+    assert code == 3 and "DOES NOT FIT" in out.out and "does not fit" in out.err
