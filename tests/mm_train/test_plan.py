@@ -176,3 +176,79 @@ def test_plan_command_prints_one_json_object(tmp_path, capsys):
                  "parallel.zero_stage=0", "--set", "model.recompute=none"])
     out = capsys.readouterr()
     assert code == 3 and "DOES NOT FIT" in out.out and "does not fit" in out.err
+
+
+# Wan2.1-14B's DiT shapes, inline (random weights): ~14 B parameters, far beyond this host
+_WAN_14B_INLINE = ["model.config.num_attention_heads=40", "model.config.attention_head_dim=128",
+                   "model.config.ffn_dim=13824", "model.config.num_layers=40", "model.config.text_dim=4096"]
+
+
+def test_run_refuses_a_layout_that_does_not_fit_this_machine_unless_forced(tmp_path, capsys, monkeypatch):
+    from mm_train import loop
+    from mm_train.cli import main
+
+    sets = [a for s in _WAN_14B_INLINE + [f"output_dir={tmp_path / 'out'}"] for a in ("--set", s)]
+    started = []
+    monkeypatch.setattr(loop, "train", lambda recipe, **kw: started.append(recipe) or [])
+    for nproc in ("1", "2"):  # refused before msrun would start
+        assert main(["run", "wan2_1_t2v_tiny", *sets, "--nproc", nproc]) == 2
+        err = capsys.readouterr().err
+        assert "GiB" in err and "--force" in err and "parallel.tp" in err, err
+    assert not started and not (tmp_path / "out").exists()
+    assert main(["run", "wan2_1_t2v_tiny", *sets, "--force"]) == 0
+    assert len(started) == 1
+
+
+def test_tiny_recipes_fit_this_machine_as_their_runs_are_started():
+    from mm_train.plan import machine_device, refuse_unfitting
+
+    for name in ("qwen2_5_vl_tiny", "qwen3_vl_moe_tiny", "wan2_1_i2v_tiny"):
+        recipe = load_recipe(name)
+        assert machine_device(recipe) == "cpu"
+        plan = refuse_unfitting(recipe, 1, 2)
+        assert plan["fits"] and plan["demand_bytes"] == sum(r["total_bytes"] * r["count"] for r in plan["ranks"])
+
+
+def test_search_candidates_tile_the_world_and_split_the_batch():
+    from mm_train.plan.search import candidates
+
+    seen = list(candidates(8, 4, 16, moe=False))
+    assert len(seen) == len({json.dumps(c, sort_keys=True) for c in seen})
+    for c in seen:
+        p = c["parallel"]
+        model_parallel = p["tp"] * p["pp"] * p["cp"]
+        assert 8 % model_parallel == 0 and p["tp"] <= 4 and p["ep"] == 1
+        dp = 8 // model_parallel
+        assert 16 % (c["micro_batch_size"] * dp) == 0
+        micro_batches = 16 // (c["micro_batch_size"] * dp)
+        assert p["vpp"] == 1 or (p["pp"] > 1 and micro_batches % p["pp"] == 0)
+        assert p["sequence_parallel"] == (p["tp"] > 1) and (dp > 1 or p["zero_stage"] == 0)
+    layouts = {(c["parallel"]["tp"], c["parallel"]["pp"], c["parallel"]["cp"]) for c in seen}
+    assert (8, 1, 1) not in layouts and (4, 2, 1) in layouts and (1, 1, 8) in layouts
+    moe = list(candidates(8, 8, 8, moe=True))
+    assert {c["parallel"]["ep"] for c in moe if c["parallel"]["tp"] == 2 and c["parallel"]["pp"] == 1} == {1, 2, 4}
+
+
+def test_search_lists_what_fits_fastest_first_as_plan_predicts_each(capsys):
+    from mm_train.cli import main
+    from mm_train.plan import make_plan
+    from mm_train.plan.search import search, with_layout
+
+    folder = _hub_folder("Qwen2.5-VL-7B-Instruct")
+    recipe = load_recipe("qwen2_5_vl_7b_sft", [f"model.path={folder}", "cluster.devices_per_node=4"])
+    result = search(recipe)
+    assert result["tried"] > result["fitting"] + sum(result["refused"].values())  # the rest do not fit
+    layouts = result["layouts"]
+    assert layouts and all(e["peak_bytes"] > 0 for e in layouts)
+    speeds = [e["samples_per_s"] for e in layouts]
+    assert speeds == sorted(speeds, reverse=True)
+    # 28 layers cannot be cut into pp x vpp = 4 x 2 stages: refused by the preflight, counted
+    assert any("num_hidden_layers=28" in reason and "4 x 2" in reason for reason in result["refused"])
+    for entry in (layouts[0], layouts[-1]):
+        plan = make_plan(with_layout(recipe, entry["layout"]))
+        assert plan["fits"] and plan["peak_bytes"] == entry["peak_bytes"]
+        assert plan["samples_per_s"] == pytest.approx(entry["samples_per_s"], rel=1e-12)
+    assert main(["plan", "qwen2_5_vl_7b_sft", "--set", f"model.path={folder}", "--devices-per-node", "4",
+                 "--search", "--top", "3"]) == 0
+    table = capsys.readouterr().out
+    assert f"{result['fitting']} fit" in table and len(table.strip().splitlines()) == 2 + 3

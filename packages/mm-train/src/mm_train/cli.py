@@ -1,15 +1,17 @@
 """The ``mm-train`` command.
 
     mm-train run [RECIPE] [--set section.key=value ...] [--nproc N] [--resume | --resume-from DIR] [--overwrite]
+                 [--force]
     mm-train launch [RECIPE] --nnodes 2 --node-rank R --master-addr ADDR --master-port P [--nproc-per-node N]
     mm-train recipes
-    mm-train plan [RECIPE] [--set ...] [--nodes N] [--devices-per-node D] [--device NAME] [--json]
+    mm-train plan [RECIPE] [--set ...] [--nodes N] [--devices-per-node D] [--device NAME] [--json] [--search]
     mm-train convert ...
 
 RECIPE is a YAML file or the name of a built-in recipe (``mm-train recipes`` lists them); ``run``
 without one trains the built-in tiny default. With
 ``--nproc N > 1`` it checks the layout first, then starts msrun itself (N local workers on a free
-port) running the same command in each worker.
+port) running the same command in each worker. Before any process starts, ``run`` and ``launch``
+refuse a layout whose plan (``mm-train plan`` on these machines) does not fit, unless ``--force``.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run_folder_options(parser) -> None:
+    parser.add_argument("--force", action="store_true",
+                        help="start even when `mm-train plan` says the layout does not fit this machine's memory")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest checkpoint in output_dir that verifies (any layout may resume "
                              "it)")
@@ -91,6 +95,7 @@ def _recipes(args) -> int:
 
 
 def _run(args) -> int:
+    from mm_train.plan import refuse_unfitting
     from mm_train.preflight import check_before_launch
     from mm_train.recipe import check_layout, load_recipe
     from mm_train.run_folder import check_unclaimed
@@ -100,6 +105,7 @@ def _run(args) -> int:
     if not in_launch:  # refused here, before any process starts
         check_layout(recipe, args.nproc)
         check_before_launch(recipe)
+        refuse_unfitting(recipe, 1, args.nproc, args.force)
         check_unclaimed(recipe.output_dir, args.resume or bool(args.resume_from), args.overwrite)
     if args.nproc > 1 and not in_launch:
         return _launch(args)
@@ -192,6 +198,7 @@ def _launch(args, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0
 
 
 def _launch_node(args) -> int:
+    from mm_train.plan import refuse_unfitting
     from mm_train.preflight import check_before_launch
     from mm_train.recipe import check_layout, load_recipe
 
@@ -202,6 +209,7 @@ def _launch_node(args) -> int:
     recipe = load_recipe(args.recipe, args.overrides)
     check_layout(recipe, args.nnodes * args.nproc_per_node)
     check_before_launch(recipe)
+    refuse_unfitting(recipe, args.nnodes, args.nproc_per_node, args.force)
     check_unclaimed(recipe.output_dir, args.resume or bool(args.resume_from), args.overwrite)
     return _launch(args, args.nnodes, args.node_rank, args.master_addr, args.master_port, args.cluster_timeout)
 

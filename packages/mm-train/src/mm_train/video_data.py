@@ -91,6 +91,16 @@ def encoder_sources(data, topo) -> Dict[str, str]:
     return given
 
 
+def clip_shape(data) -> Dict[str, int]:
+    """{num_frames, max_area, text_length} of a recipe's clips: the built-in clips' own for
+    data.kind tiny_video, else the data section's."""
+    from mm_train import tiny_video
+
+    if data.kind == "tiny_video":
+        return {"num_frames": tiny_video.FRAMES, "max_area": tiny_video.SIZE ** 2, "text_length": 16}
+    return {"num_frames": data.num_frames, "max_area": data.max_area, "text_length": data.text_max_length}
+
+
 class _Source:
     """Where a recipe's clips come from and how they are read and encoded."""
 
@@ -100,22 +110,22 @@ class _Source:
 
         data = recipe.data
         self.i2v, self.data = i2v, data
+        shape = clip_shape(data)
+        self.frames = FrameBuckets(num_frames=shape["num_frames"])
+        self.buckets = AspectBuckets(max_area=shape["max_area"], stride=16)
+        self.text_length = shape["text_length"]
         if data.kind == "tiny_video":
             source = data.path or default_folder()
             once_on_rank_zero(topo, lambda: tiny_video.generate(source, data.samples))
             self.annotations, self.tokenizer = os.path.join(source, "data.json"), tiny_video.tokenizer(source)
             self.cache = data.features_dir or os.path.join(source, "features-i2v" if i2v else "features-t2v")
-            self.frames = FrameBuckets(num_frames=tiny_video.FRAMES)
-            self.buckets = AspectBuckets(max_area=tiny_video.SIZE ** 2, stride=16)
-            self.fps, self.text_length = tiny_video.FPS, 16
+            self.fps = tiny_video.FPS
         else:
             self.folders = encoder_sources(data, topo)
             self.annotations = data.path
             self.tokenizer = load_tokenizer(self.folders["tokenizer"], pad_token="<pad>", eos_token="</s>")
             self.cache = data.features_dir or os.path.join(recipe.output_dir, "features")
-            self.frames = FrameBuckets(num_frames=data.num_frames)
-            self.buckets = AspectBuckets(max_area=data.max_area, stride=16)
-            self.fps, self.text_length = data.fps, data.text_max_length
+            self.fps = data.fps
 
     def dataset(self, random_crop: bool, caption_dropout: float = 0.0, seed: int = 0):
         from mm_data.video import VideoTextDataset

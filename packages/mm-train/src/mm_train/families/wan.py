@@ -123,24 +123,25 @@ class WanTask(FamilyTask):
 
 
 def workload(recipe, config):
-    """The planner's shapes (mm_train.plan.workload) of one clip: data.num_frames frames of
-    data.max_area pixels, through the VAE's 4 x 8 x 8 compression and the DiT's patches; each block
-    keeps its self-attention, cross-attention to data.text_max_length text tokens and GELU FFN."""
+    """The planner's shapes (mm_train.plan.workload) of one clip (`video_data.clip_shape`):
+    num_frames frames of max_area pixels, through the VAE's 4 x 8 x 8 compression and the DiT's
+    patches; each block keeps its self-attention, cross-attention to the text tokens and GELU FFN."""
     from mm_models_video.wan.flops import wan_dit_flops
     from mm_train.plan.workload import LayerStack, Workload
+    from mm_train.video_data import clip_shape
 
-    data = recipe.data
+    shape = clip_shape(recipe.data)
     pt, ph, pw = config.patch_size
-    frames = (data.num_frames - 1) // 4 + 1
-    side = int((data.max_area / 64) ** 0.5)  # latent pixels a side of a square frame of max_area
+    frames = (shape["num_frames"] - 1) // 4 + 1
+    side = int((shape["max_area"] / 64) ** 0.5)  # latent pixels a side of a square frame of max_area
     tokens = (frames // pt) * (side // ph) * (side // pw)
     h = config.num_attention_heads * config.attention_head_dim
-    text = data.text_max_length
+    text = shape["text_length"]
     stack = LayerStack("DiT", config.num_layers, tokens, h, outside=8 * h, inside=10 * h + 2 * config.ffn_dim,
                        heads=config.num_attention_heads, keys=tokens + text)
     flops = wan_dit_flops(config, frames, side, side, text, 257 if config.image_dim else 0)
-    return Workload([stack], float(flops), tokens, boundary_hidden=h,
-                    notes=[f"{data.num_frames} frames of {data.max_area} pixels: {tokens} video tokens per clip"])
+    note = f"{shape['num_frames']} frames of {shape['max_area']} pixels: {tokens} video tokens per clip"
+    return Workload([stack], float(flops), tokens, boundary_hidden=h, notes=[note])
 
 
 _TINY, _ASCEND = "1-2 CPU processes", "Ascend NPUs"

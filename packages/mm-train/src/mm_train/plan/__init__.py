@@ -46,9 +46,11 @@ def device_spec(name: str, known: dict) -> dict:
     return device
 
 
-def model_config(recipe, task_factory=None):
-    """The model's config as its class loads it: model.path's config.json (with model.config
-    overrides), else the inline config completed by the family's task (tokenizer vocabulary)."""
+def model_config(recipe, complete: bool = True):
+    """(config.json mapping, the config as the model class loads it): model.path's config.json
+    (with model.config overrides), else the inline config — completed by the family's task
+    (tokenizer vocabulary and special tokens; the task reads its data) or, ``complete=False``,
+    as written (the model's defaults for what it leaves out)."""
     import json
 
     from mm_parallel import ParallelConfig
@@ -60,36 +62,51 @@ def model_config(recipe, task_factory=None):
         with open(os.path.join(recipe.model.path, "config.json")) as f:
             raw = json.load(f)
         return raw, spec.model_class(raw).load_config(recipe.model.path, loop.config_overrides(recipe.model))
-    task = (task_factory or spec.task_class())(recipe, Topology.build(ParallelConfig(), 1, 0))
-    return task.model_json, task.inline_config()
+    raw = dict(recipe.model.config)
+    if not complete:
+        return raw, spec.model_class(raw).load_config(raw)
+    task = spec.task_class()(recipe, Topology.build(ParallelConfig(), 1, 0))
+    return task.model_json, spec.model_class(task.model_json).load_config(task.inline_config())
 
 
 def make_plan(recipe, nodes: Optional[int] = None, devices_per_node: Optional[int] = None,
-              device: Optional[str] = None, devices_file: Optional[str] = None) -> Dict:
-    """The plan of ``recipe`` on its cluster (the arguments override the recipe's cluster section)."""
+              device: Optional[str] = None, devices_file: Optional[str] = None, complete_config: bool = True) -> Dict:
+    """The plan of ``recipe`` on its cluster (the arguments override the recipe's cluster section;
+    ``complete_config``: see `model_config`)."""
+    cluster = {"nodes": nodes or recipe.cluster.nodes,
+               "devices_per_node": devices_per_node or recipe.cluster.devices_per_node,
+               "device": device or recipe.cluster.device}
+    known = load_devices(devices_file)
+    return plan_on(recipe, cluster, known, model_config(recipe, complete_config))
+
+
+def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] = None) -> Dict:
+    """The plan of ``recipe`` on ``cluster`` ({nodes, devices_per_node, device}) given the model's
+    ``configs`` (`model_config`); ``built``: a cache of shape-only chunks by model-parallel
+    position, shared by plans that differ only in what leaves the parameters alone (`search`)."""
     from mm_parallel.topology import Topology
     from mm_train.families import resolve
     from mm_train.plan import memory, timing
     from mm_train.recipe import check_layout
 
-    cluster = {"nodes": nodes or recipe.cluster.nodes,
-               "devices_per_node": devices_per_node or recipe.cluster.devices_per_node,
-               "device": device or recipe.cluster.device}
-    known = load_devices(devices_file)
     spec_device = device_spec(cluster["device"], known)
     world = cluster["nodes"] * cluster["devices_per_node"]
     micro_batches = check_layout(recipe, world)
-    raw, config = model_config(recipe)
+    raw, config = configs
     family = recipe.family
     if not family.workload:
         raise ValueError(f"family {family.name} gives no workload: mm-train plan cannot predict it")
     workload = resolve(family.workload)(recipe, config)
+    built = {} if built is None else built
+    par = recipe.parallel
     ranks, peak, slowest = [], 0, None
-    for position in memory.positions(recipe.parallel, world):
-        topo = Topology.build(recipe.parallel, world, position.rank)
-        chunks = memory.build_chunks(family, recipe, raw, config, topo)
+    for position in memory.positions(par, world):
+        topo = Topology.build(par, world, position.rank)
+        key = (par.tp, par.pp, par.vpp, par.ep, par.expert_tp, position.tp, position.pp, position.ep)
+        if key not in built:
+            built[key] = memory.build_chunks(family, recipe, raw, config, topo)
         entry = {"tp_rank": position.tp, "pp_stage": position.pp, "ep_rank": position.ep, "count": position.count,
-                 **memory.static_bytes(chunks, recipe, topo),
+                 **memory.static_bytes(built[key], recipe, topo),
                  **memory.activation_bytes(workload, recipe, topo, spec_device["fused_attention"], micro_batches)}
         entry["total_bytes"] = sum(entry[k] for k in ("weights_bytes", "grads_bytes", "optimizer_bytes",
                                                       "activations_bytes"))
@@ -100,6 +117,40 @@ def make_plan(recipe, nodes: Optional[int] = None, devices_per_node: Optional[in
         peak = max(peak, entry["total_bytes"])
         slowest = times if slowest is None or times["step_time_s"] > slowest["step_time_s"] else slowest
     return _summary(recipe, cluster, spec_device, world, ranks, peak, slowest, workload)
+
+
+def machine_device(recipe) -> str:
+    """The device this machine trains on, as devices.yaml names it: the recipe's cluster.device
+    where MindSpore targets Ascend (which 910B it is, the recipe says), else the host ("cpu")."""
+    import mindspore as ms
+
+    return recipe.cluster.device if ms.get_context("device_target") == "Ascend" else "cpu"
+
+
+def refuse_unfitting(recipe, nodes: int, devices_per_node: int, force: bool = False) -> Optional[Dict]:
+    """Before a run starts: its plan on the machines it is started on (``nodes`` x
+    ``devices_per_node`` of `machine_device`); ValueError when the plan does not fit, unless
+    ``force``. An inline config is planned as written (its task, which reads the data, is not
+    built here), a family without a workload is not checked (said on stderr)."""
+    import sys
+
+    if force:
+        return None
+    if not recipe.family.workload:
+        print(f"mm-train: family {recipe.family.name} gives no workload: its memory is not checked before launch",
+              file=sys.stderr)
+        return None
+    device = machine_device(recipe)
+    plan = make_plan(recipe, nodes, devices_per_node, device, complete_config=False)
+    if not plan["fits"]:
+        gib = 2 ** 30
+        need = plan["demand_bytes"] / gib
+        where = "for all its processes on this host" if plan["demand_bytes"] != plan["peak_bytes"] else "per device"
+        raise ValueError(
+            f"the plan needs {need:.1f} GiB {where} on {nodes} x {devices_per_node} {device}, more than the "
+            f"{plan['usable_bytes'] / gib:.1f} GiB it may use: raise parallel.tp / pp / zero_stage, set "
+            f"model.recompute, or add devices (`mm-train plan` shows where the memory goes; --force runs anyway)")
+    return plan
 
 
 def _summary(recipe, cluster, device, world, ranks, peak, times, workload) -> Dict:

@@ -20,6 +20,10 @@ def add_parser(commands) -> None:
     plan.add_argument("--device", help="a device of devices.yaml (default: cluster.device)")
     plan.add_argument("--devices", dest="devices_file", help="a YAML file of more devices (devices.yaml's layout)")
     plan.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    plan.add_argument("--search", action="store_true",
+                      help="plan every layout (tp, pp, vpp, cp, ep, ZeRO stage, recompute, micro-batch size) of the "
+                           "cluster and list those that fit, fastest first")
+    plan.add_argument("--top", type=int, default=10, help="with --search: layouts shown in the table (default 10)")
 
 
 def run(args) -> int:
@@ -27,6 +31,12 @@ def run(args) -> int:
     from mm_train.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
+    if args.search:
+        from mm_train.plan import search
+
+        result = search.search(recipe, args.nodes, args.devices_per_node, args.device, args.devices_file)
+        print(json.dumps(result, indent=2) if args.json else search.render(result, args.top))
+        return 0 if result["layouts"] else 3
     plan = make_plan(recipe, args.nodes, args.devices_per_node, args.device, args.devices_file)
     print(json.dumps(plan, indent=2) if args.json else render(plan))
     if not plan["fits"]:
