@@ -18,7 +18,6 @@ import pytest
 
 from mm_train.plan import make_plan, memory, model_config
 from mm_train.recipe import load_recipe
-from mm_train.task import plan_options
 
 HUB_CONFIGS = json.loads((Path(__file__).parent / "data" / "hub_configs.json").read_text())
 REAL_RECIPES = ["qwen2_5_vl_7b_sft", "qwen2_5_vl_72b_sft", "qwen3_vl_8b_sft", "qwen3_vl_30b_a3b_sft",
@@ -36,23 +35,6 @@ CASES = {
     "wan_tp2_cp2": ("wan2_1_t2v_tiny", 8, ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.cp=2",
                                           "parallel.zero_stage=1"]),
 }
-
-
-def _real_chunks(recipe, raw, config, topo):
-    """The chunks a run builds for ``topo``'s rank (with values), cast and planned as the loop does."""
-    import mm_parallel.precision
-    from mm_train.families import resolve
-
-    spec = recipe.family
-    model_class = spec.model_class(raw)
-    parallelize = resolve(spec.plan, spec.extra)
-    lora = resolve(spec.lora_config, spec.extra)(**recipe.model.lora) if recipe.model.lora else None
-    options = plan_options(recipe, lora)
-    chunks = [model_class(model_class.load_config(config), topo, chunk=c) for c in range(topo.config.vpp)]
-    for chunk in chunks:
-        mm_parallel.precision.apply(chunk, recipe.train.precision_policy())
-        parallelize(chunk, **options)
-    return chunks
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -75,7 +57,7 @@ def test_predicted_parameter_and_optimizer_bytes_equal_the_real_build(case, tmp_
             topo = Topology.build(recipe.parallel, world, position.rank)
             predicted = memory.static_bytes(memory.build_chunks(recipe.family, recipe, raw, config, topo), recipe,
                                             topo)
-            real = _real_chunks(recipe, raw, config, topo)
+            real = memory.build_chunks(recipe.family, recipe, raw, config, topo, values=True)
             held = [p for chunk in real for _, p, _, _ in owned_parameters(chunk)]
             trainable = [p for chunk in real for p in chunk.trainable_params()]
             optimizer = mm_parallel.DistributedOptimizer(real[0] if len(real) == 1 else real,

@@ -137,8 +137,13 @@ def workload(recipe, config):
     tokens = (frames // pt) * (side // ph) * (side // pw)
     h = config.num_attention_heads * config.attention_head_dim
     text = shape["text_length"]
-    stack = LayerStack("DiT", config.num_layers, tokens, h, outside=8 * h, inside=10 * h + 2 * config.ffn_dim,
-                       heads=config.num_attention_heads, keys=tokens + text)
+    inside = 10 * h + 2 * config.ffn_dim
+    # the reference kernels' LayerNorms, modulation, q / k norms and rotary embeddings keep ~47
+    # hidden-sized copies more per token and layer, emulated bf16 28 h more (measured with an FFN
+    # of 4 h: benchmarks/plan_activation_memory.py)
+    stack = LayerStack("DiT", config.num_layers, tokens, h, outside=8 * h, inside=inside,
+                       heads=config.num_attention_heads, keys=tokens + text, reference=55 * h + inside,
+                       reference_emulated=28 * h)
     flops = wan_dit_flops(config, frames, side, side, text, 257 if config.image_dim else 0)
     note = f"{shape['num_frames']} frames of {shape['max_area']} pixels: {tokens} video tokens per clip"
     return Workload([stack], float(flops), tokens, boundary_hidden=h, notes=[note])

@@ -107,7 +107,7 @@ def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] =
             built[key] = memory.build_chunks(family, recipe, raw, config, topo)
         entry = {"tp_rank": position.tp, "pp_stage": position.pp, "ep_rank": position.ep, "count": position.count,
                  **memory.static_bytes(built[key], recipe, topo),
-                 **memory.activation_bytes(workload, recipe, topo, spec_device["fused_attention"], micro_batches)}
+                 **memory.activation_bytes(workload, recipe, topo, spec_device, micro_batches)}
         entry["total_bytes"] = sum(entry[k] for k in ("weights_bytes", "grads_bytes", "optimizer_bytes",
                                                       "activations_bytes"))
         grads_numel = entry["grads_bytes"] // memory.DTYPE_BYTES[recipe.train.grad_dtype]

@@ -12,15 +12,27 @@ ranks, the family's plan (recompute, LoRA, freezing) applied — inside
                 ZeRO slice of each bucket
 
 Activations of one micro-batch on a stage, with t = tp, s = the stack's tokens per sample / cp,
-b = micro_batch_size and L the stage's layers of a stack, in the activation dtype:
+b = micro_batch_size and L the stage's layers of a stack, in the activation dtype (float32 where
+the device emulates low precision):
 
-    per layer   s b (outside / t_sp + inside / t + scores heads keys / t)      (workload.LayerStack)
-    recompute   full: L s b hidden / t_sp (each layer's input) + one layer's full set; block N: N
-                layers like full, the rest whole; selective: the scores term dropped
+    per layer   fused kernels (Ascend): s b (outside / t_sp + inside / t)  (workload.LayerStack;
+                the attention kernel keeps only its log-sum-exp); reference kernels (CPU): the
+                same split of the stack's measured ``reference`` elements, plus
+                REFERENCE_SCORE_TENSORS float32 (heads x keys / t) score tensors per query;
+                emulated bf16 / fp16 adds the stack's ``reference_emulated`` and one more
+    recompute   full: L s b hidden / t_sp (each layer's input) + one layer's set while it is
+                recomputed; block N: N layers like full, the rest whole; selective: no scores
+    backward    the layer being back-propagated holds BACKWARD_WORKING of its set again
+                (gradients, temporaries; the emulation's rounded copies have none), a recomputed
+                one its whole set and RECOMPUTED_WORKING of it: the peak is reached there
     pipeline    a stage's backward recomputes its forward (mm_parallel.pipeline), so micro-batches
                 in flight keep only the stage's input, s b boundary_hidden / t_sp each: at most
                 min(pp - stage, m) under 1F1B, the interleaved order's count under VPP
     logits      the last stage's fp32 logits and their gradient, 2 x 4 s b vocab / t
+
+The reference terms are measured (benchmarks/plan_activation_memory.py prints prediction and
+measurement side by side); the fused ones are Megatron's count (Korthikanti et al.), not yet
+measured on Ascend.
 """
 
 from __future__ import annotations
@@ -55,9 +67,13 @@ def positions(parallel, world_size: int) -> List[Position]:
     return [Position(*key, ranks[0], len(ranks)) for key, ranks in sorted(found.items())]
 
 
-def build_chunks(spec, recipe, raw_config: dict, model_config, topo) -> list:
-    """The model chunks ``topo``'s rank holds, built by shape only with the family's plan applied
-    (``raw_config``: the config.json mapping that names the model class)."""
+def build_chunks(spec, recipe, raw_config: dict, model_config, topo, values: bool = False) -> list:
+    """The model chunks ``topo``'s rank holds with the family's plan applied (``raw_config``: the
+    config.json mapping that names the model class): by shape only, or with ``values`` as a run
+    builds them from an inline config (random weights, cast by the precision policy first)."""
+    import contextlib
+
+    import mm_parallel.precision
     from mm_parallel import census
     from mm_train.families import resolve
     from mm_train.task import plan_options
@@ -67,9 +83,11 @@ def build_chunks(spec, recipe, raw_config: dict, model_config, topo) -> list:
     lora = resolve(spec.lora_config, spec.extra)(**recipe.model.lora) if recipe.model.lora else None
     options = plan_options(recipe, lora)
     config = model_class.load_config(model_config)
-    with census.shapes_only():
+    with contextlib.nullcontext() if values else census.shapes_only():
         chunks = [model_class(config, topo, chunk=c) for c in range(topo.config.vpp)]
         for chunk in chunks:
+            if values:
+                mm_parallel.precision.apply(chunk, recipe.train.precision_policy())
             parallelize(chunk, **options)
     return chunks
 
@@ -123,32 +141,55 @@ def in_flight(pp: int, vpp: int, stage: int, micro_batches: int) -> float:
     return worst / vpp  # each chunk's input is one stage input (the same hidden) per micro-batch
 
 
-def activation_bytes(workload, recipe, topo, fused_attention: bool, micro_batches: int) -> Dict[str, int]:
-    """{activations_bytes, and its parts} of one rank (module docstring)."""
+# Measured here by benchmarks/plan_activation_memory.py (fp32, no recompute and full recompute,
+# two depths and two lengths of each family; DESIGN.md's runtime facts):
+REFERENCE_SCORE_TENSORS = 3.4  # float32 (heads x keys) tensors the reference attention keeps per query (3.3-3.5)
+BACKWARD_WORKING = 0.75  # a layer's backward holds this share of its saved set again (0.55-0.95 measured)
+RECOMPUTED_WORKING = 0.5  # ... of a recomputed layer, whose set is freed as its backward goes (0.4-0.8)
+
+
+def activation_bytes(workload, recipe, topo, device: dict, micro_batches: int) -> Dict[str, int]:
+    """{activations_bytes, and its parts} of one rank on ``device`` (a devices.yaml entry: fused
+    kernels or the reference ones, low-precision activations stored as such or emulated in
+    float32) (module docstring)."""
     par, b = topo.config, recipe.train.micro_batch_size
     t, cp = topo.tp.size, topo.cp.size
     t_sp = t if par.sequence_parallel else 1
+    fused = device["fused_kernels"]
     size = DTYPE_BYTES[recipe.train.precision]
+    emulated = size < 4 and device.get("emulated_low_precision", False)
+    size = 4 if emulated else size
     mode, block_n = recipe.model.recompute, recipe.model.recompute_num_layers
-    micro = boundary = 0.0
+    kept = working = boundary = 0.0
     for stack in workload.stacks:
         if not stack.trained or (not stack.pipelined and not topo.is_first_stage):
             continue
         layers = stage_layers(stack.layers, topo) if stack.pipelined else stack.layers
         s = stack.tokens / cp
-        scores = 0.0 if fused_attention or mode == "selective" else stack.heads * stack.keys / t
-        whole = s * b * (stack.outside / t_sp + stack.inside / t + scores)
-        kept_input = s * b * stack.hidden / t_sp
+        split = stack.outside / t_sp + stack.inside / t
+        if fused:  # the kernel keeps only its log-sum-exp of the scores
+            whole = gradient_sized = s * b * split * size
+        else:
+            per_score = 0.0 if mode == "selective" else stack.heads * stack.keys / t * 4
+            per_token = split / (stack.outside + stack.inside) * size
+            gradient_sized = s * b * (per_token * stack.reference + per_score * REFERENCE_SCORE_TENSORS)
+            # emulated bf16 / fp16 also keeps rounded copies (of the probabilities among them),
+            # which have no gradients of their own
+            whole = gradient_sized + (s * b * (per_token * stack.reference_emulated + per_score) if emulated else 0.0)
+        kept_input = s * b * stack.hidden / t_sp * size
         recomputed = layers if mode == "full" else min(block_n or 0, layers) if mode == "block" else 0
-        micro += recomputed * kept_input + (layers - recomputed) * whole + (whole if recomputed else 0.0)
+        kept += recomputed * kept_input + (layers - recomputed) * whole
+        # the layer being back-propagated: its recomputed set, and its gradients and temporaries
+        working = max(working, whole + RECOMPUTED_WORKING * gradient_sized if recomputed
+                      else BACKWARD_WORKING * gradient_sized)
         if stack.pipelined:
-            boundary = s * b * workload.boundary_hidden / t_sp
+            boundary = s * b * workload.boundary_hidden / t_sp * size
     flight = in_flight(topo.pp.size, par.vpp, topo.pp.rank, micro_batches) * boundary
     logits = 0.0
     if workload.logits_vocab and topo.is_last_stage:
         logits = 2 * 4 * workload.pipelined.tokens / cp * b * workload.logits_vocab / t
-    parts = {"activations_layers_bytes": int(micro * size), "activations_in_flight_bytes": int(flight * size),
-             "logits_bytes": int(logits)}
+    parts = {"activations_layers_bytes": int(kept), "activations_backward_bytes": int(working),
+             "activations_in_flight_bytes": int(flight), "logits_bytes": int(logits)}
     parts["activations_bytes"] = sum(parts.values())
     return parts
 

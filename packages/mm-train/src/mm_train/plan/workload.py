@@ -13,8 +13,11 @@ them (Korthikanti et al., "Reducing Activation Recomputation in Large Transforme
               tp only under sequence parallelism
     inside    elements between a column and a row linear (q, k, v, attention output, MLP
               intermediates): divided by tp always
-    scores    attention probabilities kept per query (heads x keys), divided by tp; zero where the
-              attention kernel keeps only its log-sum-exp (fused attention on Ascend)
+    scores    none with a fused attention kernel (it keeps only its log-sum-exp); the reference
+              attention keeps float32 (heads x keys) tensors per query (mm_train.plan.memory)
+    reference outside + inside for the reference kernels (CPU): norms, rotary embeddings and modulation
+              written as element-wise ops on tiled operands keep more; measured per family by
+              benchmarks/plan_activation_memory.py, split over tp like outside and inside
 
 Context parallelism divides a stack's tokens by cp (its layers see tokens / cp each).
 """
@@ -37,6 +40,8 @@ class LayerStack:
     inside: float  # ... between a column and a row linear
     heads: int  # attention heads (the scores term)
     keys: int  # keys each query attends to (window, frame or whole sequence; + cross-attention keys)
+    reference: float  # saved elements per token and layer on the reference (CPU) kernels, scores aside
+    reference_emulated: float = 0.0  # ... more when they emulate bf16 / fp16 (rounded copies)
     pipelined: bool = True  # its layers are cut over the pipeline stages (else: all on the first stage)
     trained: bool = True  # False: frozen, its activations are not kept for a backward
 
