@@ -5,8 +5,8 @@ micro-batches per data-parallel rank and step, and E_c, E_n the compute and link
 (devices.yaml):
 
     compute     passes F G / (dp tp cp pp) / (peak E_c) per rank, passes = 3 (forward, backward
-                = 2 forwards) + 1 when layers are recomputed (full / block recompute; under pp a
-                stage's backward always recomputes its forward, mm_parallel.pipeline)
+                = 2 forwards) + the share of layers recomputed (full: 1, block N of L: N / L;
+                under pp a stage's backward always recomputes its forward, mm_parallel.pipeline)
     bubble      compute (pp - 1) / (m vpp)  (1F1B; interleaving divides the idle ticks by vpp)
     collectives bytes on the slowest link each group spans (a group whose ranks sit on two
                 servers moves at inter_gbps, else intra_gbps), times E_n; our PyNative steps do
@@ -38,6 +38,17 @@ def _link_bytes_per_s(topo, kind: str, device: dict, cluster: dict, efficiency: 
     return (device["inter_gbps"] if inter else device["intra_gbps"]) * 1e9 * efficiency
 
 
+def _recomputed_share(recipe, workload, pp: int) -> float:
+    """The share of the layers whose forward runs again in the backward."""
+    mode = recipe.model.recompute
+    if mode == "full" or pp > 1:
+        return 1.0
+    if mode == "block":
+        layers = workload.pipelined.layers
+        return min(recipe.model.recompute_num_layers or 0, layers) / layers
+    return 0.0
+
+
 def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: dict, grads_numel: int,
               micro_batches: int) -> Dict[str, float]:
     """{compute_s, bubble_s, tp_s, cp_s, pp_s, dp_s, step_time_s} of one rank (module docstring)."""
@@ -45,7 +56,7 @@ def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: d
     dp, t, c, p = topo.dp.size, topo.tp.size, topo.cp.size, topo.pp.size
     size = 2 if recipe.train.precision in ("bf16", "fp16") else 4
     recomputed = recipe.model.recompute in ("full", "block") or p > 1
-    passes = 3 + (1 if recomputed else 0)
+    passes = 3 + _recomputed_share(recipe, workload, p)
     samples_per_rank = recipe.train.global_batch_size / dp
     peak = device["peak_tflops"] * 1e12 * efficiency["compute"]
     compute = passes * workload.flops_per_sample * samples_per_rank / (t * c * p) / peak
