@@ -27,16 +27,16 @@ planned here as ZeRO-2, which moves the same gradient volume), and our pipeline 
 stage's forward in its backward where MindSpeed-MM does not (a fourth pass in the plan of the
 Qwen run: ours would be slower by it). CogVideoX (0.46 SPS in the issue) has no family yet.
 
-Each plan's step is compute and bubble (both over the compute efficiency E) plus communication
-(at devices.yaml's link efficiency), so the fit is closed-form per run: E that gives the
-published step, and the one E for all is the geometric mean (least squares of log errors). The
-leave-one-out error of a run is its error under the E fitted on the others.
+Each plan's step is compute and bubble (both over the compute efficiency E), plus launch time
+(layer passes x P, the per-layer-pass cost beyond FLOPs), plus communication (at devices.yaml's
+link efficiency): S = A / E + B P + C per run. E and P are fitted by least squares of the log
+errors over a fine grid; a run's leave-one-out error is its error under the constants fitted on
+the others (with the two DiT runs alone P is not determined: the smallest fitting P is taken).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -67,53 +67,59 @@ def _folder(config: dict) -> str:
 
 
 def step_parts(recipe_name: str, config: dict, sets) -> dict:
-    """{compute (s at E = 1, bubble included), communication (s), global_batch} of one run."""
+    """{compute (s at E = 1, bubble included), launch (s at P = 1 ms), communication (s),
+    global_batch, device} of one run."""
     from mm_train.plan import load_devices, model_config, plan_on
     from mm_train.recipe import load_recipe
 
     recipe = load_recipe(recipe_name, [f"model.path={_folder(config)}", *sets])
     known = load_devices()
-    known["efficiency"] = {**known["efficiency"], "compute": 1.0}
+    known["efficiency"] = {**known["efficiency"], "compute": 1.0, "layer_pass_ms": 1.0}
     cluster = {"nodes": 1, "devices_per_node": 8, "device": recipe.cluster.device}
     plan = plan_on(recipe, cluster, known, model_config(recipe))
     parts = plan["breakdown"]
     compute = parts["compute"] + parts["bubble"]
-    return {"compute": compute, "communication": plan["step_time_s"] - compute,
+    return {"compute": compute, "launch": parts["launch"],
+            "communication": plan["step_time_s"] - compute - parts["launch"],
             "global_batch": recipe.train.global_batch_size, "device": recipe.cluster.device}
 
 
-def efficiency_for(parts: dict, sps: float) -> float:
-    """The compute efficiency at which the planned step takes the published time."""
-    step = parts["global_batch"] / sps
-    return parts["compute"] / (step - parts["communication"])
+def predicted_sps(parts: dict, efficiency: float, layer_pass_ms: float) -> float:
+    return parts["global_batch"] / (parts["compute"] / efficiency + parts["launch"] * layer_pass_ms +
+                                    parts["communication"])
 
 
-def predicted_sps(parts: dict, efficiency: float) -> float:
-    return parts["global_batch"] / (parts["compute"] / efficiency + parts["communication"])
+def fit(parts, published):
+    """(E, P in ms): least squares of log(predicted / published) over a grid of E 0.050 .. 1.000
+    and P 0 .. 3 ms (the smallest P among equal fits)."""
+    import numpy as np
 
-
-def _geomean(values) -> float:
-    values = list(values)
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+    e = np.arange(50, 1001)[:, None] / 1000
+    q = np.arange(0, 301)[None, :] / 100
+    error = sum(np.log(p["global_batch"] / (p["compute"] / e + p["launch"] * q + p["communication"]) / sps) ** 2
+                for p, sps in zip(parts, published))
+    i, j = np.unravel_index(np.argmin(error + q * 1e-12), error.shape)
+    return float(e[i, 0]), float(q[0, j])
 
 
 def main():
     parts = [step_parts(recipe, config, sets) for _, recipe, config, sets, _ in RUNS]
-    alone = [efficiency_for(p, run[4]) for p, run in zip(parts, RUNS)]
-    fitted = _geomean(alone)
-    print(f"{'run (1 x 8, BF16)':<30} {'device':<13} {'published':>9} {'own E':>6} {'predicted':>9} {'error':>7} "
+    published = [run[4] for run in RUNS]
+    efficiency, layer_pass = fit(parts, published)
+    print(f"{'run (1 x 8, BF16)':<30} {'device':<13} {'published':>9} {'predicted':>9} {'error':>7} "
           f"{'leave-one-out':>13}")
     worst = worst_out = 0.0
     for i, (run, p) in enumerate(zip(RUNS, parts)):
-        predicted = predicted_sps(p, fitted)
-        others = _geomean(e for j, e in enumerate(alone) if j != i)
-        out = predicted_sps(p, others)
+        predicted = predicted_sps(p, efficiency, layer_pass)
+        others = fit([q for j, q in enumerate(parts) if j != i], [v for j, v in enumerate(published) if j != i])
+        out = predicted_sps(p, *others)
         error, error_out = predicted / run[4] - 1, out / run[4] - 1
         worst, worst_out = max(worst, abs(error)), max(worst_out, abs(error_out))
-        print(f"{run[0]:<30} {p['device']:<13} {run[4]:>9.3g} {alone[i]:>6.3f} {predicted:>9.3g} {error:>+7.1%} "
-              f"{error_out:>+12.1%} (E {others:.3f})")
-    print(f"fitted compute efficiency {fitted:.3f} (devices.yaml efficiency.compute); worst error {worst:.1%}, "
-          f"worst leave-one-out {worst_out:.1%} (goal <= 25%)")
+        print(f"{run[0]:<30} {p['device']:<13} {run[4]:>9.3g} {predicted:>9.3g} {error:>+7.1%} {error_out:>+12.1%} "
+              f"(E {others[0]:.3f}, P {others[1]:.2f} ms)")
+    print(f"fitted: compute efficiency {efficiency:.3f}, {layer_pass:.2f} ms per layer pass (devices.yaml "
+          f"efficiency.compute, layer_pass_ms); worst error {worst:.1%}, worst leave-one-out {worst_out:.1%} "
+          "(goal <= 25%)")
 
 
 if __name__ == "__main__":

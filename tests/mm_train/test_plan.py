@@ -234,3 +234,21 @@ def test_search_lists_what_fits_fastest_first_as_plan_predicts_each(capsys):
                  "--search", "--top", "3"]) == 0
     table = capsys.readouterr().out
     assert f"{result['fitting']} fit" in table and len(table.strip().splitlines()) == 2 + 3
+
+
+def test_on_ascend_the_run_is_planned_on_the_recipes_device(monkeypatch):
+    """Where MindSpore targets Ascend, `mm-train run` plans per device of the recipe's
+    cluster.device (memory not shared between processes) instead of this host."""
+    import mindspore
+
+    from mm_train.plan import machine_device, refuse_unfitting
+
+    real = mindspore.get_context
+    monkeypatch.setattr(mindspore, "get_context", lambda key: "Ascend" if key == "device_target" else real(key))
+    recipe = load_recipe("wan2_1_t2v_tiny", ["cluster.device=ascend-910b4"])
+    assert machine_device(recipe) == "ascend-910b4"
+    plan = refuse_unfitting(recipe, 1, 2)
+    assert plan["device"] == "ascend-910b4" and plan["demand_bytes"] == plan["peak_bytes"]
+    big = load_recipe("wan2_1_t2v_tiny", ["cluster.device=ascend-910b4", *_WAN_14B_INLINE])
+    with pytest.raises(ValueError, match="per device on 1 x 2 ascend-910b4"):
+        refuse_unfitting(big, 1, 2)

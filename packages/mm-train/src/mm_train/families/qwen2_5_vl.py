@@ -220,7 +220,8 @@ def workload(recipe, config):
     """The planner's shapes (mm_train.plan.workload) of one sample: data.max_length tokens with
     one picture of data.max_pixels, through the vision tower (on the first stage; frozen under
     model.freeze [vision]) and the language model. Serves Qwen2.5-VL (windowed vision attention)
-    and Qwen3-VL (whole-image attention; MoE layers count their k routed experts)."""
+    and Qwen3-VL (whole-image attention; MoE layers count their k routed experts and the
+    dispatched / combined copies of each token)."""
     import math
 
     from mm_train.plan.workload import LayerStack, Workload
@@ -236,7 +237,7 @@ def workload(recipe, config):
     mlp = getattr(text, "moe_intermediate_size", 0) * getattr(text, "num_experts_per_tok", 0) or text.intermediate_size
     h, hv, fv = text.hidden_size, vision.hidden_size, vision.intermediate_size
     if hasattr(vision, "window_size"):  # Qwen2.5-VL: windows of window_size pixels, some blocks whole
-        from mm_models_vl.qwen2_5_vl.flops import qwen2_5_vl_flops
+        from mm_models_vl.qwen2_5_vl.flops import qwen2_5_vl_flops, vision_flops
 
         window = min(patches, (vision.window_size // vision.patch_size) ** 2)
         full = len(vision.fullatt_block_indexes)
@@ -248,10 +249,13 @@ def workload(recipe, config):
         keys, vision_inside = patches, 6 * hv + 2 * fv
         flops = text_flops(config, seq) + vision_flops(config, grid)
     frozen = "vision" in (recipe.model.freeze or [])
+    frozen_flops = float(vision_flops(config, grid)) if frozen else 0.0
     # the reference kernels' norms and rotary embeddings keep ~9 hidden-sized copies more per
     # token and layer (29.3 h in all), emulated bf16 42 h more (measured with 3 h of MLP per h:
     # benchmarks/plan_activation_memory.py); the vision blocks are taken to keep alike
-    text_inside = 3 * h + 3 * kv + 4 * mlp
+    # MoE: each token's k routed copies, dispatched to the experts and combined back
+    dispatch = 2 * getattr(text, "num_experts_per_tok", 0) * h if getattr(text, "moe_intermediate_size", 0) else 0
+    text_inside = 3 * h + 3 * kv + 4 * mlp + dispatch
     stacks = [LayerStack("vision tower", vision.depth, patches, hv, outside=4 * hv, inside=vision_inside,
                          heads=vision.num_heads, keys=int(keys), reference=13 * hv + vision_inside,
                          reference_emulated=42 * hv, pipelined=False, trained=not frozen),
@@ -259,6 +263,7 @@ def workload(recipe, config):
                          heads=text.num_attention_heads, keys=seq, reference=13 * h + text_inside,
                          reference_emulated=42 * h)]
     return Workload(stacks, float(flops), seq, boundary_hidden=h, logits_vocab=text.vocab_size,
+                    frozen_flops=frozen_flops,
                     notes=[f"one {grid[0][1] * vision.patch_size} x {grid[0][2] * vision.patch_size} picture and "
                            f"{seq} tokens per sample (data.max_pixels, data.max_length)"])
 

@@ -154,12 +154,14 @@ def refuse_unfitting(recipe, nodes: int, devices_per_node: int, force: bool = Fa
 
 
 def _summary(recipe, cluster, device, world, ranks, peak, times, workload) -> Dict:
+    from mm_train.plan import timing
+
     shared = device.get("shared_memory", False)  # one host's RAM holds every process
     usable = device["memory_bytes"] * device["usable_fraction"] * HEADROOM
     demand = sum(r["total_bytes"] * r["count"] for r in ranks) if shared else peak
     step = times["step_time_s"]
     sps = recipe.train.global_batch_size / step if step else 0.0
-    flops = 3 * workload.flops_per_sample * sps
+    flops = timing.step_flops(workload, 3, 1) * sps  # model FLOPs: no recompute, frozen towers forward only
     terms = {k[:-2]: v for k, v in times.items() if k != "step_time_s"}
     return {"fits": demand <= usable, "devices": world, "cluster": cluster, "device": device["name"],
             "device_memory_bytes": device["memory_bytes"], "usable_bytes": int(usable), "ranks": ranks,

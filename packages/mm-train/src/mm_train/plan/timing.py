@@ -6,8 +6,11 @@ micro-batches per data-parallel rank and step, and E_c, E_n the compute and link
 
     compute     passes F G / (dp tp cp pp) / (peak E_c) per rank, passes = 3 (forward, backward
                 = 2 forwards) + the share of layers recomputed (full: 1, block N of L: N / L;
-                under pp a stage's backward always recomputes its forward, mm_parallel.pipeline)
+                under pp a stage's backward always recomputes its forward, mm_parallel.pipeline);
+                a frozen tower's FLOPs count one forward (two under pp)
     bubble      compute (pp - 1) / (m vpp)  (1F1B; interleaving divides the idle ticks by vpp)
+    launch      m x the layer passes of the rank's stacks x layer_pass_ms: the time a layer costs
+                beyond its FLOPs (kernel launches and host work), which short sequences feel
     collectives bytes on the slowest link each group spans (a group whose ranks sit on two
                 servers moves at inter_gbps, else intra_gbps), times E_n; our PyNative steps do
                 not overlap them with compute, so they add:
@@ -38,6 +41,13 @@ def _link_bytes_per_s(topo, kind: str, device: dict, cluster: dict, efficiency: 
     return (device["inter_gbps"] if inter else device["intra_gbps"]) * 1e9 * efficiency
 
 
+def step_flops(workload, passes: float, pp: int) -> float:
+    """FLOPs of one sample in a step: ``passes`` forwards of the trained stacks; the frozen ones
+    run forward once (twice under pp, whose stages recompute their forward in the backward)."""
+    frozen = workload.frozen_flops
+    return passes * (workload.flops_per_sample - frozen) + (2 if pp > 1 else 1) * frozen
+
+
 def _recomputed_share(recipe, workload, pp: int) -> float:
     """The share of the layers whose forward runs again in the backward."""
     mode = recipe.model.recompute
@@ -51,7 +61,8 @@ def _recomputed_share(recipe, workload, pp: int) -> float:
 
 def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: dict, grads_numel: int,
               micro_batches: int) -> Dict[str, float]:
-    """{compute_s, bubble_s, tp_s, cp_s, pp_s, dp_s, step_time_s} of one rank (module docstring)."""
+    """{compute_s, bubble_s, launch_s, tp_s, cp_s, pp_s, dp_s, step_time_s} of one rank (module
+    docstring)."""
     par = topo.config
     dp, t, c, p = topo.dp.size, topo.tp.size, topo.cp.size, topo.pp.size
     size = 2 if recipe.train.precision in ("bf16", "fp16") else 4
@@ -59,15 +70,19 @@ def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: d
     passes = 3 + _recomputed_share(recipe, workload, p)
     samples_per_rank = recipe.train.global_batch_size / dp
     peak = device["peak_tflops"] * 1e12 * efficiency["compute"]
-    compute = passes * workload.flops_per_sample * samples_per_rank / (t * c * p) / peak
+    compute = step_flops(workload, passes, p) * samples_per_rank / (t * c * p) / peak
     bubble = compute * (p - 1) / (micro_batches * par.vpp) if p > 1 else 0.0
     comm_eff = efficiency["communication"]
     b = recipe.train.micro_batch_size
-    times = {"compute_s": compute, "bubble_s": bubble, "tp_s": 0.0, "cp_s": 0.0, "pp_s": 0.0, "dp_s": 0.0}
+    times = {"compute_s": compute, "bubble_s": bubble, "launch_s": 0.0, "tp_s": 0.0, "cp_s": 0.0, "pp_s": 0.0,
+             "dp_s": 0.0}
+    per_layer_pass = efficiency.get("layer_pass_ms", 0.0) / 1e3
     for stack in workload.stacks:
         if not stack.pipelined and not topo.is_first_stage:
             continue
         layers = stage_layers(stack.layers, topo) if stack.pipelined else stack.layers
+        layer_passes = layers * (passes if stack.trained else (2 if p > 1 else 1))
+        times["launch_s"] += micro_batches * layer_passes * per_layer_pass
         activation = stack.tokens / c * b * stack.hidden * size  # bytes of one layer's s b h values
         if t > 1:
             per_layer = (6 if recomputed else 4) * 2 * (t - 1) / t * activation

@@ -4,7 +4,8 @@ A family's ``workload`` function (FamilySpec.workload) turns a recipe and the mo
 a `Workload`: the stacks of transformer layers a sample goes through (language model, vision
 tower, DiT), each with its tokens per sample and the activation elements its code keeps per
 token and layer for the backward, the forward FLOPs of one sample (the family's own count, the
-one MFU uses in training) and the tokens a throughput figure counts.
+one MFU uses in training; the frozen towers' part of it, which has no backward) and the tokens a
+throughput figure counts.
 
 Saved activations per token and layer are split the way tensor / sequence parallelism divides
 them (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models"):
@@ -53,6 +54,7 @@ class Workload:
     tokens_per_sample: int  # what tokens / s counts
     boundary_hidden: int  # the hidden size of what pipeline stages pass on (per token of the pipelined stack)
     logits_vocab: int = 0  # the last stage's logits (fp32, vocabulary split over tp), 0 for none
+    frozen_flops: float = 0.0  # the part of flops_per_sample in frozen stacks (run forward only)
     notes: List[str] = field(default_factory=list)
 
     @property
