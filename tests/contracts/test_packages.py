@@ -116,9 +116,9 @@ def test_every_sibling_range_is_satisfied():
 
 def test_mm_train_extras():
     extras = pyproject("mm-train")["project"]["optional-dependencies"]
-    assert set(extras) == {"video", "vl", "data", "profiling", "all"}
+    assert set(extras) == {"video", "vl", "data", "profiling", "tensorboard", "all"}
     everything = {canonicalize_name(Requirement(r).name) for r in extras["all"]}
-    for name in ("video", "vl", "data", "profiling"):
+    for name in ("video", "vl", "data", "profiling", "tensorboard"):
         assert {canonicalize_name(Requirement(r).name) for r in extras[name]} <= everything
 
 

@@ -12,7 +12,8 @@ model chunk per virtual stage and the step runs the interleaved 1F1B schedule.
 With ``profile.enable`` mm-profiling's `StepProfiler` collects steps start_step..end_step on
 the chosen ranks (trace under OUT/profile/rank_<r> unless profile.save_path says).
 Rank 0 writes OUT/metrics.jsonl (step, loss, grad_norm, lr, samples_per_s, tokens_per_s, mfu,
-mem_bytes, skipped), draws the progress line and, at the end, OUT/loss.png. A step whose loss or
+mem_bytes, skipped) — and with ``logging.tensorboard`` the same rows as TensorBoard events
+(mm_train.tensorboard_log) —, draws the progress line and, at the end, OUT/loss.png. A step whose loss or
 gradient is not finite (on any rank) is skipped — no update — and counted;
 ``train.max_nonfinite_steps`` skipped steps in a row stop the run with an error.
 
@@ -31,7 +32,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from mm_train import checkpoint, node_disks, run_folder
+from mm_train import checkpoint, node_disks, run_folder, tensorboard_log
 from mm_train.recipe import Recipe, check_layout
 from mm_train.task import Task
 
@@ -237,6 +238,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
     metrics, bar = [], _Progress(recipe.train.steps, progress and writer)
     global_batch = recipe.train.global_batch_size
     log = _metrics_log(os.path.join(out, "metrics.jsonl"), first) if writer else None
+    board = tensorboard_log.open_for(recipe, first, writer)
     every = recipe.checkpoint.every
     bad_in_a_row = skipped_total = 0
     profiler, meter = _profiler(recipe, topo), None
@@ -290,6 +292,8 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
             if writer and (step + 1) % recipe.train.log_every == 0:
                 log.write(json.dumps(row) + "\n")
                 log.flush()
+                if board is not None:
+                    board.write(row)
             bar.update(step + 1, loss, row["samples_per_s"], routing)
             if bad_in_a_row >= recipe.train.max_nonfinite_steps:
                 raise RuntimeError(f"{bad_in_a_row} steps in a row (up to step {step + 1}) had a non-finite loss or "
@@ -307,6 +311,8 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
             profiler.close()
         if log is not None:
             log.close()
+        if board is not None:
+            board.close()
     _record_bad_samples(task, topo, out)
     if writer:  # the whole run's curve: a resumed run's log holds the steps before it too
         with open(os.path.join(out, "metrics.jsonl")) as f:

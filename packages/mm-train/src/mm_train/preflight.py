@@ -75,11 +75,11 @@ def require_exists(problems: List[str], field: str, path: Optional[str], what: s
 def check_before_launch(recipe) -> None:
     """Refuse (ValueError, every problem on its own line) a layout the model's shapes cannot hold
     or data the run cannot read."""
-    from mm_train import families
+    from mm_train import families, tensorboard_log
 
     rules = recipe.family.preflight
-    if rules is None:
-        return
-    problems = families.resolve(rules, recipe.family.extra)(recipe, model_config(recipe))
+    problems = families.resolve(rules, recipe.family.extra)(recipe, model_config(recipe)) if rules else []
+    if recipe.logging.tensorboard and not tensorboard_log.available():
+        problems.append(tensorboard_log.EXTRA_HINT)
     if problems:
         raise ValueError("this run cannot start: " + "\nmm-train: ".join(problems))

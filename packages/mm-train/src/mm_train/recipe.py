@@ -10,6 +10,7 @@
                 fp32), grad_dtype
     checkpoint: every, keep, save_dtype, shared_fs
     cluster:    nodes, devices_per_node, device: where the recipe is meant to run (`mm-train plan`)
+    logging:    tensorboard (event files beside metrics.jsonl), tensorboard_dir
     profile:    the fields of mm_profiling.ProfileConfig (enable, start_step, end_step, ...)
     output_dir
     ...         sections of the family's own (e.g. a diffusion objective), typed by the family
@@ -131,6 +132,14 @@ class ClusterSection:
 
 
 @dataclass
+class LoggingSection:
+    """What a run writes beside metrics.jsonl (mm_train.tensorboard_log)."""
+
+    tensorboard: bool = False  # TensorBoard event files of every logged row (needs mm-train[tensorboard])
+    tensorboard_dir: Optional[str] = None  # default: output_dir/tensorboard
+
+
+@dataclass
 class Recipe:
     model: ModelSection
     data: DataSection  # the family's section for data.kind
@@ -140,6 +149,7 @@ class Recipe:
     checkpoint: CheckpointSection
     profile: Dict[str, Any]
     cluster: ClusterSection = field(default_factory=ClusterSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
     output_dir: str = "runs/default"
     family_sections: Dict[str, Any] = field(default_factory=dict)  # the family's own sections, typed
 
@@ -168,7 +178,7 @@ class Recipe:
         return out
 
 
-GENERIC_SECTIONS = ("model", "data", "parallel", "optim", "train", "checkpoint", "cluster", "profile",
+GENERIC_SECTIONS = ("model", "data", "parallel", "optim", "train", "checkpoint", "cluster", "logging", "profile",
                     "output_dir")
 
 
@@ -181,7 +191,7 @@ def _sections(spec, data_kind: str):
                          f"choose one of {list(spec.data_sections)}")
     return {"model": ModelSection, "data": spec.data_sections[data_kind], "parallel": ParallelConfig,
             "optim": OptimizerConfig, "train": TrainSection, "checkpoint": CheckpointSection, "cluster": ClusterSection,
-            **spec.sections}
+            "logging": LoggingSection, **spec.sections}
 
 
 def _unknown(kind: str, key: str, valid: Sequence[str]) -> ValueError:

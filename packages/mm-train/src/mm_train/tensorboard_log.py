@@ -1,0 +1,61 @@
+"""TensorBoard event files of a run (``logging.tensorboard: true``), beside metrics.jsonl.
+
+Rank 0 writes every row it logs to metrics.jsonl as scalars at the row's step: ``train/loss``,
+``train/grad_norm``, ``train/lr``, ``train/samples_per_s``, ``train/tokens_per_s``, ``train/mfu``,
+``train/mem_bytes`` (and ``train/loss_scale`` under loss scaling), and for MoE runs each numeric
+routing figure of each layer as ``moe/<layer>/<figure>``. The writer is tensorboardX (the
+optional extra ``mm-train[tensorboard]``; no TensorFlow, no torch); a resumed run purges the events
+after its checkpoint's step, as metrics.jsonl drops its rows, so the curves do not double back.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Dict, Optional
+
+SCALARS = ("loss", "grad_norm", "lr", "samples_per_s", "tokens_per_s", "mfu", "mem_bytes", "loss_scale")
+EXTRA_HINT = "logging.tensorboard needs tensorboardX: pip install 'mm-train[tensorboard]'"
+
+
+def available() -> bool:
+    return importlib.util.find_spec("tensorboardX") is not None
+
+
+def folder_of(recipe) -> str:
+    """Where the event files go: logging.tensorboard_dir, else OUT/tensorboard."""
+    return recipe.logging.tensorboard_dir or os.path.join(recipe.output_dir, "tensorboard")
+
+
+class TensorBoardLog:
+    """The run's event writer (rank 0 only)."""
+
+    def __init__(self, folder: str, first_step: int = 0):
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError as error:
+            raise ImportError(EXTRA_HINT) from error
+        # purge_step: events at steps > first_step from an earlier attempt are dropped by TensorBoard
+        self.writer = SummaryWriter(folder, purge_step=first_step + 1 if first_step else None)
+
+    def write(self, row: Dict) -> None:
+        step = row["step"]
+        for key in SCALARS:
+            value = row.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(f"train/{key}", value, step)
+        for layer, figures in (row.get("moe") or {}).items():
+            for name, value in figures.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.writer.add_scalar(f"moe/{layer}/{name}", value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def open_for(recipe, first_step: int, writer: bool) -> Optional[TensorBoardLog]:
+    """The run's TensorBoard log when the recipe asks for one and this rank writes, else None."""
+    if not (writer and recipe.logging.tensorboard):
+        return None
+    return TensorBoardLog(folder_of(recipe), first_step)
