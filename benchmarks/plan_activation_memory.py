@@ -100,7 +100,7 @@ def batches(family: str, recipe, config, rng):
         return qwen_batch(config, 1, 16, 1, rng), qwen_batch(config, b, recipe.data.max_length, side, rng)
     from mm_train.video_data import clip_shape
 
-    shape = clip_shape(recipe.data)
+    shape = clip_shape(recipe.data, read_cache=True)
     side = math.isqrt(shape["max_area"] // 64)
     return (wan_batch(config, 1, 1, 4, 4, rng),
             wan_batch(config, b, (shape["num_frames"] - 1) // 4 + 1, side, shape["text_length"], rng))

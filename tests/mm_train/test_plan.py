@@ -252,3 +252,18 @@ def test_on_ascend_the_run_is_planned_on_the_recipes_device(monkeypatch):
     big = load_recipe("wan2_1_t2v_tiny", ["cluster.device=ascend-910b4", *_WAN_14B_INLINE])
     with pytest.raises(ValueError, match="per device on 1 x 2 ascend-910b4"):
         refuse_unfitting(big, 1, 2)
+
+
+def test_a_ready_feature_cache_is_planned_at_its_largest_clip(tmp_path):
+    """data.kind video_features: the plan reads the cache's index (its latents' shapes), not the
+    data section's defaults (81 frames of 480 x 832), which would refuse a run of small clips."""
+    from mm_train.video_data import clip_shape
+
+    lines = [{"index": i, "features": {"latents": [16, f, 8, 12], "prompt_embeds": [64, 32]}} for i, f in
+             enumerate((3, 5))]
+    (tmp_path / "index-r000.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    recipe = load_recipe("wan2_1_t2v_tiny", ["data.kind=video_features", f"data.path={tmp_path}"])
+    assert clip_shape(recipe.data, read_cache=True) == {"num_frames": 17, "max_area": 64 * 96, "text_length": 64}
+    assert clip_shape(recipe.data)["num_frames"] == recipe.data.num_frames == 81  # the data path keeps its own
+    plan = make_plan(recipe, 1, 1, "cpu", complete_config=False)
+    assert plan["fits"] and "17 frames of 6144 pixels" in plan["notes"][0]

@@ -91,14 +91,38 @@ def encoder_sources(data, topo) -> Dict[str, str]:
     return given
 
 
-def clip_shape(data) -> Dict[str, int]:
+def clip_shape(data, read_cache: bool = False) -> Dict[str, int]:
     """{num_frames, max_area, text_length} of a recipe's clips: the built-in clips' own for
-    data.kind tiny_video, else the data section's."""
+    data.kind tiny_video, else the data section's (clips are resampled to num_frames, areas kept
+    <= max_area); with ``read_cache`` (the planner) a ready cache's largest clip for
+    video_features, when its index is there."""
     from mm_train import tiny_video
 
     if data.kind == "tiny_video":
         return {"num_frames": tiny_video.FRAMES, "max_area": tiny_video.SIZE ** 2, "text_length": 16}
+    if data.kind == "video_features" and read_cache:
+        cached = _cached_shape(data.path)
+        if cached:
+            return cached
     return {"num_frames": data.num_frames, "max_area": data.max_area, "text_length": data.text_max_length}
+
+
+def _cached_shape(folder: str):
+    """The largest clip of a feature cache's index (VAE latents (C, F, H, W): 4 x temporal and 8 x
+    spatial compression), or None without an index."""
+    import glob
+    import json
+
+    frames = area = text = 0
+    for path in sorted(glob.glob(os.path.join(folder or "", "index-r*.jsonl"))):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    shapes = json.loads(line)["features"]
+                    _, f_, h, w = shapes["latents"]
+                    frames, area = max(frames, (f_ - 1) * 4 + 1), max(area, h * w * 64)
+                    text = max(text, shapes.get("prompt_embeds", [0])[0])
+    return {"num_frames": frames, "max_area": area, "text_length": text} if frames else None
 
 
 class _Source:

@@ -123,14 +123,14 @@ class WanTask(FamilyTask):
 
 
 def workload(recipe, config):
-    """The planner's shapes (mm_train.plan.workload) of one clip (`video_data.clip_shape`):
+    """The planner's shapes (mm_train.plan.workload) of the largest clip (`video_data.clip_shape`):
     num_frames frames of max_area pixels, through the VAE's 4 x 8 x 8 compression and the DiT's
     patches; each block keeps its self-attention, cross-attention to the text tokens and GELU FFN."""
     from mm_models_video.wan.flops import wan_dit_flops
     from mm_train.plan.workload import LayerStack, Workload
     from mm_train.video_data import clip_shape
 
-    shape = clip_shape(recipe.data)
+    shape = clip_shape(recipe.data, read_cache=True)
     pt, ph, pw = config.patch_size
     frames = (shape["num_frames"] - 1) // 4 + 1
     side = int((shape["max_area"] / 64) ** 0.5)  # latent pixels a side of a square frame of max_area
