@@ -1,4 +1,4 @@
-"""Time per step of a training run: compute, communication and the pipeline bubble.
+"""Time per step of a training run: compute, launch time, communication and the pipeline bubble.
 
 With F the forward FLOPs of one sample (the family's count), G the global batch, m the
 micro-batches per data-parallel rank and step, and E_c, E_n the compute and link efficiencies
