@@ -267,3 +267,16 @@ def test_a_ready_feature_cache_is_planned_at_its_largest_clip(tmp_path):
     assert clip_shape(recipe.data)["num_frames"] == recipe.data.num_frames == 81  # the data path keeps its own
     plan = make_plan(recipe, 1, 1, "cpu", complete_config=False)
     assert plan["fits"] and "17 frames of 6144 pixels" in plan["notes"][0]
+
+
+def test_the_optimizer_steps_buffers_are_reported_beside_the_peak():
+    """Measured 1.0-1.5 x 4 B per trained parameter under dp (DESIGN.md); reported per rank and as
+    a note where they would pass the usable memory (the 7B recipe's stages), not yet in ``fits``."""
+    plan = _planned("qwen2_5_vl_7b_sft")
+    for rank in plan["ranks"]:
+        numel = rank["grads_bytes"] // 4
+        assert rank["optimizer_step_buffers_bytes"] == int(memory.STEP_BUFFERS["sharded"] * 4 * numel)
+    assert plan["fits"] and plan["peak_with_step_buffers_bytes"] > plan["usable_bytes"] >= plan["peak_bytes"]
+    assert any("optimizer step's flat fp32 buffers" in note for note in plan["notes"])
+    alone = make_plan(load_recipe("qwen2_5_vl_tiny"), 1, 1, "cpu", complete_config=False)
+    assert alone["ranks"][0]["optimizer_step_buffers_bytes"] < alone["ranks"][0]["grads_bytes"] / 2

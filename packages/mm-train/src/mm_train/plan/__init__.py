@@ -111,6 +111,7 @@ def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] =
         entry["total_bytes"] = sum(entry[k] for k in ("weights_bytes", "grads_bytes", "optimizer_bytes",
                                                       "activations_bytes"))
         grads_numel = entry["grads_bytes"] // memory.DTYPE_BYTES[recipe.train.grad_dtype]
+        entry["optimizer_step_buffers_bytes"] = memory.step_buffer_bytes(grads_numel, topo)
         times = timing.step_time(workload, recipe, topo, spec_device, cluster, known["efficiency"], grads_numel,
                                  micro_batches)
         ranks.append(entry)
@@ -163,12 +164,21 @@ def _summary(recipe, cluster, device, world, ranks, peak, times, workload) -> Di
     sps = recipe.train.global_batch_size / step if step else 0.0
     flops = timing.step_flops(workload, 3, 1) * sps  # model FLOPs: no recompute, frozen towers forward only
     terms = {k[:-2]: v for k, v in times.items() if k != "step_time_s"}
+    with_buffers = max(r["total_bytes"] - r["activations_bytes"] + max(r["activations_bytes"],
+                                                                       r["optimizer_step_buffers_bytes"])
+                       for r in ranks)
+    notes = list(workload.notes)
+    if with_buffers > usable:
+        gib = 2 ** 30
+        notes.append(f"the optimizer step's flat fp32 buffers (not yet in the peak) would take it to "
+                     f"{with_buffers / gib:.1f} GiB, above the {usable / gib:.1f} GiB usable")
     return {"fits": demand <= usable, "devices": world, "cluster": cluster, "device": device["name"],
             "device_memory_bytes": device["memory_bytes"], "usable_bytes": int(usable), "ranks": ranks,
             "peak_bytes": int(peak), "demand_bytes": int(demand), "step_time_s": step, "samples_per_s": sps,
             "tokens_per_s": sps * workload.tokens_per_sample,
             "mfu": flops / (world * device["peak_tflops"] * 1e12) if device["peak_tflops"] else 0.0,
-            "breakdown": terms, "dominant": max(terms, key=terms.get), "notes": workload.notes}
+            "breakdown": terms, "dominant": max(terms, key=terms.get), "notes": notes,
+            "peak_with_step_buffers_bytes": int(with_buffers)}
 
 
 def render(plan: Dict) -> str:

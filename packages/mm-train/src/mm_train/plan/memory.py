@@ -148,6 +148,21 @@ BACKWARD_WORKING = 0.75  # a layer's backward holds this share of its saved set 
 RECOMPUTED_WORKING = 0.5  # ... of a recomputed layer, whose set is freed as its backward goes (0.4-0.8)
 
 
+# One DistributedOptimizer.step above its start, in units of 4 bytes per trained parameter
+# (measured, DESIGN.md: its flat fp32 buffers): alone, under dp without ZeRO, under ZeRO (worst rank)
+STEP_BUFFERS = {"alone": 0.1, "reduced": 1.0, "sharded": 1.5}
+
+
+def step_buffer_bytes(grads_numel: int, topo) -> int:
+    """What the optimizer step holds beyond the static bytes, after the backward has freed the
+    activations: not yet in the peak (reported beside it until the optimizer buckets are bounded)."""
+    if topo.dp_cp.size == 1:
+        factor = STEP_BUFFERS["alone"]
+    else:
+        factor = STEP_BUFFERS["sharded" if topo.config.zero_stage else "reduced"]
+    return int(factor * 4 * grads_numel)
+
+
 def activation_bytes(workload, recipe, topo, device: dict, micro_batches: int) -> Dict[str, int]:
     """{activations_bytes, and its parts} of one rank on ``device`` (a devices.yaml entry: fused
     kernels or the reference ones, low-precision activations stored as such or emulated in
