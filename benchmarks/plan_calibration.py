@@ -69,13 +69,13 @@ def _folder(config: dict) -> str:
 def step_parts(recipe_name: str, config: dict, sets) -> dict:
     """{compute (s at E = 1, bubble included), launch (s at P = 1 ms), communication (s),
     global_batch, device} of one run."""
-    from mm_train.plan import load_devices, model_config, plan_on
+    from mm_train.plan import cluster_of, load_devices, model_config, plan_on
     from mm_train.recipe import load_recipe
 
     recipe = load_recipe(recipe_name, [f"model.path={_folder(config)}", *sets])
     known = load_devices()
     known["efficiency"] = {**known["efficiency"], "compute": 1.0, "layer_pass_ms": 1.0}
-    cluster = {"nodes": 1, "devices_per_node": 8, "device": recipe.cluster.device}
+    cluster = cluster_of(recipe, 1, 8)
     plan = plan_on(recipe, cluster, known, model_config(recipe))
     parts = plan["breakdown"]
     compute = parts["compute"] + parts["bubble"]

@@ -41,11 +41,6 @@ def shapes_only():
         _shapes_only = before
 
 
-def building_shapes_only() -> bool:
-    """Whether parameters are being created by shape only (`shapes_only`)."""
-    return _shapes_only
-
-
 def parameter(shape: Sequence[int], name: str, value: Callable[[], np.ndarray], requires_grad: bool = True):
     """A float32 parameter of ``shape`` holding ``value()`` (called only when values are made)."""
     if _shapes_only:

@@ -32,15 +32,22 @@ from mm_parallel.topology import Group, Topology, get_topology
 _matmul_nt = ops.MatMul(transpose_b=True)
 
 
-def shard(full, group: Group, dim: int):
-    """This rank's equal slice of ``full`` (numpy array or Tensor) along ``dim``."""
-    length = full.shape[dim]
+def sharded_shape(full_shape, group: Group, dim: int) -> tuple:
+    """``full_shape`` with ``dim`` cut to one rank's equal part (the shape `shard` returns)."""
+    shape = tuple(int(d) for d in full_shape)
+    length = shape[dim]
     if length % group.size:
         raise ValueError(
-            f"cannot shard a dim of length {length} (shape {tuple(full.shape)}, dim {dim}) over {group.size} "
+            f"cannot shard a dim of length {length} (shape {shape}, dim {dim}) over {group.size} "
             f"tensor-parallel ranks; it must be a multiple of {group.size}"
         )
-    size = length // group.size
+    dim %= len(shape)
+    return shape[:dim] + (length // group.size,) + shape[dim + 1:]
+
+
+def shard(full, group: Group, dim: int):
+    """This rank's equal slice of ``full`` (numpy array or Tensor) along ``dim``."""
+    size = sharded_shape(full.shape, group, dim)[dim]
     index = [slice(None)] * len(full.shape)
     index[dim] = slice(group.rank * size, (group.rank + 1) * size)
     return full[tuple(index)]
@@ -111,11 +118,7 @@ def new_parameter(full_shape, name, init_std: Optional[float], group: Group, spl
     """A parameter drawn whole (normal(0, init_std or 0.02), or zeros) and cut to this rank's shard
     of ``group`` (declared split over tp along ``split_dim``, see mm_parallel.sharding)."""
     full_shape = tuple(full_shape)
-    local_shape = list(full_shape)
-    if split_dim is not None:
-        if full_shape[split_dim] % group.size:
-            shard(np.empty(full_shape, np.bool_), group, split_dim)  # the error naming the shape
-        local_shape[split_dim] //= group.size
+    local_shape = sharded_shape(full_shape, group, split_dim) if split_dim is not None else full_shape
 
     def value():
         if zeros:

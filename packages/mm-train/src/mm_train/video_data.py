@@ -110,19 +110,19 @@ def clip_shape(data, read_cache: bool = False) -> Dict[str, int]:
 def _cached_shape(folder: str):
     """The largest clip of a feature cache's index (VAE latents (C, F, H, W): 4 x temporal and 8 x
     spatial compression), or None without an index."""
-    import glob
-    import json
+    from mm_data.feature_cache import FeatureDataset
 
+    try:
+        entries = FeatureDataset(folder or "").entries  # reads the index only
+    except ValueError:  # no index (the preflight names the missing cache)
+        return None
     frames = area = text = 0
-    for path in sorted(glob.glob(os.path.join(folder or "", "index-r*.jsonl"))):
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    shapes = json.loads(line)["features"]
-                    _, f_, h, w = shapes["latents"]
-                    frames, area = max(frames, (f_ - 1) * 4 + 1), max(area, h * w * 64)
-                    text = max(text, shapes.get("prompt_embeds", [0])[0])
-    return {"num_frames": frames, "max_area": area, "text_length": text} if frames else None
+    for entry in entries:
+        shapes = entry["features"]
+        _, f, h, w = shapes["latents"]
+        frames, area = max(frames, (f - 1) * 4 + 1), max(area, h * w * 64)
+        text = max(text, shapes.get("prompt_embeds", [0])[0])
+    return {"num_frames": frames, "max_area": area, "text_length": text}
 
 
 class _Source:

@@ -32,7 +32,7 @@ from mm_parallel.ops.device import use_fused, with_zero_row
 from mm_parallel.ops.grouped_matmul import grouped_matmul
 from mm_parallel.ops.low_precision import LOW, matmul_operands, to_compute
 from mm_parallel.sharding import ParamSharding, set_sharding
-from mm_parallel.tensor_parallel import init_rng
+from mm_parallel.tensor_parallel import init_rng, sharded_shape
 from mm_parallel.topology import Topology, get_topology
 
 _bmm_transposed = ops.BatchMatMul(transpose_b=True)
@@ -81,7 +81,7 @@ class GroupedExperts(nn.Cell):
         local_shape = (self.local,) + tuple(full_shape[1:])
         for dim, group in spec.splits:
             if group == "tp":
-                local_shape = local_shape[:dim] + (local_shape[dim] // self.tp_group.size,) + local_shape[dim + 1:]
+                local_shape = sharded_shape(local_shape, self.tp_group, dim)
 
         def value():
             seeds = init_rng().integers(0, 2 ** 63, full_shape[0])

@@ -51,33 +51,34 @@ def model_config(recipe, complete: bool = True):
     (with model.config overrides), else the inline config — completed by the family's task
     (tokenizer vocabulary and special tokens; the task reads its data) or, ``complete=False``,
     as written (the model's defaults for what it leaves out)."""
-    import json
-
     from mm_parallel import ParallelConfig
     from mm_parallel.topology import Topology
-    from mm_train import loop
+    from mm_train import loop, preflight
 
     spec = recipe.family
+    raw = preflight.model_config(recipe)
     if recipe.model.path:
-        with open(os.path.join(recipe.model.path, "config.json")) as f:
-            raw = json.load(f)
         return raw, spec.model_class(raw).load_config(recipe.model.path, loop.config_overrides(recipe.model))
-    raw = dict(recipe.model.config)
     if not complete:
         return raw, spec.model_class(raw).load_config(raw)
     task = spec.task_class()(recipe, Topology.build(ParallelConfig(), 1, 0))
     return task.model_json, spec.model_class(task.model_json).load_config(task.inline_config())
 
 
+def cluster_of(recipe, nodes: Optional[int] = None, devices_per_node: Optional[int] = None,
+               device: Optional[str] = None) -> Dict:
+    """{nodes, devices_per_node, device}: the recipe's cluster section, the arguments given overriding it."""
+    return {"nodes": nodes or recipe.cluster.nodes,
+            "devices_per_node": devices_per_node or recipe.cluster.devices_per_node,
+            "device": device or recipe.cluster.device}
+
+
 def make_plan(recipe, nodes: Optional[int] = None, devices_per_node: Optional[int] = None,
               device: Optional[str] = None, devices_file: Optional[str] = None, complete_config: bool = True) -> Dict:
     """The plan of ``recipe`` on its cluster (the arguments override the recipe's cluster section;
     ``complete_config``: see `model_config`)."""
-    cluster = {"nodes": nodes or recipe.cluster.nodes,
-               "devices_per_node": devices_per_node or recipe.cluster.devices_per_node,
-               "device": device or recipe.cluster.device}
-    known = load_devices(devices_file)
-    return plan_on(recipe, cluster, known, model_config(recipe, complete_config))
+    cluster = cluster_of(recipe, nodes, devices_per_node, device)
+    return plan_on(recipe, cluster, load_devices(devices_file), model_config(recipe, complete_config))
 
 
 def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] = None) -> Dict:
