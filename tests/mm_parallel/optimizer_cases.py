@@ -86,7 +86,8 @@ CFG = {"lr": 1e-2, "weight_decay": 0.1, "clip_grad": 0.5, "betas": (0.9, 0.95), 
 
 
 def run_optimizer_cases(layouts, save_root):
-    """layouts: {name: {"layout": ParallelConfig kwargs, "zero": stage, "resume": earlier name}}
+    """layouts: {name: {"layout": ParallelConfig kwargs, "zero": stage, "resume": earlier name,
+    "optim": OptimizerConfig fields over CFG}}
     -> {name: [problems]}. A resuming case loads the state the earlier case saved after two steps
     (another dp size or stage allowed) and takes the third step."""
     import mm_parallel
@@ -100,13 +101,14 @@ def run_optimizer_cases(layouts, save_root):
     for name, case in layouts.items():
         try:
             topo = mm_parallel.initialize(ParallelConfig(**case["layout"]))
+            cfg = dict(CFG, **case.get("optim", {}))  # e.g. small buckets, cutting through parameters
             if "resume" in case:
                 first = STEPS - 1
                 load_dir = os.path.join(save_root, case["resume"])
-                losses, norms, params, opt = train(topo, case["zero"], CFG, data[first:], load_dir=load_dir)
+                losses, norms, params, opt = train(topo, case["zero"], cfg, data[first:], load_dir=load_dir)
             else:
                 first = 0
-                losses, norms, params, opt = train(topo, case["zero"], CFG, data, os.path.join(save_root, name))
+                losses, norms, params, opt = train(topo, case["zero"], cfg, data, os.path.join(save_root, name))
             problems = []
             if not np.allclose(losses, ref_losses[first:], rtol=1e-5):
                 problems.append(f"losses {losses} != {ref_losses[first:]}")
@@ -117,6 +119,8 @@ def run_optimizer_cases(layouts, save_root):
                     problems.append(f"param {key} max err {np.abs(params[key] - want).max()}")
             if case["zero"] > 0 and opt.state_bytes() > 3 * 4 * (opt.numel // topo.dp_cp.size + topo.dp_cp.size):
                 problems.append(f"state bytes {opt.state_bytes()} is not about 1/{topo.dp_cp.size} of the full state")
+            if case.get("optim", {}).get("bucket_numel") and len(opt.buckets) < 3:
+                problems.append(f"{len(opt.buckets)} buckets: the case means to cut the parameters into several")
             results[name] = problems
         except Exception:
             results[name] = [traceback.format_exc()]

@@ -133,7 +133,7 @@ def run_sharding_cases(root):
         if not np.allclose(got, norms[:2], rtol=1e-5):
             problems.append(f"ep=2 grad norms {got} != {norms[:2]}")
         compare(model, topo, history[1], "ep=2 after two steps")
-        if opt.buckets["edp"].shards != 2:
+        if opt.buckets["edp.0"].shards != 2:
             problems.append("the experts' optimizer state is not sharded over expert-dp")
         state = full_state(model)  # save: the model (experts gathered over ep) and the optimizer
         if topo.rank == 0:

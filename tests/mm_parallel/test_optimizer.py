@@ -11,8 +11,9 @@ from optimizer_cases import CFG, B, batches, numpy_adamw, run_optimizer_cases, t
 from reference_model import build_stack, run_stack
 
 from mm_parallel import ParallelConfig
+from mm_parallel.grad_buckets import Piece, cut_into_buckets, no_weight_decay
 from mm_parallel.lr_schedule import LRSchedule
-from mm_parallel.optimizer import DistributedOptimizer, OptimizerConfig, no_weight_decay
+from mm_parallel.optimizer import DistributedOptimizer, OptimizerConfig
 from mm_parallel.topology import Topology
 
 SOLO = Topology.build(ParallelConfig(), 1, 0)
@@ -94,6 +95,40 @@ def test_optimizer_errors(tmp_path):
         other.load(str(tmp_path))
 
 
+def test_cut_into_buckets():
+    cut = cut_into_buckets([5, 7, 9], [3, 10, 4], bucket_numel=5, shards=2)  # capacity 6
+    assert cut == [[Piece(5, 0, 3), Piece(7, 0, 3)], [Piece(7, 3, 9)], [Piece(7, 9, 10), Piece(9, 0, 4)]]
+    assert [sum(p.size for p in b) for b in cut] == [6, 6, 5]  # only the last one is short (padded)
+    assert cut_into_buckets([0, 1], [3, 10], bucket_numel=0, shards=4) == [[Piece(0, 0, 3), Piece(1, 0, 10)]]
+    big = cut_into_buckets([0], [25], bucket_numel=10, shards=1)  # a large parameter over three buckets
+    assert [(p.lo, p.hi) for b in big for p in b] == [(0, 10), (10, 20), (20, 25)]
+
+
+def test_small_buckets_equal_one_bucket(tmp_path):
+    """Buckets that cut through parameters change nothing: steps, the saved state (loaded under
+    the other bucketing) and state_bytes_of's count."""
+    from mm_parallel.grad_buckets import state_bytes_of
+
+    cut = dict(CFG, bucket_numel=333)
+    want = train(SOLO, 1, CFG, batches(), save_dir=str(tmp_path / "one"))
+    got = train(SOLO, 1, cut, batches(), save_dir=str(tmp_path / "cut"))
+    assert len(got[3].buckets) > 10 and len(want[3].buckets) == 1
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+    for name, value in want[2].items():
+        np.testing.assert_allclose(got[2][name], value, rtol=1e-6, atol=1e-7)
+    for a, b in zip(got[3].param_states(), want[3].param_states()):
+        for key in DistributedOptimizer.STATES:
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-6, atol=1e-7)
+    data = batches()[2:]
+    resumed = train(SOLO, 1, CFG, data, load_dir=str(tmp_path / "cut"))  # cut -> one bucket
+    again = train(SOLO, 1, cut, data, load_dir=str(tmp_path / "one"))  # one bucket -> cut
+    np.testing.assert_allclose(resumed[1], again[1], rtol=1e-6)
+    for name, value in resumed[2].items():
+        np.testing.assert_allclose(again[2][name], value, rtol=1e-6, atol=1e-7)
+    params = build_stack(SOLO).trainable_params()
+    assert state_bytes_of(params, SOLO, 1, 333) == got[3].state_bytes()
+
+
 LAYOUTS = {
     2: {
         "dp2_zero0": {"layout": {}, "zero": 0},
@@ -101,6 +136,8 @@ LAYOUTS = {
         "dp2_zero2": {"layout": {"zero_stage": 2}, "zero": 2},
         "cp2_zero1": {"layout": {"cp": 2, "zero_stage": 1}, "zero": 1},
         "tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}, "zero": 1},
+        # buckets of 1500 values (~5 here) that cut through parameters
+        "dp2_zero1_buckets": {"layout": {"zero_stage": 1}, "zero": 1, "optim": {"bucket_numel": 1500}},
     },
     4: {
         "dp2_tp2_zero1": {"layout": {"tp": 2, "zero_stage": 1}, "zero": 1},
@@ -111,6 +148,11 @@ LAYOUTS = {
         "dp4_zero1_from_dp2": {"layout": {"zero_stage": 1}, "zero": 1, "resume": "dp2_zero1"},  # saved by world 2
         "dp4_zero2_from_zero1": {"layout": {"zero_stage": 2}, "zero": 2, "resume": "dp4_zero1"},
         "dp4_zero0_from_dp2_cp2": {"layout": {}, "zero": 0, "resume": "dp2_cp2_zero1"},
+        "dp2_tp2_sp_zero2_buckets": {"layout": {"tp": 2, "sequence_parallel": True, "zero_stage": 2}, "zero": 2,
+                                     "optim": {"bucket_numel": 700}},
+        "dp4_zero1_buckets_from_one_bucket": {"layout": {"zero_stage": 1}, "zero": 1, "resume": "dp4_zero1",
+                                              "optim": {"bucket_numel": 999}},
+        "dp4_zero0_from_buckets": {"layout": {}, "zero": 0, "resume": "dp2_zero1_buckets"},
     },
 }
 
@@ -140,3 +182,27 @@ def test_schedule_follows_steps_in_the_optimizer():
     grads = [Tensor(np.ones(p.shape, np.float32)) for p in stack.trainable_params()]
     lrs = [opt.step(grads)["lr"] for _ in range(5)]
     assert lrs == pytest.approx([0.5, 1.0, 1.0, 0.5 * (1 + math.cos(math.pi / 2)), 0.0])
+
+
+def test_step_buffer_values_count_what_the_buckets_hold():
+    """Parameters of 3, 10 and 4 values, buckets of 5 (6 under dp 2): [3 + 3], [6], [1 + 4 + pad 1]."""
+    from mindspore import Parameter, Tensor, nn
+
+    from mm_parallel.grad_buckets import step_buffer_values
+
+    class Three(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = (Parameter(Tensor(np.zeros(n, np.float32)), name=k) for k, n in
+                                      (("a", 3), ("b", 10), ("c", 4)))
+
+    params = Three().trainable_params()
+    dp2 = Topology.build(ParallelConfig(zero_stage=1), 2, 0)
+    # kept: this rank's half of each bucket, 3 x 3; transients 2 x 6; the cut parameter b: 10
+    assert step_buffer_values(params, dp2, 1, bucket_numel=5) == 2 * 6 + max(9, 10)
+    # without ZeRO buckets of 5: [a + b[:2]], [b[2:7]], [b[7:] + c[:2]], [c[2:]], each kept whole
+    assert step_buffer_values(params, dp2, 0, bucket_numel=5) == 2 * 5 + (5 + 5 + 5 + 2)
+    # one process: b[2:7] and c[2:] are views of their gradients, not copies
+    assert step_buffer_values(params, SOLO, 0, bucket_numel=5) == 2 * 5 + max(5 + 5, 10)
+    assert step_buffer_values(params, SOLO, 0, bucket_numel=10) == 2 * 10 + max(10 + 7, 10)
+    assert step_buffer_values(params, SOLO, 0, bucket_numel=0) == 2 * 17 + 17  # one bucket, nothing cut

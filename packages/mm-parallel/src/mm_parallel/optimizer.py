@@ -4,26 +4,29 @@ ranks (ZeRO), global-norm clipping, dynamic loss scaling, learning-rate schedule
 Each trainable parameter is reduced over its own replicas (mm_parallel.sharding: ``grad_sync``):
 dense parameters over ``dp_cp`` (data and context parallel ranks hold replicas), experts over
 ``edp`` (the dp_cp ranks holding the same experts). The parameters of one such group are laid end
-to end in one flat fp32 bucket of N values (padded to a multiple of D, the group's size). A step,
-with g_r the gradients rank r computed:
+to end and cut into flat fp32 buckets of at most ``bucket_numel`` values (mm_parallel.grad_buckets:
+the last one padded to a multiple of D, the group's size under ZeRO); each step phase goes bucket
+by bucket, so its transient buffers are one bucket's. A step, with g_r the gradients rank r computed:
 
     finalize    tp-partial gradients (sequence-parallel norms, LoRA A) summed over tp
     reduce      g = (sum over the bucket's group of g_r) / dp     cp ranks hold parts of one
                 sample's loss, which add up; dp ranks hold other samples, whose mean is taken (an
                 expert's gradient already gathers the tokens its ep group sent it)
-                zero_stage 0, 1: all-reduce, then (stage 1) keep this rank's N/D slice
+                zero_stage 0, 1: all-reduce, then (stage 1) keep (a copy of) this rank's 1/D slice
                 zero_stage 2:    reduce-scatter straight to the slice
-    unscale     g /= loss_scale; if any rank sees inf/nan: skip the step, shrink the scale
-    clip        norm = sqrt(sum g^2 over distinct values), one all-reduce over the world: each rank
-                counts its ZeRO slice (without ZeRO: group rank 0 counts the bucket), a parameter
-                replicated over tp on tp rank 0 only, experts once per ep rank; g *= min(1, clip / norm)
+    overflow    if any rank sees inf/nan in the scaled g: skip the step, shrink the loss scale
+    clip        norm = sqrt(sum g^2 over distinct values) / loss_scale, one all-reduce over the
+                world: each rank counts its ZeRO slice (without ZeRO: group rank 0 counts the
+                bucket), a parameter replicated over tp on tp rank 0 only, experts once per ep rank;
+                g *= min(1, clip / norm) / loss_scale (bucket by bucket, just before its update)
     AdamW       on this rank's slice of master weights, exp_avg, exp_avg_sq (bias-corrected,
                 decoupled weight decay, none on biases and 1-D parameters such as norms)
     gather      stages 1, 2: all-gather the updated slices; every parameter set from its bucket
 
 Memory per rank for the optimizer: 3 N / D fp32 values (master, exp_avg, exp_avg_sq) instead of
-3 N (zero_stage 0). With stage 2 the reduced gradient is N / D values too (the per-parameter
-gradients autodiff returns are still whole in PyNative). On CPU, reduce-scatter is an all-reduce
+3 N (zero_stage 0). With stages 1 and 2 the reduced gradient kept is N / D values too (the
+per-parameter gradients autodiff returns are still whole in PyNative); the step's transients are
+one bucket's flat, reduced and gathered buffers (grad_buckets). On CPU, reduce-scatter is an all-reduce
 and a slice (mm_parallel.comm), so stages 1 and 2 move the same bytes there.
 
 State is saved in one layout-independent format (`save` / `load`): per pipeline stage one
@@ -40,19 +43,17 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import mindspore as ms
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Tensor, nn, ops
 
-from mm_parallel import comm
+from mm_parallel import comm, grad_buckets
+from mm_parallel.grad_buckets import Bucket, WholeParameters
 from mm_parallel.lr_schedule import LRSchedule
-from mm_parallel.ops.device import as_type
 from mm_parallel.sequence_parallel import sync_sequence_parallel_grads
 from mm_parallel.sharding import sharding_of
 from mm_parallel.topology import Topology, get_topology
 
-_fused_adam = ops.AdamWeightDecay()
-STATES = ("master", "exp_avg", "exp_avg_sq")
+STATES = grad_buckets.STATES
 
 
 @dataclass(frozen=True)
@@ -71,134 +72,10 @@ class OptimizerConfig:
     initial_loss_scale: float = 2.0 ** 16
     loss_scale_window: int = 1000  # steps without overflow before the scale doubles
     min_loss_scale: float = 1.0
+    bucket_numel: int = grad_buckets.DEFAULT_BUCKET_NUMEL  # values per gradient bucket (0: one per group)
 
     def schedule(self) -> LRSchedule:
         return LRSchedule(self.lr, self.warmup_steps, self.decay_steps, self.lr_schedule, self.min_lr)
-
-
-def no_weight_decay(name: str, param) -> bool:
-    """Biases and 1-D parameters (norm weights) are not decayed (Megatron's rule)."""
-    return name.endswith("bias") or len(param.shape) <= 1
-
-
-def bucket_slice(sizes: Sequence[int], group, zero_stage: int) -> Tuple[int, int, int, int, int]:
-    """(numel, shards, padded, start, end) of a bucket of parameters of ``sizes`` values reduced
-    over ``group``: its N values padded to a multiple of the D shards (D = group size with ZeRO,
-    else 1) and the [start, end) slice this rank keeps master weights and moments for."""
-    numel = int(sum(sizes))
-    shards = group.size if zero_stage > 0 else 1
-    padded = -(-numel // shards) * shards
-    per_shard = padded // shards
-    index = group.rank if zero_stage > 0 else 0
-    return numel, shards, padded, index * per_shard, (index + 1) * per_shard
-
-
-def state_bytes_of(params: Sequence, topo: Topology, zero_stage: int) -> int:
-    """The bytes `DistributedOptimizer.state_bytes` reports for these trainable parameters (only
-    their shapes and sharding specs are read): per bucket 3 fp32 buffers of this rank's slice.
-    (The update's copies of the undecayed values — norms, biases — are a few more, not counted.)"""
-    by_group: Dict[str, List[int]] = {}
-    for p in params:
-        by_group.setdefault(sharding_of(p).grad_sync, []).append(int(np.prod(p.shape)))
-    slices = (bucket_slice(sizes, topo.groups[name], zero_stage) for name, sizes in by_group.items())
-    return sum(4 * len(STATES) * (end - start) for *_, start, end in slices)
-
-
-class _Bucket:
-    """The parameters reduced over one group, end to end in flat fp32 buffers (this rank's ZeRO slice)."""
-
-    def __init__(self, params: List, group, zero_stage: int, topo: Topology, tag: str):
-        self.params, self.group, self.zero_stage = params, group, zero_stage
-        self.sizes = [int(np.prod(p.shape)) for p in params]
-        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
-        self.numel, self.shards, self.padded, self.start, self.end = bucket_slice(self.sizes, group, zero_stage)
-        # padding values are zeros: counting them adds nothing, and keeps the common case "count all"
-        decay, counted = np.zeros(self.padded, np.float32), np.zeros(self.padded, bool)
-        holder = self.shards > 1 or group.rank == 0  # a replicated bucket is counted on group rank 0
-        for p, lo, hi in zip(params, self.offsets[:-1], self.offsets[1:]):
-            decay[lo:hi] = 0.0 if no_weight_decay(p.name, p) else 1.0
-            counted[lo:hi] = holder and sharding_of(p).counted_on(topo)
-        counted[self.numel:] = holder
-        # the fused kernel decays every value; these few (norms, biases) are then set to their
-        # undecayed update, computed alone (see _adamw)
-        kept = np.flatnonzero(decay[self.start:self.end] == 0).astype(np.int32)
-        self.undecayed = Tensor(kept) if kept.size else None
-        self.undecayed_state = [Parameter(Tensor(np.zeros(kept.size, np.float32)), name=f"{tag}.undecayed.{k}",
-                                          requires_grad=False) for k in STATES]
-        self.counted = counted[self.start:self.end]
-        self.count_all = bool(self.counted.all())
-        self.counted_on_device = None  # the same mask as a float tensor, made on first use off CPU
-        # Parameters (not tensors) because the fused AdamW kernel updates them in place
-        master = self.flat([p.astype(ms.float32) for p in params])[self.start:self.end].copy()
-        self.master = Parameter(master, name=f"{tag}.master", requires_grad=False)
-        self.exp_avg = Parameter(ops.zeros_like(master), name=f"{tag}.exp_avg", requires_grad=False)
-        self.exp_avg_sq = Parameter(ops.zeros_like(master), name=f"{tag}.exp_avg_sq", requires_grad=False)
-
-    def flat(self, tensors: List) -> Tensor:
-        flat = ops.concat([t.reshape(-1) for t in tensors])
-        if self.padded > self.numel:
-            flat = ops.concat([flat, ops.zeros(self.padded - self.numel, ms.float32)])
-        return flat
-
-    def reduce(self, flat, dp: int):
-        """This rank's slice of (sum over the group of the flat gradients) / dp."""
-        if self.group.size > 1:
-            if self.zero_stage == 2:
-                flat = comm.reduce_scatter(flat, self.group)
-            else:
-                flat = comm.all_reduce(flat, self.group)[self.start:self.end]
-        return flat * (1.0 / dp) if dp > 1 else flat
-
-    def sum_of_squares(self, g) -> float:
-        """sum g^2 over the values this rank counts. On CPU a BLAS dot product on the host view of
-        g: 3-4x faster than MindSpore's multiply and reduce (20 against 70-90 ms on 45M values)."""
-        if ms.get_context("device_target") == "CPU":
-            host = g.asnumpy()  # the tensor's own memory, no copy
-            if not self.count_all:
-                host = host[self.counted]
-            # float32 dots of 1024 values, summed in float64: one dot over all 45M values in float32
-            # is off by ~0.2%
-            whole = host.size // 1024 * 1024
-            rows, tail = host[:whole].reshape(-1, 1024), host[whole:]
-            return float(np.einsum("ij,ij->i", rows, rows).sum(dtype=np.float64) + np.dot(tail, tail))
-        if self.count_all:
-            return float((g * g).sum().asnumpy())
-        if self.counted_on_device is None:
-            self.counted_on_device = Tensor(self.counted.astype(np.float32))
-        return float((g * g * self.counted_on_device).sum().asnumpy())
-
-    def adamw(self, g, lr_t, b1, b2, eps_t, wd_t):
-        undecayed = self.undecayed if wd_t else None
-        if undecayed is not None:  # the same update without decay, on copies of the few undecayed values
-            state = self.undecayed_state
-            for copy, full in zip(state, (self.master, self.exp_avg, self.exp_avg_sq)):
-                copy.set_data(ops.gather(full, undecayed, 0))
-            _fused_adam(*state, lr_t, b1, b2, eps_t, 0.0, ops.gather(g, undecayed, 0))
-        _fused_adam(self.master, self.exp_avg, self.exp_avg_sq, lr_t, b1, b2, eps_t, wd_t, g)
-        if undecayed is not None:  # (the moments do not depend on the decay: only the weights differ)
-            ops.scatter_update(self.master, undecayed, self.undecayed_state[0])
-
-    def write_params(self):
-        flat = self.master
-        if self.shards > 1:
-            flat = comm.all_gather(flat, self.group)
-        if self.padded > self.numel:
-            flat = flat[:self.numel]
-        # one split for all pieces: a slice per parameter cost ~4 ms each on CPU
-        for p, piece in zip(self.params, ops.split(flat, self.sizes)):
-            piece = piece.reshape(p.shape)
-            p.set_data(piece if piece.dtype == p.dtype else piece.astype(p.dtype))
-
-    def whole(self, key: str) -> np.ndarray:
-        """The bucket's full ``key`` buffer (ZeRO slices gathered over the group: a collective)."""
-        value = getattr(self, key)
-        return (comm.all_gather(value, self.group, 0) if self.shards > 1 else value).asnumpy()
-
-    def set_whole(self, key: str, flat: np.ndarray):
-        getattr(self, key).set_data(Tensor(np.ascontiguousarray(flat[self.start:self.end], np.float32)))
-
-    def state_bytes(self) -> int:
-        return sum(getattr(self, k).nbytes for k in STATES)
 
 
 class DistributedOptimizer:
@@ -214,19 +91,21 @@ class DistributedOptimizer:
         self.zero_stage = topo.config.zero_stage if zero_stage is None else zero_stage
         if self.zero_stage not in (0, 1, 2):
             raise ValueError(f"zero_stage must be 0, 1 or 2, got {self.zero_stage}")
+        if not isinstance(config.bucket_numel, int) or config.bucket_numel < 0:
+            raise ValueError(f"optim.bucket_numel must be a whole number of values >= 0 (0: one bucket per group), "
+                             f"got {config.bucket_numel!r}")
         self.lr_at = config.schedule()
         cells = [model] if isinstance(model, nn.Cell) else list(model)
         self.params = [p for cell in cells for p in cell.trainable_params()]
         if not self.params:
             raise ValueError("the model has no trainable parameters")
         self.names = [p.name for p in self.params]
-        by_group: Dict[str, List[int]] = {}
-        for i, p in enumerate(self.params):
-            by_group.setdefault(sharding_of(p).grad_sync, []).append(i)
-        self.buckets = {name: _Bucket([self.params[i] for i in members], topo.groups[name], self.zero_stage, topo,
-                                      f"optimizer.{name}") for name, members in sorted(by_group.items())}
-        self._members = by_group  # bucket name -> indices of its parameters
-        self._where = {i: (self.buckets[name], j) for name, members in by_group.items() for j, i in enumerate(members)}
+        self.buckets: Dict[str, Bucket] = {}  # "<group>.<k>": the k-th bucket of a sync group
+        for name, (group, buckets) in grad_buckets.plan_buckets(self.params, topo, self.zero_stage,
+                                                                config.bucket_numel).items():
+            for k, pieces in enumerate(buckets):
+                tag = f"{name}.{k}"
+                self.buckets[tag] = Bucket(self.params, pieces, group, self.zero_stage, topo, f"optimizer.{tag}")
         self.numel = sum(b.numel for b in self.buckets.values())
         self.step_count = 0  # optimizer steps taken (overflow-skipped steps not counted)
         self.iteration = 0  # step() calls: what the learning-rate schedule follows
@@ -248,25 +127,24 @@ class DistributedOptimizer:
         topo, cfg = self.topology, self.config
         lr = self.lr_at(self.iteration)
         self.iteration += 1
-        grads = [as_type(g, ms.float32) for g in grads]  # bf16 / fp16 gradients are reduced in fp32
         if topo.tp.size > 1:
             grads = sync_sequence_parallel_grads(self.params, grads, topo.tp)
-        flats = {}
-        for name, bucket in self.buckets.items():
-            members = [grads[i] for i in self._members[name]]
-            flats[name] = bucket.reduce(bucket.flat(members), topo.dp.size)
-        if self.loss_scale != 1.0:
-            flats = {k: g * (1.0 / self.loss_scale) for k, g in flats.items()}
+        # bucket by bucket: each one's flat and reduced copies are gone before the next is built;
+        # bf16 / fp16 gradients are reduced in fp32, a bucket's pieces cast as it is built
+        flats = {name: bucket.reduce(grads, topo.dp.size) for name, bucket in self.buckets.items()}
         if self._overflow(flats):  # loss scaling's normal course: the scale shrinks, the run goes on
             self._update_scale(overflow=True)
             return {"lr": lr, "grad_norm": float("nan"), "loss_scale": self.loss_scale, "skipped": True,
                     "overflow": True}
-        norm = self._global_norm(flats)
+        # unscaling and clipping are one factor applied bucket by bucket as each is updated (a
+        # scaled copy of every bucket at once would double the reduced gradients' memory)
+        norm = self._global_norm(flats) / self.loss_scale
         if not math.isfinite(norm):  # an inf / nan gradient anywhere (the norm is global): no update
             return {"lr": lr, "grad_norm": norm, "loss_scale": self.loss_scale, "skipped": True, "overflow": False}
+        factor = 1.0 / self.loss_scale
         if cfg.clip_grad > 0 and norm > cfg.clip_grad:
-            flats = {k: g * (cfg.clip_grad / (norm + 1e-6)) for k, g in flats.items()}
-        self._adamw(flats, lr)
+            factor *= cfg.clip_grad / (norm + 1e-6)
+        self._adamw(flats, lr, factor)
         self._write_params()
         self._update_scale(overflow=False)
         return {"lr": lr, "grad_norm": norm, "loss_scale": self.loss_scale, "skipped": False, "overflow": False}
@@ -282,14 +160,14 @@ class DistributedOptimizer:
 
     def _global_norm(self, flats) -> float:
         """sqrt of sum g^2 over every distinct value of the model: each rank counts what it alone
-        holds (see _Bucket), one all-reduce over the world adds them up."""
+        holds (see grad_buckets.Bucket), one all-reduce over the world adds them up."""
         sq = sum(bucket.sum_of_squares(flats[name]) for name, bucket in self.buckets.items())
         total = Tensor(np.array([sq], np.float32))
         if self.topology.world_size > 1:
             total = comm.all_reduce(total, self.topology.world)
         return math.sqrt(float(total.asnumpy()[0]))
 
-    def _adamw(self, flats, lr):
+    def _adamw(self, flats, lr, factor: float):
         (b1, b2), cfg = self.config.betas, self.config
         self.step_count += 1
         t = self.step_count
@@ -301,11 +179,16 @@ class DistributedOptimizer:
         lr_t, eps_t = lr * root / (1 - b1 ** t), cfg.eps * root
         wd_t = cfg.weight_decay * lr / lr_t if lr_t else 0.0
         for name, bucket in self.buckets.items():
-            bucket.adamw(flats[name], lr_t, b1, b2, eps_t, wd_t)
+            g = flats.pop(name)  # this bucket's reduced gradient goes once it is applied
+            bucket.adamw(g if factor == 1.0 else g * factor, lr_t, b1, b2, eps_t, wd_t)
 
     def _write_params(self):
+        whole = WholeParameters(self._sizes(), ops.concat)
         for bucket in self.buckets.values():
-            bucket.write_params()
+            bucket.write_params(whole)
+
+    def _sizes(self) -> Dict[int, int]:
+        return {i: int(np.prod(p.shape)) for i, p in enumerate(self.params)}
 
     def _update_scale(self, overflow: bool):
         cfg = self.config
@@ -330,13 +213,12 @@ class DistributedOptimizer:
         """Per trainable parameter, in order: its master weight, exp_avg and exp_avg_sq shaped like
         the parameter on this rank (its tp / ep shard). ZeRO slices are gathered over each bucket's
         group: a collective every rank of the group calls."""
-        wholes = {name: {k: b.whole(k) for k in STATES} for name, b in self.buckets.items()}
-        names = {id(b): name for name, b in self.buckets.items()}
-        out = []
-        for i, p in enumerate(self.params):
-            bucket, j = self._where[i]
-            lo, hi = bucket.offsets[j], bucket.offsets[j + 1]
-            out.append({k: wholes[names[id(bucket)]][k][lo:hi].reshape(p.shape) for k in STATES})
+        out: List[Dict[str, np.ndarray]] = [{} for _ in self.params]
+        for key in STATES:
+            whole = WholeParameters(self._sizes(), np.concatenate)
+            for bucket in self.buckets.values():
+                for i, value in bucket.completed(bucket.host_pieces(key), whole):
+                    out[i][key] = value.reshape(self.params[i].shape)
         return out
 
     def load_param_states(self, states: Sequence[Dict[str, np.ndarray]]):
@@ -344,18 +226,17 @@ class DistributedOptimizer:
         the master weights."""
         if len(states) != len(self.params):
             raise ValueError(f"{len(states)} parameter states for {len(self.params)} trainable parameters")
-        flats = {id(b): {k: np.zeros(b.padded, np.float32) for k in STATES} for b in self.buckets.values()}
-        for i, (p, state) in enumerate(zip(self.params, states)):
-            bucket, j = self._where[i]
-            lo, hi = bucket.offsets[j], bucket.offsets[j + 1]
+        for p, state in zip(self.params, states):
             for key in STATES:
                 if tuple(state[key].shape) != tuple(p.shape):
                     raise ValueError(f"{p.name}: saved {key} has shape {tuple(state[key].shape)}, the parameter "
                                      f"{tuple(p.shape)}")
-                flats[id(bucket)][key][lo:hi] = state[key].reshape(-1)
         for bucket in self.buckets.values():
             for key in STATES:
-                bucket.set_whole(key, flats[id(bucket)][key])
+                flat = np.zeros(bucket.padded, np.float32)
+                for piece, lo, hi in zip(bucket.pieces, bucket.offsets[:-1], bucket.offsets[1:]):
+                    flat[lo:hi] = states[piece.param][key].reshape(-1)[piece.lo:piece.hi]
+                bucket.set_whole(key, flat)
         self._write_params()
 
     def counters(self) -> Dict[str, float]:
@@ -378,19 +259,18 @@ class DistributedOptimizer:
         writer = topo.tp.rank == 0 and topo.dp_cp.rank == 0  # one writer per pipeline stage
         tensors = {}
         # one bucket's one state gathered at a time, and kept only by the writer: a rank that
-        # writes nothing holds at most one bucket buffer (not the stage's whole state, thrice)
+        # writes nothing holds at most one bucket buffer (and the parts of a parameter cut between
+        # two buckets), not the stage's whole state, thrice
+        wholes = {key: WholeParameters(self._sizes(), np.concatenate) for key in STATES}
         for bucket in self.buckets.values():
-            members = [(i, j) for i, (b, j) in self._where.items() if b is bucket]
             for key in STATES:
-                flat = bucket.whole(key)  # a collective over the bucket's group
-                for i, j in members:
+                for i, value in bucket.completed(bucket.host_pieces(key), wholes[key]):  # a collective
                     param, spec = self.params[i], sharding_of(self.params[i])
-                    value = flat[bucket.offsets[j]:bucket.offsets[j + 1]].reshape(param.shape)
+                    value = value.reshape(param.shape)
                     if spec.splits:  # a collective over the parameter's tp / ep group
                         value = spec.gather(Tensor(value), topo).asnumpy()
                     if writer:
                         tensors[f"{names[i]}.{key}"] = np.ascontiguousarray(value)
-                del flat
         path = os.path.join(folder, f"optimizer-stage{topo.pp.rank:03d}.safetensors")
         if writer:
             os.makedirs(folder, exist_ok=True)

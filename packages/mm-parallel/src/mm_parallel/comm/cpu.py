@@ -119,7 +119,8 @@ class CpuBackend(Backend):
         return ops.concat(self._gather_list(x, group), dim)
 
     def reduce_scatter(self, x, group, dim, op):
-        return chunk(self.all_reduce(x, group, op), group.size, group.rank, dim)
+        # a copy: the chunk of the whole reduction would keep all of it alive (native returns 1/n)
+        return chunk(self.all_reduce(x, group, op), group.size, group.rank, dim).copy()
 
     def all_to_all(self, x, group, scatter_dim, gather_dim):
         n, me = group.size, group.rank

@@ -8,8 +8,11 @@ ranks, the family's plan (recompute, LoRA, freezing) applied — inside
 
     weights     every parameter held, in the dtype `mm_parallel.precision.dtype_under` gives it
     gradients   the trainable ones, summed over the step's micro-batches in train.grad_dtype
-    optimizer   `mm_parallel.optimizer.state_bytes_of`: fp32 master + 2 moments of this rank's
-                ZeRO slice of each bucket
+    optimizer   `mm_parallel.grad_buckets.state_bytes_of`: fp32 master + 2 moments of this rank's
+                ZeRO slice of each bucket (optim.bucket_numel values at most)
+    step        `mm_parallel.grad_buckets.step_buffer_values`: the step's reduced gradients and
+                one bucket's transients, after the backward freed the activations: a rank's
+                peak is the static bytes plus the larger of its activations and these
 
 Activations of one micro-batch on a stage, with t = tp, s = the stack's tokens per sample / cp,
 b = micro_batch_size and L the stage's layers of a stack, in the activation dtype (float32 where
@@ -93,9 +96,10 @@ def build_chunks(spec, recipe, raw_config: dict, model_config, topo, values: boo
 
 
 def static_bytes(chunks, recipe, topo) -> Dict[str, int]:
-    """{params, weights_bytes, grads_bytes, optimizer_bytes} of a rank holding ``chunks``."""
+    """{params, weights_bytes, grads_bytes, optimizer_bytes, optimizer_step_buffers_bytes} of a
+    rank holding ``chunks``."""
+    from mm_parallel.grad_buckets import state_bytes_of
     from mm_parallel.hf_checkpoint import owned_parameters
-    from mm_parallel.optimizer import state_bytes_of
     from mm_parallel.precision import dtype_under
 
     policy = recipe.train.precision_policy()
@@ -108,8 +112,10 @@ def static_bytes(chunks, recipe, topo) -> Dict[str, int]:
             weights += numel * _itemsize(dtype_under(policy, name, param, keep))
     trainable = [p for chunk in chunks for p in chunk.trainable_params()]
     grads = sum(math.prod(p.shape) for p in trainable) * DTYPE_BYTES[recipe.train.grad_dtype]
-    optimizer = state_bytes_of(trainable, topo, topo.config.zero_stage) if trainable else 0
-    return {"params": params, "weights_bytes": weights, "grads_bytes": grads, "optimizer_bytes": optimizer}
+    zero, buckets = topo.config.zero_stage, recipe.optim.bucket_numel
+    optimizer = state_bytes_of(trainable, topo, zero, buckets) if trainable else 0
+    return {"params": params, "weights_bytes": weights, "grads_bytes": grads, "optimizer_bytes": optimizer,
+            "optimizer_step_buffers_bytes": step_buffer_bytes(trainable, topo, buckets)}
 
 
 def _itemsize(dtype) -> int:
@@ -148,19 +154,13 @@ BACKWARD_WORKING = 0.75  # a layer's backward holds this share of its saved set 
 RECOMPUTED_WORKING = 0.5  # ... of a recomputed layer, whose set is freed as its backward goes (0.4-0.8)
 
 
-# One DistributedOptimizer.step above its start, in units of 4 bytes per trained parameter
-# (measured, DESIGN.md: its flat fp32 buffers): alone, under dp without ZeRO, under ZeRO (worst rank)
-STEP_BUFFERS = {"alone": 0.1, "reduced": 1.0, "sharded": 1.5}
-
-
-def step_buffer_bytes(grads_numel: int, topo) -> int:
+def step_buffer_bytes(trainable, topo, bucket_numel: int) -> int:
     """What the optimizer step holds beyond the static bytes, after the backward has freed the
-    activations: not yet in the peak (reported beside it until the optimizer buckets are bounded)."""
-    if topo.dp_cp.size == 1:
-        factor = STEP_BUFFERS["alone"]
-    else:
-        factor = STEP_BUFFERS["sharded" if topo.config.zero_stage else "reduced"]
-    return int(factor * 4 * grads_numel)
+    activations: `mm_parallel.grad_buckets.step_buffer_values` (this rank's kept reduced
+    gradients and one bucket's transients), fp32."""
+    from mm_parallel.grad_buckets import step_buffer_values
+
+    return 4 * step_buffer_values(trainable, topo, topo.config.zero_stage, bucket_numel) if trainable else 0
 
 
 def activation_bytes(workload, recipe, topo, device: dict, micro_batches: int) -> Dict[str, int]:
