@@ -1,27 +1,20 @@
-"""WanTransformerConfig: the fields of diffusers' WanTransformer3DModel config.json, typed.
-
-Read from a diffusers folder (``config.json``), a dict or keywords; written back with diffusers'
-``_class_name`` so diffusers' ``WanTransformer3DModel.from_pretrained`` reads what we save.
-Unknown keys are an error that names the closest valid one (a typo must not silently fall back
-to a default); diffusers' bookkeeping keys (``_class_name``, ``_diffusers_version``, ``_name_or_path``)
-are accepted and ignored.
-"""
+"""WanTransformerConfig: the fields of diffusers' WanTransformer3DModel config.json, typed
+(reading and writing: mm_models_video.diffusers_config)."""
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import json
-import os
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
+from mm_models_video.diffusers_config import DiffusersConfig
+
 CLASS_NAME = "WanTransformer3DModel"
-DIFFUSERS_VERSION = "0.42.1"  # the diffusers release the parity tests run against
 
 
 @dataclass
-class WanTransformerConfig:
+class WanTransformerConfig(DiffusersConfig):
+    CLASS_NAME = CLASS_NAME
+
     patch_size: Tuple[int, int, int] = (1, 2, 2)
     num_attention_heads: int = 40
     attention_head_dim: int = 128
@@ -58,43 +51,3 @@ class WanTransformerConfig:
     @property
     def inner_dim(self) -> int:
         return self.num_attention_heads * self.attention_head_dim
-
-    @classmethod
-    def from_dict(cls, values: dict) -> "WanTransformerConfig":
-        names = [f.name for f in dataclasses.fields(cls) if f.name != "extra"]
-        kwargs, extra = {}, {}
-        for key, value in values.items():
-            if key.startswith("_"):
-                extra[key] = value
-            elif key in names:
-                kwargs[key] = value
-            else:
-                close = difflib.get_close_matches(key, names, 1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ValueError(f"unknown WanTransformer3DModel config key {key!r}{hint}")
-        if extra.get("_class_name", CLASS_NAME) != CLASS_NAME:
-            raise ValueError(f"config is for {extra['_class_name']}, not {CLASS_NAME}")
-        return cls(**kwargs, extra=extra)
-
-    @classmethod
-    def load(cls, config) -> "WanTransformerConfig":
-        """From a config object, a dict, or a folder / file holding config.json."""
-        if isinstance(config, cls):
-            return config
-        if isinstance(config, dict):
-            return cls.from_dict(config)
-        path = str(config)
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        with open(path) as f:
-            return cls.from_dict(json.load(f))
-
-    def to_dict(self) -> dict:
-        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "extra"}
-        out["patch_size"] = list(self.patch_size)
-        return {**self.extra, "_class_name": CLASS_NAME, "_diffusers_version": DIFFUSERS_VERSION, **out}
-
-    def save(self, folder: str) -> None:
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, "config.json"), "w") as f:
-            json.dump(self.to_dict(), f, indent=2, sort_keys=True)

@@ -23,16 +23,16 @@ so any text length works (with 512 the two agree, which the parity test checks).
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import numpy as np
 from mindspore import Tensor, nn, ops
 
+from mm_models_video.embeddings import TwoLayerMLP, timestep_sinusoid
 from mm_models_video.wan.config import WanTransformerConfig
 from mm_parallel import census
 from mm_parallel import ops as kernels
-from mm_parallel.blocks import Activation, FeedForward, Identity, Indexed, LayerNorm, Linear, RMSNorm
+from mm_parallel.blocks import FeedForward, Identity, Indexed, LayerNorm, Linear, RMSNorm
 from mm_parallel.ops.device import tiled_to
 from mm_parallel.ops.low_precision import compute_weight
 from mm_parallel.recompute import CoreAttention
@@ -121,29 +121,6 @@ class WanTransformerBlock(nn.Cell):
         return x + self.ffn(_modulate(self.norm3(x), c_scale, c_shift)) * tiled_to(c_gate, x.shape)
 
 
-def timestep_sinusoid(timestep: np.ndarray, dim: int) -> np.ndarray:
-    """diffusers' Timesteps(dim, flip_sin_to_cos=True, downscale_freq_shift=0): [cos | sin] of
-    t * 10000^(-i / (dim / 2)), in float32 as diffusers computes it."""
-    half = dim // 2
-    exponent = (-math.log(10000) * np.arange(half, dtype=np.float32)) / np.float32(half)
-    angles = np.asarray(timestep, np.float32).reshape(-1)[:, None] * np.exp(exponent)[None, :]
-    out = np.concatenate([np.cos(angles), np.sin(angles)], -1)
-    return np.pad(out, ((0, 0), (0, dim % 2))) if dim % 2 else out
-
-
-class _TwoLayer(nn.Cell):
-    """linear_2(act(linear_1(x))): diffusers' TimestepEmbedding and PixArtAlphaTextProjection."""
-
-    def __init__(self, in_features: int, hidden: int, act: str):
-        super().__init__()
-        self.linear_1 = Linear(in_features, hidden)
-        self.act = Activation(act)
-        self.linear_2 = Linear(hidden, hidden)
-
-    def construct(self, x):
-        return self.linear_2(self.act(self.linear_1(x)))
-
-
 class WanImageEmbedding(nn.Cell):
     """CLIP image tokens -> model width: LayerNorm, GELU MLP, LayerNorm (FLF2V: + learned positions)."""
 
@@ -168,9 +145,9 @@ class WanTimeTextImageEmbedding(nn.Cell):
         super().__init__()
         dim = config.inner_dim
         self.freq_dim = config.freq_dim
-        self.time_embedder = _TwoLayer(config.freq_dim, dim, "silu")
+        self.time_embedder = TwoLayerMLP(config.freq_dim, dim, "silu")
         self.time_proj = Linear(dim, 6 * dim)
-        self.text_embedder = _TwoLayer(config.text_dim, dim, "gelu_pytorch_tanh")
+        self.text_embedder = TwoLayerMLP(config.text_dim, dim, "gelu_pytorch_tanh")
         self.image_embedder = None
         if config.image_dim is not None:
             self.image_embedder = WanImageEmbedding(config.image_dim, dim, config.pos_embed_seq_len)

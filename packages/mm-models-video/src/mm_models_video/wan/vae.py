@@ -25,6 +25,7 @@ from typing import Dict, List, Optional
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
+from mm_models_video.diffusers_config import DIFFUSERS_VERSION
 from mm_parallel.blocks import Indexed
 from mm_parallel.hf_checkpoint import load_weights, save_module
 from mm_parallel.ops import attention
@@ -32,7 +33,6 @@ from mm_parallel.tensor_parallel import new_parameter
 
 CACHE_T = 2  # frames of each convolution's input kept for the next chunk
 
-DIFFUSERS_VERSION = "0.42.1"  # what the written config.json names: the diffusers these twins match
 _DEFAULTS = dict(base_dim=96, decoder_base_dim=None, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
                  attn_scales=[], temperal_downsample=[False, True, True], dropout=0.0, latents_mean=None,
                  latents_std=None, is_residual=False, in_channels=3, out_channels=3, patch_size=None,

@@ -1,0 +1,236 @@
+"""CogVideoXTransformer3DModel: the MindSpore twin of diffusers' class of the same name (1.0, 1.5).
+
+    latents (B, F, C, H, W) -> patches -> video tokens (B, S, D)
+        1.0: a p x p patch of each frame (patch_embed.proj a Conv2d), S = F h w
+        1.5: a p_t x p x p patch (patch_embed.proj a Linear), S = F / p_t h w
+    text (B, T, text_embed_dim) -> text_proj -> (B, T, D);  x = [text ; video]
+        (+ the sincos / learned position table over the joint rows where the config uses one)
+    temb = time_embedding(sinusoid(timestep))  (+ ofs_embedding(sinusoid(ofs)), 1.5 I2V)
+    blocks (mm_models_video.cogvideox.transformer), then on the video rows
+    out = proj_out(AdaLN(norm_final(x_video), temb)) -> unpatchify (B, F, C_out, H, W)
+
+Same config (config.json of a diffusers folder), parameter names (``transformer_blocks.3.attn1.to_q.weight``,
+``patch_embed.proj.weight`` ...), forward keywords (``hidden_states``, ``encoder_hidden_states``,
+``timestep``, ``timestep_cond``, ``ofs``, ``image_rotary_emb`` as a (cos, sin) pair over the video
+tokens, which `rotary_tables` computes as the pipelines do, ``return_dict``) and output
+(``sample``). One keyword more, as the Wan twin: ``target`` (B, F, C_out, H, W) with optional
+per-sample ``loss_weights``; the output then holds ``loss`` = mean((sample - target)^2) (weighted
+per sample). With the velocity as target this is the v-prediction objective of diffusers' CogVideoX
+training scripts: they compare x0_pred = sqrt(a) x_t - sqrt(1 - a) out with x0 weighted by
+1 / (1 - a), and since x_t = sqrt(a) x0 + sqrt(1 - a) eps,
+
+    (x0_pred - x0)^2 / (1 - a) = (out - v)^2,    v = sqrt(a) eps - sqrt(1 - a) x0.
+
+The 1.0 I2V checkpoint's learned table ``patch_embed.pos_embedding`` is a frozen parameter here
+(diffusers: a persistent buffer), used when the latents have the sample size, as diffusers does.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from mm_models_video.cogvideox.config import CogVideoXTransformerConfig
+from mm_models_video.cogvideox.positions import joint_position_table
+from mm_models_video.cogvideox.transformer import CogVideoXBlock
+from mm_models_video.embeddings import TwoLayerMLP, timestep_sinusoid
+from mm_models_video.wan.modeling import Transformer3DOutput
+from mm_parallel.blocks import LayerNorm, Linear, PatchConv, patchify
+from mm_parallel.model_base import ParallelModel
+from mm_parallel.ops.device import host_array as host
+from mm_parallel.ops.device import tiled_to
+from mm_parallel.topology import Topology
+
+
+class CogVideoXPatchEmbed(nn.Cell):
+    """Text projection and video patches, joined as [text ; video] (diffusers' CogVideoXPatchEmbed)."""
+
+    def __init__(self, config: CogVideoXTransformerConfig):
+        super().__init__()
+        self.config, dim, p = config, config.inner_dim, config.patch_size
+        if config.patch_size_t is None:
+            self.proj = PatchConv(config.in_channels, dim, (p, p), bias=config.patch_bias)
+        else:  # (diffusers gives this linear a bias whatever patch_bias says)
+            self.proj = Linear(config.in_channels * config.patch_volume, dim)
+        self.text_proj = Linear(config.text_embed_dim, dim)
+        self.pos_embedding = None
+        if config.use_learned_positional_embeddings:  # in the checkpoint, never trained
+            table = joint_position_table(config, config.sample_height, config.sample_width, config.sample_frames)
+            self.pos_embedding = Parameter(Tensor(table), name="pos_embedding", requires_grad=False)
+        self._tables = {}
+
+    def video_tokens(self, latents):
+        """(B, F, C, H, W) -> (B, S, D)."""
+        cfg, (b, f, c, h, w) = self.config, latents.shape
+        p, p_t = cfg.patch_size, cfg.patch_size_t
+        if p_t is None:
+            tokens = self.proj(patchify(latents.reshape(b * f, c, h, w), (p, p)))
+        else:  # (C, p_t, p, p) patches, in the order of diffusers' linear
+            tokens = self.proj(patchify(latents.transpose(0, 2, 1, 3, 4), (p_t, p, p)))
+        return tokens.reshape(b, -1, tokens.shape[-1])
+
+    def position_table(self, frames: int, height: int, width: int):
+        """The joint table for latents of this size, or None where the config adds none."""
+        cfg = self.config
+        if not cfg.uses_positional_table:
+            return None
+        pixel_frames = (frames - 1) * cfg.temporal_compression_ratio + 1
+        if cfg.use_learned_positional_embeddings:
+            if (height, width) != (cfg.sample_height, cfg.sample_width):
+                raise ValueError(f"learned positions (the 1.0 I2V model) need latents of the sample size "
+                                 f"{cfg.sample_height} x {cfg.sample_width}, got {height} x {width}")
+            if pixel_frames == cfg.sample_frames:
+                return self.pos_embedding
+        key = (pixel_frames, height, width)
+        if key not in self._tables:  # diffusers recomputes the sincos table for any other size
+            self._tables[key] = Tensor(joint_position_table(cfg, height, width, pixel_frames))
+        return self._tables[key]
+
+    def construct(self, text, latents):
+        joint = ops.concat([self.text_proj(text), self.video_tokens(latents)], 1)
+        table = self.position_table(latents.shape[1], latents.shape[3], latents.shape[4])
+        if table is None:
+            return joint
+        if table.shape[1] != joint.shape[1]:
+            raise ValueError(f"the position table covers {table.shape[1]} tokens, the input has {joint.shape[1]}: "
+                             f"with positions added the text must have max_text_seq_length="
+                             f"{self.config.max_text_seq_length} tokens, got {text.shape[1]}")
+        return joint + tiled_to(ops.stop_gradient(table), joint.shape)
+
+
+class CogVideoXTransformer3DModel(ParallelModel):
+    """CogVideoX 1.0 / 1.5 DiT; see the module docstring."""
+
+    layer_prefix = "transformer_blocks."
+    weights_name = "diffusion_pytorch_model.safetensors"
+    _keep_in_fp32_modules = None  # diffusers' class lists none
+
+    def __init__(self, config, topology: Optional[Topology] = None, chunk: int = 0, pipeline_num_layers=None):
+        super().__init__()
+        self.config = config = CogVideoXTransformerConfig.load(config)
+        layers = self.build_stage(topology, chunk, config.num_layers, pipeline_num_layers)
+        if not (self.is_first and self.is_last):
+            raise ValueError("CogVideoXTransformer3DModel has no pipeline stages yet: run it with pp=1")
+        dim = config.inner_dim
+        self.patch_embed = CogVideoXPatchEmbed(config)
+        self.time_embedding = TwoLayerMLP(dim, config.time_embed_dim, "silu")
+        self.ofs_embedding = TwoLayerMLP(config.ofs_embed_dim, config.ofs_embed_dim, "silu") \
+            if config.ofs_embed_dim else None
+        self.transformer_blocks = nn.CellList([CogVideoXBlock(config, self.topology) for _ in layers])
+        self.norm_final = LayerNorm(dim, config.norm_eps, config.norm_elementwise_affine)
+        self.norm_out = _AdaLayerNorm(config)
+        self.proj_out = Linear(dim, config.out_channels * config.patch_volume)
+
+    # -- Hugging Face folders (mm_parallel.model_base) --------------------------------------------
+
+    @classmethod
+    def load_config(cls, config, overrides=None) -> CogVideoXTransformerConfig:
+        config = CogVideoXTransformerConfig.load(config)
+        return CogVideoXTransformerConfig.from_dict({**config.to_dict(), **overrides}) if overrides else config
+
+    def write_config(self, path, dtype: str = "float32") -> None:
+        self.config.save(path)
+
+    # -- forward pieces ----------------------------------------------------------------------
+
+    def check_latents(self, shape):
+        cfg = self.config
+        if len(shape) != 5:
+            raise ValueError(f"hidden_states must be (batch, frames, channels, height, width), got {tuple(shape)}")
+        if shape[2] != cfg.in_channels:
+            raise ValueError(f"hidden_states has {shape[2]} channels (dim 2 of (B, F, C, H, W)), the model takes "
+                             f"{cfg.in_channels}")
+        if shape[3] % cfg.patch_size or shape[4] % cfg.patch_size or shape[1] % (cfg.patch_size_t or 1):
+            raise ValueError(f"latents {tuple(shape)} cannot be cut into patches of {cfg.patch_size_t or 1} frames x "
+                             f"{cfg.patch_size} x {cfg.patch_size} (CogVideoX 1.5's pipeline pads the frames)")
+
+    def time_embed(self, timestep, batch: int, timestep_cond=None, ofs=None):
+        cfg = self.config
+        if timestep_cond is not None:
+            raise ValueError("timestep_cond needs a time embedding with cond_proj, which no CogVideoX model has")
+        steps = np.broadcast_to(host(timestep, np.float32).reshape(-1), (batch,))
+        emb = self.time_embedding(Tensor(timestep_sinusoid(steps, cfg.inner_dim, cfg.flip_sin_to_cos, cfg.freq_shift)))
+        if self.ofs_embedding is not None:
+            if ofs is None:
+                raise ValueError("this model (ofs_embed_dim set: CogVideoX 1.5 I2V) needs ofs "
+                                 "(the pipeline passes 2.0)")
+            offsets = np.broadcast_to(host(ofs, np.float32).reshape(-1), (batch,))
+            sinusoid = timestep_sinusoid(offsets, cfg.ofs_embed_dim, cfg.flip_sin_to_cos, cfg.freq_shift)
+            emb = emb + self.ofs_embedding(Tensor(sinusoid))
+        return emb
+
+    def video_rotary(self, image_rotary_emb, video_rows: int, text_rows: int):
+        """The (cos, sin) tables over the joint rows: identity (1, 0) on the text rows."""
+        cfg = self.config
+        if image_rotary_emb is None:
+            if cfg.use_rotary_positional_embeddings:
+                raise ValueError("this model uses rotary positions: pass image_rotary_emb=(cos, sin), e.g. "
+                                 "mm_models_video.cogvideox.rotary_tables(config, frames, height, width)")
+            return None, None
+        cos, sin = (np.asarray(host(t, np.float32)) for t in image_rotary_emb)
+        if cos.shape != (video_rows, cfg.attention_head_dim) or sin.shape != cos.shape:
+            raise ValueError(f"image_rotary_emb tables {cos.shape} / {sin.shape}: each must be (video tokens, "
+                             f"head_dim) = ({video_rows}, {cfg.attention_head_dim})")
+        ones, zeros = np.ones((text_rows, cos.shape[1]), np.float32), np.zeros((text_rows, cos.shape[1]), np.float32)
+        return Tensor(np.concatenate([ones, cos])), Tensor(np.concatenate([zeros, sin]))
+
+    def unpatchify(self, tokens, shape):
+        """(B, S, C_out * patch) in (C, [p_t,] p, p) order -> (B, F, C_out, H, W)."""
+        cfg, (b, f, _, h, w) = self.config, shape
+        p, p_t = cfg.patch_size, cfg.patch_size_t or 1
+        x = tokens.reshape(b, f // p_t, h // p, w // p, -1, p_t, p, p).transpose(0, 1, 5, 4, 2, 6, 3, 7)
+        return x.reshape(b, f, x.shape[3], h, w)
+
+    def loss(self, sample, target, weights=None):
+        """mean((sample - target)^2), or with per-sample ``weights`` (B,) mean_b(w_b mean_b(...))."""
+        target = ms.Tensor(host(target, np.float32))
+        if tuple(target.shape) != tuple(sample.shape):
+            raise ValueError(f"target {tuple(target.shape)} must have the sample's shape {tuple(sample.shape)}")
+        diff = sample - target
+        squares = diff * diff
+        if weights is None:
+            return squares.mean()
+        weights = ms.Tensor(host(weights, np.float32).reshape(-1))
+        if weights.shape[0] != sample.shape[0]:
+            raise ValueError(f"loss_weights has {weights.shape[0]} entries for {sample.shape[0]} samples")
+        return (squares.reshape(sample.shape[0], -1).mean(1) * weights).mean()
+
+    # -- forward -----------------------------------------------------------------------------
+
+    def construct(self, hidden_states, encoder_hidden_states, timestep, timestep_cond=None, ofs=None,
+                  image_rotary_emb=None, attention_kwargs=None, return_dict: bool = True, target=None,
+                  loss_weights=None):
+        if attention_kwargs:
+            raise ValueError("attention_kwargs (LoRA scale) is not supported; apply LoRA with the parallel plan")
+        shape = tuple(hidden_states.shape)
+        self.check_latents(shape)
+        latents = ms.Tensor(host(hidden_states, np.float32))
+        text = ms.Tensor(host(encoder_hidden_states, np.float32))
+        temb = self.time_embed(timestep, shape[0], timestep_cond, ofs)
+        x = self.patch_embed(text, latents)
+        text_rows = text.shape[1]
+        cos, sin = self.video_rotary(image_rotary_emb, x.shape[1] - text_rows, text_rows)
+        for block in self.transformer_blocks:
+            x = block(x, temb, text_rows, cos, sin)
+        tokens = self.proj_out(self.norm_out(self.norm_final(x[:, text_rows:]), temb))
+        sample = self.unpatchify(tokens, shape)
+        loss = None if target is None else self.loss(sample, target, loss_weights)
+        out = Transformer3DOutput(sample=sample, loss=loss)
+        return out if return_dict else (sample,)
+
+
+class _AdaLayerNorm(nn.Cell):
+    """diffusers' AdaLayerNorm(chunk_dim=1) of the output: LN(x) * (1 + scale) + shift, with
+    [shift, scale] = linear(silu(temb))."""
+
+    def __init__(self, config: CogVideoXTransformerConfig):
+        super().__init__()
+        self.linear = Linear(config.time_embed_dim, 2 * config.inner_dim)
+        self.norm = LayerNorm(config.inner_dim, config.norm_eps, config.norm_elementwise_affine)
+
+    def construct(self, x, temb):
+        shift, scale = ops.split(self.linear(ops.silu(temb))[:, None, :], x.shape[-1], 2)
+        return self.norm(x) * tiled_to(scale + 1.0, x.shape) + tiled_to(shift, x.shape)
