@@ -80,3 +80,12 @@ def reference_forward(model, batch: dict, rotary=None):
     loss.backward()
     grads = {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
     return loss.item(), sample.detach().numpy(), grads
+
+
+def write_adapters(path, reference, r: int = 4, alpha: float = 8.0, seed: int = 0):
+    """Random PEFT adapters for every LoRA target linear of the torch reference."""
+    from torch_reference import write_peft_adapters
+
+    from mm_models_video.cogvideox.parallel_plan import LORA_TARGETS
+
+    write_peft_adapters(path, reference, LORA_TARGETS, r, alpha, seed)

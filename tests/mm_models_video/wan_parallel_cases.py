@@ -25,19 +25,13 @@ def sample_part(batch, index: int, parts: int):
 
 
 def build(path, topo, case):
-    """This rank's model chunks (one without virtual pipeline stages), loaded and planned."""
-    from mm_models_video import WanTransformer3DModel
-    from mm_models_video.wan.parallel_plan import LoraConfig, parallelize
+    """This rank's model chunks, loaded and planned (dit_cases.build_chunks)."""
+    from dit_cases import build_chunks
 
-    chunks = []
-    for chunk in range(topo.config.vpp):
-        model = WanTransformer3DModel.from_pretrained(path, topology=topo, chunk=chunk)
-        parallelize(model, recompute=case.get("recompute", "none"), recompute_num_layers=1,
-                    lora=LoraConfig(r=4, alpha=8.0) if case.get("lora") else None)
-        if case.get("lora"):
-            model.load_adapter(os.path.join(path, "adapters"))
-        chunks.append(model)
-    return chunks
+    from mm_models_video import WanTransformer3DModel
+    from mm_models_video.wan import parallel_plan
+
+    return build_chunks(WanTransformer3DModel, parallel_plan, path, topo, case)
 
 
 def _save(chunks, folder):

@@ -28,7 +28,8 @@ from __future__ import annotations
 import re
 from typing import Optional, Sequence, Tuple
 
-from mindspore import nn
+import numpy as np
+from mindspore import Tensor, nn
 
 from mm_parallel import mappings
 from mm_parallel.context_parallel import split_sequence
@@ -153,6 +154,21 @@ class ParallelModel(PeftAdapters, nn.Cell):
         if topo.config.sequence_parallel and topo.tp.size > 1:
             x = mappings.scatter_to_sequence(x, topo.tp, seq_dim)
         return x
+
+    def local_positions(self, length: int, sequence_parallel: bool = True) -> np.ndarray:
+        """The positions of a full sequence of ``length`` this rank holds after `enter_sequence`:
+        its context-parallel part and, with ``sequence_parallel`` (where the layout uses it), its
+        chunk over tp; host integers, for tables and masks that follow the tokens."""
+        topo, positions = self.topology, np.arange(length, dtype=np.int64)
+        if topo.cp.size > 1:
+            positions = split_sequence(Tensor(positions[None]), 1, topo).asnumpy()[0]
+        if sequence_parallel and topo.config.sequence_parallel and topo.tp.size > 1:
+            if positions.shape[0] % topo.tp.size:
+                raise ValueError(f"{positions.shape[0]} tokens per context-parallel rank cannot be split over "
+                                 f"tp={topo.tp.size} for sequence parallelism: pad the sequence")
+            per = positions.shape[0] // topo.tp.size
+            positions = positions[topo.tp.rank * per:(topo.tp.rank + 1) * per]
+        return positions
 
     def reduce_loss_over_cp(self, loss):
         """This rank's part of a token-summed loss made the whole sample's (module docstring)."""

@@ -38,7 +38,9 @@ from mm_models_video.cogvideox.positions import joint_position_table
 from mm_models_video.cogvideox.transformer import CogVideoXBlock
 from mm_models_video.embeddings import TwoLayerMLP, timestep_sinusoid
 from mm_models_video.wan.modeling import Transformer3DOutput
+from mm_parallel import mappings
 from mm_parallel.blocks import LayerNorm, Linear, PatchConv, patchify
+from mm_parallel.context_parallel import gather_sequence
 from mm_parallel.model_base import ParallelModel
 from mm_parallel.ops.device import host_array as host
 from mm_parallel.ops.device import tiled_to
@@ -102,7 +104,9 @@ class CogVideoXPatchEmbed(nn.Cell):
 
 
 class CogVideoXTransformer3DModel(ParallelModel):
-    """CogVideoX 1.0 / 1.5 DiT; see the module docstring."""
+    """CogVideoX 1.0 / 1.5 DiT; see the module docstring. Under pipeline parallelism the object
+    holds one virtual stage (mm_parallel.model_base): the first holds the patch and time
+    embeddings, the last the output norms and projection."""
 
     layer_prefix = "transformer_blocks."
     weights_name = "diffusion_pytorch_model.safetensors"
@@ -112,17 +116,19 @@ class CogVideoXTransformer3DModel(ParallelModel):
         super().__init__()
         self.config = config = CogVideoXTransformerConfig.load(config)
         layers = self.build_stage(topology, chunk, config.num_layers, pipeline_num_layers)
-        if not (self.is_first and self.is_last):
-            raise ValueError("CogVideoXTransformer3DModel has no pipeline stages yet: run it with pp=1")
         dim = config.inner_dim
-        self.patch_embed = CogVideoXPatchEmbed(config)
-        self.time_embedding = TwoLayerMLP(dim, config.time_embed_dim, "silu")
-        self.ofs_embedding = TwoLayerMLP(config.ofs_embed_dim, config.ofs_embed_dim, "silu") \
-            if config.ofs_embed_dim else None
+        self.patch_embed = self.time_embedding = self.ofs_embedding = None
+        if self.is_first:
+            self.patch_embed = CogVideoXPatchEmbed(config)
+            self.time_embedding = TwoLayerMLP(dim, config.time_embed_dim, "silu")
+            if config.ofs_embed_dim:
+                self.ofs_embedding = TwoLayerMLP(config.ofs_embed_dim, config.ofs_embed_dim, "silu")
         self.transformer_blocks = nn.CellList([CogVideoXBlock(config, self.topology) for _ in layers])
-        self.norm_final = LayerNorm(dim, config.norm_eps, config.norm_elementwise_affine)
-        self.norm_out = _AdaLayerNorm(config)
-        self.proj_out = Linear(dim, config.out_channels * config.patch_volume)
+        self.norm_final = self.norm_out = self.proj_out = None
+        if self.is_last:
+            self.norm_final = LayerNorm(dim, config.norm_eps, config.norm_elementwise_affine)
+            self.norm_out = _AdaLayerNorm(config)
+            self.proj_out = Linear(dim, config.out_channels * config.patch_volume)
 
     # -- Hugging Face folders (mm_parallel.model_base) --------------------------------------------
 
@@ -162,8 +168,9 @@ class CogVideoXTransformer3DModel(ParallelModel):
             emb = emb + self.ofs_embedding(Tensor(sinusoid))
         return emb
 
-    def video_rotary(self, image_rotary_emb, video_rows: int, text_rows: int):
-        """The (cos, sin) tables over the joint rows: identity (1, 0) on the text rows."""
+    def joint_rotary(self, image_rotary_emb, text_rows: int, video_rows: int):
+        """(cos, sin) over this rank's context-parallel part of the joint rows: identity (1, 0) on
+        the text rows (None without rotary positions)."""
         cfg = self.config
         if image_rotary_emb is None:
             if cfg.use_rotary_positional_embeddings:
@@ -174,8 +181,87 @@ class CogVideoXTransformer3DModel(ParallelModel):
         if cos.shape != (video_rows, cfg.attention_head_dim) or sin.shape != cos.shape:
             raise ValueError(f"image_rotary_emb tables {cos.shape} / {sin.shape}: each must be (video tokens, "
                              f"head_dim) = ({video_rows}, {cfg.attention_head_dim})")
-        ones, zeros = np.ones((text_rows, cos.shape[1]), np.float32), np.zeros((text_rows, cos.shape[1]), np.float32)
-        return Tensor(np.concatenate([ones, cos])), Tensor(np.concatenate([zeros, sin]))
+        width = cos.shape[1]
+        rows = self.local_positions(text_rows + video_rows, sequence_parallel=False)
+        cos = np.concatenate([np.ones((text_rows, width), np.float32), cos])[rows]
+        sin = np.concatenate([np.zeros((text_rows, width), np.float32), sin])[rows]
+        return Tensor(cos), Tensor(sin)
+
+    def streams(self, text_rows: int, video_rows: int, sequence_parallel: bool = True):
+        """(rows,) int32 of this rank's joint rows: 1 text, 0 video."""
+        joint = self.check_split(text_rows + video_rows)
+        return (self.local_positions(joint, sequence_parallel) < text_rows).astype(np.int32)
+
+    def check_split(self, joint: int) -> int:
+        topo = self.topology
+        parts = (2 * topo.cp_ring.size * topo.cp_ulysses.size if topo.cp.size > 1 else 1) * (
+            topo.tp.size if topo.config.sequence_parallel else 1)
+        if joint % parts:
+            raise ValueError(f"{joint} text + video tokens cannot be split into {parts} equal parts (2 x ring x "
+                             f"ulysses x sequence-parallel tp): choose a layout whose parts divide it, or latents "
+                             f"and a text length that do")
+        return joint
+
+    def embed(self, hidden_states, encoder_hidden_states, timestep, timestep_cond=None, ofs=None):
+        """(this rank's joint rows (B, rows, D), temb (B, time_embed_dim))."""
+        shape = tuple(hidden_states.shape)
+        self.check_latents(shape)
+        text = ms.Tensor(host(encoder_hidden_states, np.float32))
+        temb = self.time_embed(timestep, shape[0], timestep_cond, ofs)
+        x = self.patch_embed(text, ms.Tensor(host(hidden_states, np.float32)))
+        self.check_split(x.shape[1])
+        return self.enter_sequence(x, 1), temb
+
+    def run_blocks(self, x, temb, text_rows: int, video_rows: int, image_rotary_emb=None):
+        if self.topology.config.sequence_parallel and self.topology.tp.size > 1:
+            # the modulations act on a sequence shard: sum temb's gradient over tp (identity forward)
+            temb = mappings.copy_to_region(temb, self.topology.tp)
+        streams = Tensor(self.streams(text_rows, video_rows))
+        cos, sin = self.joint_rotary(image_rotary_emb, text_rows, video_rows)
+        for block in self.transformer_blocks:
+            x = block(x, temb, streams, cos, sin)
+        return x
+
+    def head(self, x, temb):
+        """Output norms and projection of this rank's context-parallel rows (text rows included,
+        dropped by the loss and the sample): (B, rows, C_out * patch)."""
+        if self.topology.config.sequence_parallel and self.topology.tp.size > 1:  # the head is replicated
+            x = mappings.gather_from_sequence(x, self.topology.tp, 1, grad_reduce_scatter=False)
+        return self.proj_out(self.norm_out(self.norm_final(x), temb))
+
+    def target_rows(self, target, text_rows: int):
+        """The target (B, F, C, H, W) as this rank's joint rows of tokens (zeros on text rows)."""
+        cfg = self.config
+        p, p_t = cfg.patch_size, cfg.patch_size_t or 1
+        b, f, c, h, w = target.shape
+        tokens = target.reshape(b, f // p_t, p_t, c, h // p, p, w // p, p).transpose(0, 1, 4, 6, 3, 2, 5, 7)
+        tokens = np.concatenate([np.zeros((b, text_rows, c * p_t * p * p), np.float32),
+                                 tokens.reshape(b, -1, c * p_t * p * p)], 1)
+        return tokens[:, self.local_positions(tokens.shape[1], sequence_parallel=False)]
+
+    def loss(self, tokens, target, text_rows: int, weights=None):
+        """mean((sample - target)^2) over the video values, or with per-sample ``weights`` (B,)
+        mean_b(w_b mean(...)); each cp rank adds its rows' part (reduce_loss_over_cp)."""
+        target = host(target, np.float32)
+        if target.shape[2] != self.config.out_channels or target.ndim != 5:
+            raise ValueError(f"target {target.shape} must be (batch, frames, {self.config.out_channels}, height, "
+                             "width) like the sample")
+        streams = self.streams(text_rows, self.video_token_count(target.shape), sequence_parallel=False)
+        video = Tensor((streams == 0).astype(np.float32))
+        diff = tokens - Tensor(self.target_rows(target, text_rows))
+        squares = diff * diff * video[None, :, None]
+        total = 1.0 / target.size
+        if weights is None:
+            return self.reduce_loss_over_cp(squares.sum() * total)
+        weights = ms.Tensor(host(weights, np.float32).reshape(-1))
+        if weights.shape[0] != tokens.shape[0]:
+            raise ValueError(f"loss_weights has {weights.shape[0]} entries for {tokens.shape[0]} samples")
+        return self.reduce_loss_over_cp((squares.reshape(tokens.shape[0], -1).sum(1) * weights).sum() * total)
+
+    def sample(self, tokens, shape, text_rows: int):
+        """The whole (B, F, C_out, H, W) from this rank's rows of output tokens."""
+        full = gather_sequence(tokens, 1, self.topology) if self.topology.cp.size > 1 else tokens
+        return self.unpatchify(full[:, text_rows:], shape)
 
     def unpatchify(self, tokens, shape):
         """(B, S, C_out * patch) in (C, [p_t,] p, p) order -> (B, F, C_out, H, W)."""
@@ -184,20 +270,6 @@ class CogVideoXTransformer3DModel(ParallelModel):
         x = tokens.reshape(b, f // p_t, h // p, w // p, -1, p_t, p, p).transpose(0, 1, 5, 4, 2, 6, 3, 7)
         return x.reshape(b, f, x.shape[3], h, w)
 
-    def loss(self, sample, target, weights=None):
-        """mean((sample - target)^2), or with per-sample ``weights`` (B,) mean_b(w_b mean_b(...))."""
-        target = ms.Tensor(host(target, np.float32))
-        if tuple(target.shape) != tuple(sample.shape):
-            raise ValueError(f"target {tuple(target.shape)} must have the sample's shape {tuple(sample.shape)}")
-        diff = sample - target
-        squares = diff * diff
-        if weights is None:
-            return squares.mean()
-        weights = ms.Tensor(host(weights, np.float32).reshape(-1))
-        if weights.shape[0] != sample.shape[0]:
-            raise ValueError(f"loss_weights has {weights.shape[0]} entries for {sample.shape[0]} samples")
-        return (squares.reshape(sample.shape[0], -1).mean(1) * weights).mean()
-
     # -- forward -----------------------------------------------------------------------------
 
     def construct(self, hidden_states, encoder_hidden_states, timestep, timestep_cond=None, ofs=None,
@@ -205,21 +277,40 @@ class CogVideoXTransformer3DModel(ParallelModel):
                   loss_weights=None):
         if attention_kwargs:
             raise ValueError("attention_kwargs (LoRA scale) is not supported; apply LoRA with the parallel plan")
-        shape = tuple(hidden_states.shape)
-        self.check_latents(shape)
-        latents = ms.Tensor(host(hidden_states, np.float32))
-        text = ms.Tensor(host(encoder_hidden_states, np.float32))
-        temb = self.time_embed(timestep, shape[0], timestep_cond, ofs)
-        x = self.patch_embed(text, latents)
-        text_rows = text.shape[1]
-        cos, sin = self.video_rotary(image_rotary_emb, x.shape[1] - text_rows, text_rows)
-        for block in self.transformer_blocks:
-            x = block(x, temb, text_rows, cos, sin)
-        tokens = self.proj_out(self.norm_out(self.norm_final(x[:, text_rows:]), temb))
-        sample = self.unpatchify(tokens, shape)
-        loss = None if target is None else self.loss(sample, target, loss_weights)
+        self.require_whole_model()
+        shape, text_rows = tuple(hidden_states.shape), encoder_hidden_states.shape[1]
+        x, temb = self.embed(hidden_states, encoder_hidden_states, timestep, timestep_cond, ofs)
+        video_rows = self.video_token_count(shape)
+        tokens = self.head(self.run_blocks(x, temb, text_rows, video_rows, image_rotary_emb), temb)
+        loss = None if target is None else self.loss(tokens, target, text_rows, loss_weights)
+        sample = self.sample(tokens, shape, text_rows)
         out = Transformer3DOutput(sample=sample, loss=loss)
         return out if return_dict else (sample,)
+
+    def video_token_count(self, shape) -> int:
+        cfg = self.config
+        return shape[1] // (cfg.patch_size_t or 1) * (shape[3] // cfg.patch_size) * (shape[4] // cfg.patch_size)
+
+    # -- pipeline ----------------------------------------------------------------------------
+    # Between stages a dict travels (mm_parallel.stage_io): the joint rows and temb, so later
+    # stages send temb's gradient back to the time embedding on the first stage.
+
+    def pipeline_stage(self, x, batch: dict):
+        """This virtual stage's forward for mm_parallel.pipeline (``with_batch=True``): ``batch``
+        holds the forward keywords of a micro-batch, ``x`` the previous stage's dict. Returns the
+        dict for the next stage, or on the last stage the output rows."""
+        shape, text_rows = tuple(batch["hidden_states"].shape), batch["encoder_hidden_states"].shape[1]
+        if self.is_first:
+            tokens, temb = self.embed(batch["hidden_states"], batch["encoder_hidden_states"], batch["timestep"],
+                                      batch.get("timestep_cond"), batch.get("ofs"))
+        else:
+            tokens, temb = x["tokens"], x["temb"]
+        tokens = self.run_blocks(tokens, temb, text_rows, self.video_token_count(shape),
+                                 batch.get("image_rotary_emb"))
+        return self.head(tokens, temb) if self.is_last else {"tokens": tokens, "temb": temb}
+
+    def pipeline_loss(self, tokens, batch: dict):
+        return self.loss(tokens, batch["target"], batch["encoder_hidden_states"].shape[1], batch.get("loss_weights"))
 
 
 class _AdaLayerNorm(nn.Cell):

@@ -10,12 +10,13 @@ from linear(silu(temb))), here applied per token:
                                                                RoPE on the video rows only
     x += m'.gate * FF(LN2(x) * (1 + m'.scale) + m'.shift)     GELU (tanh) MLP
 
-Carrying the joint sequence keeps a later split of it (sequence / context parallel) to one rule:
-a rank's rows are text rows then video rows, and the per-token vectors are tiled to match.
-Rotary tables come for the video rows; the text rows get cos = 1, sin = 0, which leaves them
-exactly unchanged. Under tensor parallelism the heads and the MLP's features are split (q/k/v and
-net.0 by columns, to_out and net.2 by rows); the per-head q / k norms are shared by all heads, so
-a tp rank's gradient for them is partial and summed over tp.
+Carrying the joint sequence makes its split over ranks (context parallel zigzag, sequence
+parallel chunks) one rule: a rank knows which of its rows are text (``streams``) and gathers each
+row's vectors from the [video, text] pair. Rotary tables come for the video rows; the text rows
+get cos = 1, sin = 0, which leaves them exactly unchanged. Under tensor parallelism the heads and
+the MLP's features are split (q/k/v and net.0 by columns, to_out and net.2 by rows); the per-head
+q / k norms are shared by all heads, so a tp rank's gradient for them is partial and summed over
+tp; under sequence parallelism so are the modulation's and the LayerNorms', used on a shard.
 """
 
 from __future__ import annotations
@@ -25,38 +26,36 @@ from mindspore import nn, ops
 from mm_models_video.cogvideox.config import CogVideoXTransformerConfig
 from mm_parallel import ops as kernels
 from mm_parallel.blocks import FeedForward, Identity, Indexed, LayerNorm, Linear
-from mm_parallel.ops.device import tiled_to
 from mm_parallel.recompute import CoreAttention
 from mm_parallel.sharding import mark_partial_over_tp
 from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from mm_parallel.topology import Topology
 
 
-def per_token(text_vector, video_vector, text_rows: int, video_rows: int, dim: int):
-    """(B, text_rows + video_rows, D): each stream's (B, 1, D) vector tiled over its rows."""
-    batch = text_vector.shape[0]
-    parts = []
-    if text_rows:
-        parts.append(tiled_to(text_vector, (batch, text_rows, dim)))
-    if video_rows:
-        parts.append(tiled_to(video_vector, (batch, video_rows, dim)))
-    return parts[0] if len(parts) == 1 else ops.concat(parts, 1)
+def per_row(vectors, streams):
+    """(B, rows, D): row i gets ``vectors[:, streams[i]]`` of the (B, 2, D) [video, text] pair."""
+    return ops.gather(vectors, streams, 1)
 
 
 class LayerNormZero(nn.Cell):
-    """diffusers' CogVideoXLayerNormZero: LN(x) modulated per stream; returns it and the gates."""
+    """diffusers' CogVideoXLayerNormZero: LN(x) modulated per stream; returns it and the gates.
+    ``streams`` (rows,) int32: 1 for a text row, 0 for a video row of this rank's x."""
 
-    def __init__(self, config: CogVideoXTransformerConfig):
+    def __init__(self, config: CogVideoXTransformerConfig, topology: Topology):
         super().__init__()
         dim = config.inner_dim
         self.linear = Linear(config.time_embed_dim, 6 * dim)
         self.norm = LayerNorm(dim, config.norm_eps, config.norm_elementwise_affine)
+        if topology.config.sequence_parallel and topology.tp.size > 1:  # used on a sequence shard
+            for param in (self.linear.weight, self.linear.bias, self.norm.weight, self.norm.bias):
+                if param is not None:
+                    mark_partial_over_tp(param)
 
-    def construct(self, x, temb, text_rows: int):
-        dim = x.shape[-1]
-        video_rows = x.shape[1] - text_rows
-        mods = ops.split(self.linear(ops.silu(temb))[:, None, :], dim, 2)
-        shift, scale, gate = (per_token(mods[3 + i], mods[i], text_rows, video_rows, dim) for i in range(3))
+    def construct(self, x, temb, streams):
+        batch, dim = x.shape[0], x.shape[-1]
+        # (B, 6, D): shift, scale, gate of the video rows, then of the text rows
+        mods = self.linear(ops.silu(temb)).reshape(batch, 6, dim)
+        shift, scale, gate = (per_row(ops.stack([mods[:, i], mods[:, 3 + i]], 1), streams) for i in range(3))
         return self.norm(x) * (scale + 1.0) + shift, gate
 
 
@@ -77,7 +76,8 @@ class CogVideoXAttention(nn.Cell):
         self.norm_k = LayerNorm(self.head_dim, 1e-6)
         self.to_out = Indexed(RowParallelLinear(dim, dim, True, **args), Identity())  # [Linear, Dropout]
         if tp > 1:  # shared by the heads, of which a tp rank holds a part
-            mark_partial_over_tp(self.norm_q.weight, self.norm_q.bias, self.norm_k.weight, self.norm_k.bias)
+            for param in (self.norm_q.weight, self.norm_q.bias, self.norm_k.weight, self.norm_k.bias):
+                mark_partial_over_tp(param)
         self.core_attention = CoreAttention(topology=topology)
 
     def _heads(self, x):
@@ -97,13 +97,13 @@ class CogVideoXBlock(nn.Cell):
     def __init__(self, config: CogVideoXTransformerConfig, topology: Topology):
         super().__init__()
         dim = config.inner_dim
-        self.norm1 = LayerNormZero(config)
+        self.norm1 = LayerNormZero(config, topology)
         self.attn1 = CogVideoXAttention(config, topology)
-        self.norm2 = LayerNormZero(config)
+        self.norm2 = LayerNormZero(config, topology)
         self.ff = FeedForward(dim, 4 * dim, act="gelu_pytorch_tanh", topology=topology)
 
-    def construct(self, x, temb, text_rows: int, cos=None, sin=None):
-        hidden, gate = self.norm1(x, temb, text_rows)
+    def construct(self, x, temb, streams, cos=None, sin=None):
+        hidden, gate = self.norm1(x, temb, streams)
         x = x + gate * self.attn1(hidden, cos, sin)
-        hidden, gate = self.norm2(x, temb, text_rows)
+        hidden, gate = self.norm2(x, temb, streams)
         return x + gate * self.ff(hidden)

@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from mm_models_video.plan import parallelize_blocks
 from mm_parallel.lora import LoraConfig as BaseLoraConfig
-from mm_parallel.lora import apply_lora
-from mm_parallel.recompute import apply_recompute
 from mm_parallel.topology import Topology
 
 LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"]
@@ -33,15 +32,7 @@ class LoraConfig(BaseLoraConfig):
 
 def parallelize(model, topology: Optional[Topology] = None, *, recompute: str = "none",
                 recompute_num_layers: Optional[int] = None, lora: Optional[LoraConfig] = None):
-    """Apply recomputation and LoRA to a WanTransformer3DModel (one pipeline chunk); returns it.
-
-    ``topology``, if given, must be the one the model was built with (the layout decides the
-    parameter shapes, so it cannot change after construction)."""
-    if topology is not None and topology is not model.topology:
-        raise ValueError("parallelize got a topology other than the model's: build the model under the layout "
-                         "you want, e.g. WanTransformer3DModel.from_pretrained(path, topology)")
-    if len(model.blocks):
-        apply_recompute(list(model.blocks), recompute, recompute_num_layers)
-    if lora is not None:
-        apply_lora(model, lora.target_modules, lora.r, lora.alpha, lora.dropout)
-    return model
+    """Apply recomputation and LoRA to a WanTransformer3DModel (one pipeline chunk); returns it
+    (mm_models_video.plan.parallelize_blocks)."""
+    return parallelize_blocks(model, model.blocks, topology, recompute=recompute,
+                              recompute_num_layers=recompute_num_layers, lora=lora)

@@ -1,0 +1,59 @@
+"""CogVideoX's transformer loaded with from_pretrained under a layout trains like one process: two
+DistributedOptimizer steps; losses (rtol 1e-5), first-step gathered gradients and final
+parameters (rel-err <= 1e-4). The joint text + video sequence is what tp-sp and cp split (text
+rows land on several ranks under ring's zigzag). See cogvideox_parallel_cases.py."""
+
+import diffusers  # noqa: F401  (the parity reference: required, see tests/conftest.py)
+import pytest
+from cogvideox_parallel_cases import run_parallel_cases
+from cogvideox_reference import CONFIGS, write_adapters, write_reference
+
+from mm_parallel.testing.equivalence import check_results
+
+pytestmark = pytest.mark.distributed
+
+T2V, DEEP, I2V = "1.0-t2v", "1.0-t2v/deep", "1.5-i2v"  # DEEP: 4 blocks, for pp2 x vpp2
+# 4 heads (tp2 x ulysses2 splits them twice); a sample grid that holds the 4 x 4 patches (1.5 slices it)
+SHAPE = dict(num_attention_heads=4, sample_height=8, sample_width=8)
+
+TWO = {
+    "tp2": {"layout": {"tp": 2}, "checkpoint": T2V},
+    "tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}, "checkpoint": T2V},
+    "ulysses2": {"layout": {"cp": 2}, "checkpoint": T2V},
+    "ring2": {"layout": {"cp": 2, "cp_algo": "ring"}, "checkpoint": T2V},
+    "dp2_zero1": {"layout": {"zero_stage": 1}, "checkpoint": T2V},
+    "pp2": {"layout": {"pp": 2}, "checkpoint": T2V},
+    "pp2_vpp2": {"layout": {"pp": 2, "vpp": 2}, "checkpoint": DEEP},
+    "lora_tp2": {"layout": {"tp": 2}, "lora": True, "checkpoint": T2V},
+    "tp2_sp_recompute_full": {"layout": {"tp": 2, "sequence_parallel": True}, "recompute": "full", "checkpoint": T2V},
+    "ring2_recompute_selective": {"layout": {"cp": 2, "cp_algo": "ring"}, "recompute": "selective",
+                                  "checkpoint": T2V},
+    "i2v_1_5_tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}, "checkpoint": I2V},
+    "i2v_1_5_ulysses2": {"layout": {"cp": 2}, "checkpoint": I2V},
+}
+
+FOUR = {
+    "hybrid2x2": {"layout": {"cp": 4, "cp_algo": "hybrid", "ulysses_degree": 2}, "checkpoint": T2V},
+    "tp2_ulysses2": {"layout": {"tp": 2, "cp": 2}, "checkpoint": T2V},
+    "tp2_sp_ring2": {"layout": {"tp": 2, "sequence_parallel": True, "cp": 2, "cp_algo": "ring"}, "checkpoint": T2V},
+    "pp2_dp2_zero1": {"layout": {"pp": 2, "zero_stage": 1}, "checkpoint": T2V},
+    "lora_pp2_tp2": {"layout": {"pp": 2, "tp": 2}, "lora": True, "checkpoint": T2V},
+    "i2v_1_5_pp2_tp2_sp": {"layout": {"pp": 2, "tp": 2, "sequence_parallel": True}, "checkpoint": I2V},
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cogvideox_parallel")
+    for folder, kind, extra in ((T2V, T2V, {}), (DEEP, T2V, {"num_layers": 4}), (I2V, I2V, {})):
+        CONFIGS[f"parallel:{folder}"] = dict(CONFIGS[kind], **SHAPE, **extra)
+        write_adapters(root / folder / "adapters", write_reference(root / folder, f"parallel:{folder}"))
+    return root
+
+
+def test_two_process_layouts_equal_single_process(run_distributed, checkpoints):
+    check_results(run_distributed(run_parallel_cases, nproc=2, timeout=600, path=str(checkpoints), cases=TWO), TWO)
+
+
+def test_four_process_layouts_equal_single_process(run_distributed, checkpoints):
+    check_results(run_distributed(run_parallel_cases, nproc=4, timeout=900, path=str(checkpoints), cases=FOUR), FOUR)
