@@ -91,7 +91,8 @@ class CogVideoXSchedule:
             with open(path) as f:
                 config = json.load(f)
         if config.get("_class_name", SCHEDULER_CLASSES[0]) not in SCHEDULER_CLASSES:
-            raise ValueError(f"scheduler {config['_class_name']} is not a CogVideoX one ({', '.join(SCHEDULER_CLASSES)})")
+            raise ValueError(f"scheduler {config['_class_name']} is not a CogVideoX one "
+                             f"({', '.join(SCHEDULER_CLASSES)})")
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in config.items() if k in names})
 
