@@ -1,6 +1,7 @@
-"""The encoders Wan conditions on equal transformers' on the same weights: UMT5EncoderModel (text,
-padded batch; last hidden state rel-err <= 1e-5) and CLIPVisionModel (the penultimate hidden
-state Wan I2V takes, last hidden state and pooled output)."""
+"""The encoders the video DiTs condition on equal transformers' on the same weights:
+UMT5EncoderModel (Wan) and T5EncoderModel (CogVideoX) on a padded batch (last hidden state rel-err
+<= 1e-5), and CLIPVisionModel (the penultimate hidden state Wan I2V takes, last hidden state and
+pooled output)."""
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ def test_relative_position_buckets_equal_transformers():
     from transformers import UMT5Config
     from transformers.models.umt5.modeling_umt5 import UMT5Attention
 
-    from mm_models_video.encoders.umt5 import relative_position_buckets
+    from mm_models_video.encoders.t5 import relative_position_buckets
 
     for buckets, distance in ((32, 128), (16, 20)):
         attention = UMT5Attention(UMT5Config(relative_attention_num_buckets=buckets,
@@ -34,18 +35,21 @@ def test_relative_position_buckets_equal_transformers():
         np.testing.assert_array_equal(relative_position_buckets(600, 600, buckets, distance), expected)
 
 
-def test_umt5_encoder_equals_transformers(tmp_path):
-    from transformers import UMT5Config
-    from transformers import UMT5EncoderModel as Reference
+@pytest.mark.parametrize("kind", ["UMT5", "T5"])
+def test_t5_style_encoders_equal_transformers(tmp_path, kind):
+    """UMT5 (a bias table per layer, Wan) and T5 v1.1 (the first layer's table shared, CogVideoX)."""
+    import transformers
 
-    from mm_models_video.encoders import UMT5EncoderModel
+    import mm_models_video.encoders as ours_module
 
-    config = UMT5Config(vocab_size=300, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
-                        relative_attention_num_buckets=16, relative_attention_max_distance=20,
-                        feed_forward_proj="gated-gelu", dropout_rate=0.0)
-    reference = randomise(Reference(config)).eval()
+    config = getattr(transformers, f"{kind}Config")(
+        vocab_size=300, d_model=32, d_kv=8, d_ff=48, num_layers=3, num_heads=4, relative_attention_num_buckets=16,
+        relative_attention_max_distance=20, feed_forward_proj="gated-gelu", dropout_rate=0.0)
+    reference = randomise(getattr(transformers, f"{kind}EncoderModel")(config)).eval()
+    tables = [n for n in reference.state_dict() if "relative_attention_bias" in n]
+    assert len(tables) == (3 if kind == "UMT5" else 1)
     reference.save_pretrained(tmp_path)
-    ours = UMT5EncoderModel.from_pretrained(tmp_path)
+    ours = getattr(ours_module, f"{kind}EncoderModel").from_pretrained(tmp_path)
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 300, (2, 40))
     mask = np.ones((2, 40), np.int64)
@@ -56,7 +60,8 @@ def test_umt5_encoder_equals_transformers(tmp_path):
     keep = mask.astype(bool)  # padded positions are computed but meaningless
     assert rel_err(got[keep], want.numpy()[keep]) <= 1e-5
     ours.save_pretrained(tmp_path / "saved")  # and back: transformers loads what we write
-    assert_same_state(Reference.from_pretrained(tmp_path / "saved"), reference)
+    back = getattr(transformers, f"{kind}EncoderModel").from_pretrained(tmp_path / "saved")
+    assert_same_state(back, reference)
 
 
 @pytest.mark.parametrize("act", ["gelu", "quick_gelu"])

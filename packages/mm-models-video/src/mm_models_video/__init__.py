@@ -10,8 +10,9 @@ diffusion transformer (T2V, I2V) and its positions; its VAE, T5 encoder and para
 
 from mm_models_video.__about__ import __version__
 from mm_models_video.cogvideox import CogVideoXTransformer3DModel, CogVideoXTransformerConfig
-from mm_models_video.encoders import CLIPVisionModel, UMT5EncoderModel
+from mm_models_video.encoders import CLIPVisionModel, T5EncoderModel, UMT5EncoderModel
 from mm_models_video.wan import AutoencoderKLWan, Transformer3DOutput, WanTransformer3DModel, WanTransformerConfig
 
 __all__ = ["AutoencoderKLWan", "CLIPVisionModel", "CogVideoXTransformer3DModel", "CogVideoXTransformerConfig",
-           "Transformer3DOutput", "UMT5EncoderModel", "WanTransformer3DModel", "WanTransformerConfig", "__version__"]
+           "T5EncoderModel", "Transformer3DOutput", "UMT5EncoderModel", "WanTransformer3DModel", "WanTransformerConfig",
+           "__version__"]

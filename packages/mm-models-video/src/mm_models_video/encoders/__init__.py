@@ -1,6 +1,7 @@
-"""The encoders the video generators condition on: UMT5 (text) and CLIP vision (Wan I2V images)."""
+"""The encoders the video generators condition on: T5 (CogVideoX) and UMT5 (Wan) text, CLIP
+vision (Wan I2V images)."""
 
 from mm_models_video.encoders.clip_vision import CLIPVisionModel
-from mm_models_video.encoders.umt5 import UMT5EncoderModel
+from mm_models_video.encoders.t5 import T5EncoderModel, UMT5EncoderModel
 
-__all__ = ["CLIPVisionModel", "UMT5EncoderModel"]
+__all__ = ["CLIPVisionModel", "T5EncoderModel", "UMT5EncoderModel"]

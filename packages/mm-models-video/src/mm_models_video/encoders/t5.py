@@ -1,16 +1,17 @@
-"""UMT5 text encoder (encoder only): the MindSpore twin of transformers' UMT5EncoderModel.
-
-Wan2.1 conditions on the last hidden state of umt5-xxl. The architecture is T5's encoder with one
-change: every layer has its own relative-position bias table (T5 shares the first layer's).
+"""T5 and UMT5 text encoders (encoder only): the MindSpore twins of transformers'
+T5EncoderModel (v1.1, CogVideoX's t5-v1_1-xxl) and UMT5EncoderModel (Wan2.1's umt5-xxl).
 
     h = shared[input_ids]
     layer:  h += o(attention(q(n), k(n), v(n), bias = rel_bias[bucket(j - i)], no 1/sqrt(d))),  n = rms(h)
             h += wo(gelu_tanh(wi_0(n)) * wi_1(n)),   n = rms(h)          ("gated-gelu")
     out = rms(h)
 
-Parameter names are transformers' (``shared.weight``, ``encoder.block.0.layer.0.SelfAttention.q.weight``,
-``encoder.block.0.layer.1.DenseReluDense.wi_0.weight`` ...). The encoder is replicated on every rank
-(it is frozen in Wan training and small next to the DiT); padding keys are masked by
+The two differ in one thing: T5's relative-position table lives in the first layer and its bias
+serves every layer; UMT5 gives each layer its own table. Parameter names are transformers'
+(``shared.weight``, ``encoder.block.0.layer.0.SelfAttention.q.weight``,
+``encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight``,
+``encoder.block.0.layer.1.DenseReluDense.wi_0.weight`` ...). The encoder is replicated on every
+rank (it is frozen in training and small next to the DiT); padding keys are masked by
 ``attention_mask``.
 """
 
@@ -49,8 +50,10 @@ def relative_position_buckets(query_length: int, key_length: int, num_buckets: i
     return buckets + np.where(distance < max_exact, distance, large)
 
 
-class UMT5Attention(nn.Cell):
-    def __init__(self, config):
+class T5Attention(nn.Cell):
+    """Self-attention with a relative-position bias; ``has_table``: this layer holds a table."""
+
+    def __init__(self, config, has_table: bool):
         super().__init__()
         self.heads, self.head_dim = config.num_heads, config.d_kv
         inner = self.heads * self.head_dim
@@ -58,26 +61,31 @@ class UMT5Attention(nn.Cell):
         self.k = Linear(config.d_model, inner, bias=False)
         self.v = Linear(config.d_model, inner, bias=False)
         self.o = Linear(inner, config.d_model, bias=False)
-        self.relative_attention_bias = nn.Cell()
-        buckets = config.relative_attention_num_buckets
-        self.relative_attention_bias.weight = new_parameter((buckets, self.heads), "weight", None, None)
+        self.relative_attention_bias = None
+        if has_table:
+            self.relative_attention_bias = nn.Cell()
+            buckets = config.relative_attention_num_buckets
+            self.relative_attention_bias.weight = new_parameter((buckets, self.heads), "weight", None, None)
 
-    def construct(self, x, buckets, key_padding_mask=None):
+    def position_bias(self, buckets):
+        """(1, heads, q, k): the table's entry of each query-key bucket."""
+        return ops.gather(self.relative_attention_bias.weight, buckets, 0).transpose(2, 0, 1)[None]
+
+    def construct(self, x, bias, key_padding_mask=None):
         b, s = x.shape[0], x.shape[1]
         q, k, v = (proj(x).reshape(b, s, self.heads, self.head_dim) for proj in (self.q, self.k, self.v))
-        bias = ops.gather(self.relative_attention_bias.weight, buckets, 0).transpose(2, 0, 1)[None]  # (1, h, q, k)
         out = kernels.attention(q, k, v, scale=1.0, bias=bias, key_padding_mask=key_padding_mask)
         return self.o(out.reshape(b, s, -1))
 
 
 class _SelfAttentionLayer(nn.Cell):
-    def __init__(self, config):
+    def __init__(self, config, has_table: bool):
         super().__init__()
-        self.SelfAttention = UMT5Attention(config)
+        self.SelfAttention = T5Attention(config, has_table)
         self.layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
 
-    def construct(self, x, buckets, key_padding_mask=None):
-        return x + self.SelfAttention(self.layer_norm(x), buckets, key_padding_mask)
+    def construct(self, x, bias, key_padding_mask=None):
+        return x + self.SelfAttention(self.layer_norm(x), bias, key_padding_mask)
 
 
 class _GatedFeedForward(nn.Cell):
@@ -96,8 +104,8 @@ class _FeedForwardLayer(nn.Cell):
     def __init__(self, config):
         super().__init__()
         if not config.is_gated_act:
-            raise ValueError(f"feed_forward_proj={config.feed_forward_proj!r}: only the gated form UMT5 uses "
-                             "('gated-gelu') is supported")
+            raise ValueError(f"feed_forward_proj={config.feed_forward_proj!r}: only the gated form T5 v1.1 and "
+                             "UMT5 use ('gated-gelu') is supported")
         self.DenseReluDense = _GatedFeedForward(config)
         self.layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
 
@@ -105,39 +113,46 @@ class _FeedForwardLayer(nn.Cell):
         return x + self.DenseReluDense(self.layer_norm(x))
 
 
-class UMT5Block(nn.Cell):
-    def __init__(self, config):
+class T5Block(nn.Cell):
+    def __init__(self, config, has_table: bool):
         super().__init__()
-        self.layer = Indexed(_SelfAttentionLayer(config), _FeedForwardLayer(config))
+        self.layer = Indexed(_SelfAttentionLayer(config, has_table), _FeedForwardLayer(config))
 
-    def construct(self, x, buckets, key_padding_mask=None):
-        return self.layer[1](self.layer[0](x, buckets, key_padding_mask))
+    def construct(self, x, bias, key_padding_mask=None):
+        return self.layer[1](self.layer[0](x, bias, key_padding_mask))
 
 
 class _Stack(nn.Cell):
-    def __init__(self, config):
+    def __init__(self, config, every_layer_has_table: bool):
         super().__init__()
-        self.block = nn.CellList([UMT5Block(config) for _ in range(config.num_layers)])
+        self.block = nn.CellList([T5Block(config, every_layer_has_table or i == 0) for i in range(config.num_layers)])
         self.final_layer_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
 
 
-class UMT5EncoderModel(nn.Cell):
+class _T5StyleEncoder(nn.Cell):
     """See the module docstring. ``from_pretrained(path)`` reads a transformers folder."""
+
+    config_class_name = ""  # transformers' config class
+    architecture = ""
+    every_layer_has_table = False
 
     def __init__(self, config):
         super().__init__()
-        from transformers import UMT5Config
-
-        self.config = config if isinstance(config, UMT5Config) else UMT5Config(**config)
+        config_class = self.config_class()
+        self.config = config if isinstance(config, config_class) else config_class(**config)
         self.shared = nn.Cell()
         self.shared.weight = new_parameter((self.config.vocab_size, self.config.d_model), "weight", 1.0, None)
-        self.encoder = _Stack(self.config)
+        self.encoder = _Stack(self.config, self.every_layer_has_table)
+
+    @classmethod
+    def config_class(cls):
+        import transformers
+
+        return getattr(transformers, cls.config_class_name)
 
     @classmethod
     def from_pretrained(cls, path, topology=None):
-        from transformers import UMT5Config
-
-        model = cls(UMT5Config.from_pretrained(str(path)))
+        model = cls(cls.config_class().from_pretrained(str(path)))
         # the embedding is saved as shared.weight (encoder.embed_tokens.weight is tied to it)
         load_weights(model, str(path), lambda name: (name, "encoder.embed_tokens.weight") if name == "shared.weight"
                      else name)
@@ -145,9 +160,9 @@ class UMT5EncoderModel(nn.Cell):
 
     def save_pretrained(self, path) -> None:
         """Write the transformers folder (config.json, model.safetensors) that transformers'
-        UMT5EncoderModel loads (tested; the embedding as shared.weight, which it ties to
+        encoder class loads (tested; the embedding as shared.weight, which it ties to
         encoder.embed_tokens); one process writes."""
-        save_module(self, path, {**self.config.to_dict(), "architectures": ["UMT5EncoderModel"]})
+        save_module(self, path, {**self.config.to_dict(), "architectures": [self.architecture]})
 
     def construct(self, input_ids, attention_mask=None) -> EncoderOutput:
         ids = input_ids.asnumpy() if isinstance(input_ids, Tensor) else np.asarray(input_ids)
@@ -159,6 +174,22 @@ class UMT5EncoderModel(nn.Cell):
             mask = np.asarray(attention_mask.asnumpy() if isinstance(attention_mask, Tensor) else attention_mask)
             mask = None if mask.all() else Tensor(mask.astype(np.float32))
         x = ops.gather(self.shared.weight, Tensor(ids.astype(np.int32)), 0)
+        bias = None
         for block in self.encoder.block:
-            x = block(x, buckets, mask)
+            attention = block.layer[0].SelfAttention
+            if attention.relative_attention_bias is not None:  # T5: the first layer's serves them all
+                bias = attention.position_bias(buckets)
+            x = block(x, bias, mask)
         return EncoderOutput(last_hidden_state=self.encoder.final_layer_norm(x))
+
+
+class T5EncoderModel(_T5StyleEncoder):
+    """transformers' T5EncoderModel (v1.1: gated-gelu, untied head irrelevant to the encoder)."""
+
+    config_class_name, architecture = "T5Config", "T5EncoderModel"
+
+
+class UMT5EncoderModel(_T5StyleEncoder):
+    """transformers' UMT5EncoderModel: a relative-position table in every layer."""
+
+    config_class_name, architecture, every_layer_has_table = "UMT5Config", "UMT5EncoderModel", True
