@@ -5,14 +5,19 @@
 
 Wan2.1 is implemented: the diffusion transformer (T2V, I2V), its VAE, the UMT5 text and CLIP
 vision encoders it conditions on, and the flow-matching objective. CogVideoX 1.0 / 1.5: the
-diffusion transformer (T2V, I2V) and its positions; its VAE, T5 encoder and parallel plan come next.
+diffusion transformer (T2V, I2V, every layout), its positions, VAE, T5 encoder, v-prediction
+objective and samplers; its trainer family comes next.
 """
 
 from mm_models_video.__about__ import __version__
-from mm_models_video.cogvideox import CogVideoXTransformer3DModel, CogVideoXTransformerConfig
+from mm_models_video.cogvideox import (
+    AutoencoderKLCogVideoX,
+    CogVideoXTransformer3DModel,
+    CogVideoXTransformerConfig,
+)
 from mm_models_video.encoders import CLIPVisionModel, T5EncoderModel, UMT5EncoderModel
 from mm_models_video.wan import AutoencoderKLWan, Transformer3DOutput, WanTransformer3DModel, WanTransformerConfig
 
-__all__ = ["AutoencoderKLWan", "CLIPVisionModel", "CogVideoXTransformer3DModel", "CogVideoXTransformerConfig",
-           "T5EncoderModel", "Transformer3DOutput", "UMT5EncoderModel", "WanTransformer3DModel", "WanTransformerConfig",
-           "__version__"]
+__all__ = ["AutoencoderKLCogVideoX", "AutoencoderKLWan", "CLIPVisionModel", "CogVideoXTransformer3DModel",
+           "CogVideoXTransformerConfig", "T5EncoderModel", "Transformer3DOutput", "UMT5EncoderModel",
+           "WanTransformer3DModel", "WanTransformerConfig", "__version__"]

@@ -17,19 +17,14 @@ Inference only (the VAE is frozen when training the DiT).
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from mm_models_video.diffusers_config import DIFFUSERS_VERSION
+from mm_models_video.vae_common import Conv, DiffusersVAE, LatentDistribution, frames_as_batch, moments_to_distribution
 from mm_parallel.blocks import Indexed
-from mm_parallel.hf_checkpoint import load_weights, save_module
 from mm_parallel.ops import attention
-from mm_parallel.tensor_parallel import new_parameter
 
 CACHE_T = 2  # frames of each convolution's input kept for the next chunk
 
@@ -39,22 +34,7 @@ _DEFAULTS = dict(base_dim=96, decoder_base_dim=None, z_dim=16, dim_mult=[1, 2, 4
                  scale_factor_temporal=4, scale_factor_spatial=8)
 
 
-class _Conv(nn.Cell):
-    """torch's Conv2d / Conv3d weights (out, in, *kernel) + bias, run by MindSpore's conv kernels."""
-
-    def __init__(self, in_channels: int, out_channels: int, kernel, stride=1):
-        super().__init__()
-        self.kernel, self.stride = tuple(kernel), stride
-        self.weight = new_parameter((out_channels, in_channels) + self.kernel, "weight", None, None)
-        self.bias = new_parameter((out_channels,), "bias", None, None, zeros=True)
-
-    def construct(self, x):
-        conv = ops.conv3d if len(self.kernel) == 3 else ops.conv2d
-        out = conv(x, self.weight, None, stride=self.stride, pad_mode="valid")
-        return out + self.bias.reshape((1, -1) + (1,) * len(self.kernel))
-
-
-class CausalConv3d(_Conv):
+class CausalConv3d(Conv):
     """Conv3d padded causally in time (2p frames before, none after) and by p on each spatial side.
     ``cache`` (a dict shared by the convolutions of one encode / decode) holds each one's last
     CACHE_T input frames; they stand in for the zero frames in front of the next chunk."""
@@ -98,13 +78,6 @@ class RMSNormChannels(nn.Cell):
         return x / ops.maximum(norm, 1e-12) * self.scale * self.gamma
 
 
-def _frames_as_batch(fn, x):
-    """Apply a 2-D (b, c, h, w) function to every frame of (b, c, t, h, w)."""
-    b, c, t, h, w = x.shape
-    y = fn(x.transpose(0, 2, 1, 3, 4).reshape(b * t, c, h, w))
-    return y.reshape(b, t, y.shape[1], y.shape[2], y.shape[3]).transpose(0, 2, 1, 3, 4)
-
-
 class ResidualBlock(nn.Cell):
     def __init__(self, in_dim: int, out_dim: int):
         super().__init__()
@@ -127,8 +100,8 @@ class AttentionBlock(nn.Cell):
     def __init__(self, dim: int):
         super().__init__()
         self.norm = RMSNormChannels(dim)
-        self.to_qkv = _Conv(dim, dim * 3, (1, 1))
-        self.proj = _Conv(dim, dim, (1, 1))
+        self.to_qkv = Conv(dim, dim * 3, (1, 1))
+        self.proj = Conv(dim, dim, (1, 1))
 
     def _frame(self, x):
         n, c, h, w = x.shape
@@ -138,7 +111,7 @@ class AttentionBlock(nn.Cell):
         return self.proj(out)
 
     def construct(self, x, cache=None):
-        return x + _frames_as_batch(self._frame, x)
+        return x + frames_as_batch(self._frame, x)
 
 
 class _Upsample2x(nn.Cell):
@@ -158,9 +131,9 @@ class Resample(nn.Cell):
         super().__init__()
         self.mode = mode
         if mode.startswith("upsample"):  # nearest x2, then a 3 x 3 convolution (padding 1) halving channels
-            self.resample = Indexed(_Upsample2x(), _Conv(dim, dim // 2, (3, 3)))
+            self.resample = Indexed(_Upsample2x(), Conv(dim, dim // 2, (3, 3)))
         else:  # zero row / column at the far sides, then a stride-2 3 x 3 convolution
-            self.resample = Indexed(_PadRightBottom(), _Conv(dim, dim, (3, 3), stride=2))
+            self.resample = Indexed(_PadRightBottom(), Conv(dim, dim, (3, 3), stride=2))
         self.conv_padding = 1 if mode.startswith("upsample") else 0
         self.time_conv = None
         if mode == "upsample3d":
@@ -177,7 +150,7 @@ class Resample(nn.Cell):
     def construct(self, x, cache):
         if self.mode == "upsample3d":
             x = self._time_upsample(x, cache)
-        x = _frames_as_batch(self._spatial, x)
+        x = frames_as_batch(self._spatial, x)
         if self.mode == "downsample3d":
             x = self._time_downsample(x, cache)
         return x
@@ -284,36 +257,16 @@ class Decoder3d(nn.Cell):
         return self.conv_out(ops.silu(self.norm_out(x)), cache)
 
 
-@dataclass
-class LatentDistribution:
-    """diffusers' DiagonalGaussianDistribution of the encoder's (mean, logvar)."""
-    mean: Tensor
-    logvar: Tensor
-
-    @property
-    def std(self):
-        return ops.exp(0.5 * self.logvar)
-
-    def mode(self):
-        return self.mean
-
-    def sample(self, rng: np.random.Generator):
-        noise = Tensor(rng.standard_normal(tuple(self.mean.shape)).astype(np.float32))
-        return self.mean + self.std * noise
-
-
-class AutoencoderKLWan(nn.Cell):
+class AutoencoderKLWan(DiffusersVAE):
     """See the module docstring. ``config``: diffusers' config.json fields (dict)."""
 
+    CLASS_NAME, DEFAULTS = "AutoencoderKLWan", _DEFAULTS
+
     def __init__(self, config: Optional[dict] = None, **overrides):
-        super().__init__()
-        values = {**_DEFAULTS, **{k: v for k, v in (config or {}).items() if not k.startswith("_")}, **overrides}
-        unknown = set(values) - set(_DEFAULTS)
-        if unknown:
-            raise ValueError(f"unknown AutoencoderKLWan config keys {sorted(unknown)}")
+        super().__init__(config, **overrides)
+        values = self.config
         if values["is_residual"] or values["patch_size"]:
             raise ValueError("is_residual / patch_size describe the Wan2.2 VAE; this is the Wan2.1 one")
-        self.config = values
         z, mult, res = values["z_dim"], values["dim_mult"], values["num_res_blocks"]
         self.encoder = Encoder3d(values["in_channels"], values["base_dim"], 2 * z, mult, res, values["attn_scales"],
                                  values["temperal_downsample"])
@@ -321,19 +274,6 @@ class AutoencoderKLWan(nn.Cell):
         self.post_quant_conv = CausalConv3d(z, z, 1)
         self.decoder = Decoder3d(values["decoder_base_dim"] or values["base_dim"], z, mult, res,
                                  list(values["temperal_downsample"])[::-1], values["out_channels"])
-
-    @classmethod
-    def from_pretrained(cls, path, topology=None):
-        with open(os.path.join(str(path), "config.json")) as f:
-            model = cls(json.load(f))
-        load_weights(model, str(path))
-        return model
-
-    def save_pretrained(self, path) -> None:
-        """Write the diffusers folder (config.json, diffusion_pytorch_model.safetensors) that
-        diffusers' AutoencoderKLWan loads (tested); one process writes."""
-        save_module(self, path, {"_class_name": "AutoencoderKLWan", "_diffusers_version": DIFFUSERS_VERSION,
-                                 **self.config}, base="diffusion_pytorch_model.safetensors")
 
     def encode(self, video) -> LatentDistribution:
         """(B, C, 1 + 4k, H, W) in [-1, 1] -> latent distribution of (B, z, 1 + k, H/8, W/8)."""
@@ -343,9 +283,7 @@ class AutoencoderKLWan(nn.Cell):
         chunks: List[Tensor] = [self.encoder(x[:, :, :1], cache)]
         for start in range(1, frames, 4):
             chunks.append(self.encoder(x[:, :, start:start + 4], cache))
-        moments = self.quant_conv(ops.concat(chunks, 2) if len(chunks) > 1 else chunks[0])
-        mean, logvar = ops.split(moments, moments.shape[1] // 2, 1)
-        return LatentDistribution(mean, ops.clip(logvar, -30.0, 20.0))
+        return moments_to_distribution(self.quant_conv(ops.concat(chunks, 2) if len(chunks) > 1 else chunks[0]))
 
     def decode(self, latents) -> Tensor:
         """(B, z, t, h, w) -> video (B, C, 1 + 4(t - 1), 8h, 8w) clamped to [-1, 1]."""
