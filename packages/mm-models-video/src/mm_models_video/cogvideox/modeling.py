@@ -140,6 +140,12 @@ class CogVideoXTransformer3DModel(ParallelModel):
     def write_config(self, path, dtype: str = "float32") -> None:
         self.config.save(path)
 
+    def flops(self, batch: dict) -> float:
+        """Forward FLOPs per sample of a micro-batch (mm_models_video.cogvideox.flops)."""
+        from mm_models_video.cogvideox.flops import batch_flops
+
+        return batch_flops(self.config, batch)
+
     # -- forward pieces ----------------------------------------------------------------------
 
     def check_latents(self, shape):

@@ -1,0 +1,30 @@
+"""The CogVideoX transformer's analytic FLOPs equal an independent count: torch's FlopCounterMode
+over diffusers' CogVideoXTransformer3DModel (attention through the math backend), forward only."""
+
+import pytest
+
+
+@pytest.mark.parametrize("kind", ["1.0-t2v", "1.5-i2v", "1.0-2b"])
+def test_cogvideox_flops_equal_torch_flop_counter(kind):
+    import numpy as np
+    import torch
+    from cogvideox_reference import CONFIGS, TEXT, inputs, pipeline_rotary
+    from diffusers import CogVideoXTransformer3DModel
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mm_models_video import CogVideoXTransformer3DModel as Ours
+    from mm_models_video import CogVideoXTransformerConfig
+
+    torch.manual_seed(0)
+    model = CogVideoXTransformer3DModel(**CONFIGS[kind]).eval()
+    frames = 4 if kind.startswith("1.5") else 3
+    batch = inputs(np.random.default_rng(0), kind, batch=1, frames=frames, text_len=TEXT)
+    kwargs = {k: torch.from_numpy(np.asarray(v)) for k, v in batch.items() if k != "target"}
+    if model.config.use_rotary_positional_embeddings:
+        kwargs["image_rotary_emb"] = tuple(torch.from_numpy(t) for t in pipeline_rotary(model, frames, 6, 8))
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(**kwargs)
+    expected = counter.get_total_flops()
+    config = CogVideoXTransformerConfig(**CONFIGS[kind])
+    assert Ours.from_config(config).flops(batch) == expected
