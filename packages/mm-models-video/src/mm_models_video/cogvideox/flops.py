@@ -21,7 +21,8 @@ def cogvideox_flops(config, frames: int, height: int, width: int, text_len: int)
     total = matmul(1, dim, ted) + matmul(1, ted, ted)  # time embedding
     if config.ofs_embed_dim:
         total += 2 * matmul(1, config.ofs_embed_dim, config.ofs_embed_dim)
-    total += matmul(text_len, config.text_embed_dim, dim) + matmul(tokens, config.in_channels * config.patch_volume, dim)
+    total += matmul(text_len, config.text_embed_dim, dim)  # text projection
+    total += matmul(tokens, config.in_channels * config.patch_volume, dim)  # patch embedding
     per_block = (2 * matmul(1, ted, 6 * dim)  # the two LayerNorm-zero modulations
                  + 4 * matmul(rows, dim, dim) + 2 * heads * matmul(rows, config.attention_head_dim, rows)
                  + 2 * matmul(rows, dim, 4 * dim))
