@@ -5,8 +5,9 @@ one of four directions over a coloured background, captioned "a red square movin
 The set is written as the reference suite's data.json (path, cap, num_frames, fps, resolution)
 beside a byte-level BPE tokenizer (tokenizer.json). The encoders are a tiny Wan2.1 VAE (z 4,
 8 x spatial and 4 x temporal compression: a clip is 3 x 4 x 4 latents) and a tiny UMT5 (width
-32) — and for I2V a tiny CLIP vision tower (width 48, 32 px) — their weights drawn with numpy
-from a fixed seed so that every process builds the same ones.
+32) — and for I2V a tiny CLIP vision tower (width 48, 32 px); for CogVideoX a tiny CogVideoX VAE
+(the same compression) and a tiny T5 — their weights drawn with numpy from a fixed seed so that
+every process builds the same ones.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ VAE_CONFIG = dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, 
 TEXT_CONFIG = dict(vocab_size=320, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
                    relative_attention_num_buckets=16, relative_attention_max_distance=20,
                    feed_forward_proj="gated-gelu", dropout_rate=0.0)
+# CogVideoX's encoders: a tiny VAE (4 blocks: 8 x spatial, 4 x temporal; z 4) and a tiny T5 v1.1
+COGVIDEOX_VAE_CONFIG = dict(block_out_channels=[8, 8, 8, 8], latent_channels=4, layers_per_block=1,
+                            norm_num_groups=4, sample_height=SIZE, sample_width=SIZE, scaling_factor=1.0)
 # I2V's image encoder: a tiny CLIP vision tower (width 48 = the tiny I2V DiT's image_dim) on 32 px
 IMAGE_CONFIG = dict(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, image_size=32,
                     patch_size=8, hidden_act="quick_gelu")
@@ -119,6 +123,16 @@ def encoders(seed: int = 0, image: bool = False):
     size = IMAGE_CONFIG["image_size"]
     processor = CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
     return vae, text, clip, processor
+
+
+def cogvideox_encoders(seed: int = 0):
+    """(VAE, T5 text encoder): the tiny set's random CogVideoX encoders."""
+    from mm_models_video import AutoencoderKLCogVideoX, T5EncoderModel
+
+    vae, text = AutoencoderKLCogVideoX(COGVIDEOX_VAE_CONFIG), T5EncoderModel(dict(TEXT_CONFIG))
+    _randomise(vae, seed, scale=1.5)
+    _randomise(text, seed + 1)
+    return vae, text
 
 
 TINY = "tiny"  # data.vae / text_encoder / image_encoder: the tiny random encoders, as folders

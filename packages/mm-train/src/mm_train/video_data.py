@@ -28,7 +28,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from mm_train.recipe import Recipe
-from mm_train.task import load_tokenizer, once_on_rank_zero
+from mm_train.task import FamilyTask, load_tokenizer, once_on_rank_zero
 
 NULL_CAPTION = "null_prompt_embeds.safetensors"  # the empty caption's embedding, for caption dropout
 
@@ -126,14 +126,15 @@ def _cached_shape(folder: str):
 
 
 class _Source:
-    """Where a recipe's clips come from and how they are read and encoded."""
+    """Where a recipe's clips come from and how they are read and encoded (``family``: the data
+    class, whose `tiny_encoders` / `folder_encoders` build the feature encoders)."""
 
-    def __init__(self, recipe: Recipe, topo, i2v: bool):
+    def __init__(self, recipe: Recipe, topo, i2v: bool, family=None):
         from mm_data.video import AspectBuckets, FrameBuckets
         from mm_train import tiny_video
 
         data = recipe.data
-        self.i2v, self.data = i2v, data
+        self.i2v, self.data, self.family = i2v, data, family
         shape = clip_shape(data)
         self.frames = FrameBuckets(num_frames=shape["num_frames"])
         self.buckets = AspectBuckets(max_area=shape["max_area"], stride=16)
@@ -142,7 +143,9 @@ class _Source:
             source = data.path or default_folder()
             once_on_rank_zero(topo, lambda: tiny_video.generate(source, data.samples))
             self.annotations, self.tokenizer = os.path.join(source, "data.json"), tiny_video.tokenizer(source)
-            self.cache = data.features_dir or os.path.join(source, "features-i2v" if i2v else "features-t2v")
+            kind = "i2v" if i2v else "t2v"
+            self.cache = data.features_dir or os.path.join(source, f"features-{family.cache_name}-{kind}"
+                                                           if family.cache_name else f"features-{kind}")
             self.fps = tiny_video.FPS
         else:
             self.folders = encoder_sources(data, topo)
@@ -161,34 +164,53 @@ class _Source:
 
     def encoders(self):
         """{feature name: numpy-in numpy-out encoder}: the tiny set's random ones or the recipe's."""
-        from mm_train import tiny_video
-
         if self.data.kind == "tiny_video":
-            return _encoders(*tiny_video.encoders(image=self.i2v))
-        from mm_models_video import AutoencoderKLWan, UMT5EncoderModel
+            return self.family.tiny_encoders(self.i2v)
+        return self.family.folder_encoders(self.folders, self.i2v)
 
-        folders = self.folders
-        vae = AutoencoderKLWan.from_pretrained(folders["vae"])
-        text = UMT5EncoderModel.from_pretrained(folders["text_encoder"])
-        if not self.i2v:
-            return _encoders(vae, text)
-        if not folders["image_encoder"]:
-            raise ValueError("an I2V model needs data.image_encoder: a CLIP vision folder (with its "
-                             "preprocessor_config.json, or data.image_processor), or tiny")
-        from transformers import CLIPImageProcessorPil
 
-        from mm_models_video import CLIPVisionModel
+def wan_folder_encoders(folders, i2v: bool):
+    """The feature encoders of a Wan recipe's encoder folders (AutoencoderKLWan, UMT5; I2V: CLIP)."""
+    from mm_models_video import AutoencoderKLWan, UMT5EncoderModel
 
-        return _encoders(vae, text, CLIPVisionModel.from_pretrained(folders["image_encoder"]),
-                         CLIPImageProcessorPil.from_pretrained(folders["image_processor"]))
+    vae = AutoencoderKLWan.from_pretrained(folders["vae"])
+    text = UMT5EncoderModel.from_pretrained(folders["text_encoder"])
+    if not i2v:
+        return _encoders(vae, text)
+    if not folders["image_encoder"]:
+        raise ValueError("an I2V model needs data.image_encoder: a CLIP vision folder (with its "
+                         "preprocessor_config.json, or data.image_processor), or tiny")
+    from transformers import CLIPImageProcessorPil
+
+    from mm_models_video import CLIPVisionModel
+
+    return _encoders(vae, text, CLIPVisionModel.from_pretrained(folders["image_encoder"]),
+                     CLIPImageProcessorPil.from_pretrained(folders["image_processor"]))
 
 
 class WanTrainData:
-    """See the module docstring."""
+    """See the module docstring. A family's data class derives from it and changes what is its
+    own: `tiny_encoders` / `folder_encoders` (the feature encoders), `make_schedule` and
+    `flow_inputs` (features to the model's keywords), ``cache_name`` (the tiny set's cache folder)."""
+
+    cache_name = ""  # Wan's tiny caches keep their names: features-t2v / features-i2v
+
+    @staticmethod
+    def tiny_encoders(i2v: bool):
+        from mm_train import tiny_video
+
+        return _encoders(*tiny_video.encoders(image=i2v))
+
+    folder_encoders = staticmethod(wan_folder_encoders)
+
+    def make_schedule(self):
+        from mm_models_video.flow_matching import FlowMatchingSchedule
+
+        d = self.recipe.diffusion
+        return FlowMatchingSchedule(d.num_train_timesteps, d.shift)
 
     def __init__(self, recipe: Recipe, topo, i2v: bool):
         from mm_data import BucketBatchSampler, FeatureDataset
-        from mm_models_video.flow_matching import FlowMatchingSchedule
 
         self.recipe, self.topo = recipe, topo
         data, train = recipe.data, recipe.train
@@ -196,12 +218,13 @@ class WanTrainData:
         self.online = data.online and data.kind != "video_features"
         self.cache_folder, self.cache_skips = None, []
         if self.online:  # clips decoded and encoded every step (random crops and clip starts)
-            source = _Source(recipe, topo, self.i2v)
+            source = _Source(recipe, topo, self.i2v, self)
             self.annotations = source.annotations
             self.dataset = source.dataset(random_crop=True, caption_dropout=data.caption_dropout, seed=train.seed)
             self.encoders, self.null_embeds = source.encoders(), None
         else:
-            folder = data.path if data.kind == "video_features" else self._encode(_Source(recipe, topo, self.i2v), topo)
+            folder = data.path if data.kind == "video_features" else self._encode(_Source(recipe, topo, self.i2v, self),
+                                                                                  topo)
             self.dataset, self.cache_folder = FeatureDataset(folder), folder
             if self.i2v and "condition" not in self.dataset.entries[0]["features"]:
                 raise ValueError(f"the feature cache {folder} has no I2V features (image_embeds, condition); build "
@@ -213,8 +236,7 @@ class WanTrainData:
                                  "rebuild the cache with mm-train (it writes one)")
         self.sampler = BucketBatchSampler(len(self.dataset), train.global_batch_size, topo.dp.rank, topo.dp.size,
                                           keys=self.dataset.keys, seed=train.seed)
-        d = recipe.diffusion
-        self.schedule = FlowMatchingSchedule(d.num_train_timesteps, d.shift)
+        self.schedule = self.make_schedule()
 
     def files(self):
         """(annotation files, media files) of what is trained on: the clips, or the feature cache."""
@@ -271,6 +293,27 @@ class WanTrainData:
             batches = [{"index": b["index"], **{name: encode(b) for name, encode in self.encoders.items()}}
                        for b in batches]
         return [self.flow_inputs(step, batch) for batch in batches]
+
+
+class VideoTask(FamilyTask):
+    """The part of a video family's task its data object (``self.data``, a WanTrainData) decides:
+    the files it reads, the clips it skipped, and the stream of forward keywords."""
+
+    def data_files(self):
+        return self.data.files()
+
+    def bad_samples(self):
+        """The clips skipped while training online or while building the feature cache."""
+        return super().bad_samples() + self.data.cache_skips
+
+    def stream(self, first_step: int):
+        """The shared loader's micro-batches of features as the model's forward keywords."""
+        features = super().stream(first_step)
+        try:
+            for step, batches in enumerate(features, first_step):
+                yield self.data.prepare(step, batches)
+        finally:
+            features.close()
 
 
 def latent_tokens(batch: Dict, patch_size) -> int:

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 
 from mm_train.families import BuiltinRecipe, FamilySpec, register
 from mm_train.recipe import DataSection
-from mm_train.task import FamilyTask
+from mm_train.video_data import VideoTask
 
 
 @dataclass
@@ -64,14 +64,12 @@ class DiffusionSection:
                 raise ValueError(f"diffusion.{name} {getattr(self, name)!r} is not one of {choices}")
 
 
-def preflight(recipe, config: dict) -> List[str]:
-    """Wan2.1: the annotations or the feature cache and the encoders' folders (or tiny) are there;
-    the DiT's heads and FFN against tp and Ulysses, its blocks against the pipeline stages
-    (`mm_train.preflight`)."""
-    from mm_train.preflight import attention_rules, layer_rules, require_divisible, require_exists
+def video_source_problems(data) -> List[str]:
+    """A video data section's annotations or feature cache and its encoder folders (or tiny) exist."""
+    from mm_train.preflight import require_exists
     from mm_train.tiny_video import ENCODER_FIELDS, TINY
 
-    par, problems, data = recipe.parallel, [], recipe.data
+    problems = []
     if data.kind == "video":
         require_exists(problems, "data.path", data.path, "video annotations (data.json / .jsonl / .txt or a folder)")
         for field in ENCODER_FIELDS:
@@ -79,13 +77,23 @@ def preflight(recipe, config: dict) -> List[str]:
                 require_exists(problems, f"data.{field}", getattr(data, field), "its model folder (or tiny)", True)
     elif data.kind == "video_features":
         require_exists(problems, "data.path", data.path, "a feature cache folder", True)
+    return problems
+
+
+def preflight(recipe, config: dict) -> List[str]:
+    """Wan2.1: the annotations or the feature cache and the encoders' folders (or tiny) are there;
+    the DiT's heads and FFN against tp and Ulysses, its blocks against the pipeline stages
+    (`mm_train.preflight`)."""
+    from mm_train.preflight import attention_rules, layer_rules, require_divisible
+
+    par, problems = recipe.parallel, video_source_problems(recipe.data)
     attention_rules(problems, "", config.get("num_attention_heads"), None, par)
     require_divisible(problems, "ffn_dim", config.get("ffn_dim"), "parallel.tp", par.tp)
     layer_rules(problems, "num_layers", config.get("num_layers"), par)
     return problems
 
 
-class WanTask(FamilyTask):
+class WanTask(VideoTask):
     """See the module docstring and mm_train.task."""
 
     def __init__(self, recipe, topo):
@@ -99,22 +107,6 @@ class WanTask(FamilyTask):
     def plan(self, model, lora) -> None:
         super().plan(model, lora)
         self.patch_size = tuple(model.config.patch_size)
-
-    def data_files(self):
-        return self.data.files()
-
-    def bad_samples(self):
-        """The clips skipped while training online or while building the feature cache."""
-        return super().bad_samples() + self.data.cache_skips
-
-    def stream(self, first_step: int):
-        """The shared loader's micro-batches of features as flow-matching forward keywords."""
-        features = super().stream(first_step)
-        try:
-            for step, batches in enumerate(features, first_step):
-                yield self.data.prepare(step, batches)
-        finally:
-            features.close()
 
     def tokens(self, batch: Dict) -> int:
         from mm_train.video_data import latent_tokens
