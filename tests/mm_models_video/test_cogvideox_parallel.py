@@ -1,14 +1,16 @@
 """CogVideoX's transformer loaded with from_pretrained under a layout trains like one process: two
 DistributedOptimizer steps; losses (rtol 1e-5), first-step gathered gradients and final
 parameters (rel-err <= 1e-4). The joint text + video sequence is what tp-sp and cp split (text
-rows land on several ranks under ring's zigzag). See cogvideox_parallel_cases.py."""
+rows land on several ranks under ring's zigzag). The bf16_* cases run in bf16 against the bf16
+single process, within mm_parallel.testing.equivalence.BF16_TOLERANCE. See
+cogvideox_parallel_cases.py."""
 
 import diffusers  # noqa: F401  (the parity reference: required, see tests/conftest.py)
 import pytest
 from cogvideox_parallel_cases import run_parallel_cases
 from cogvideox_reference import CONFIGS, write_adapters, write_reference
 
-from mm_parallel.testing.equivalence import check_results
+from mm_parallel.testing.equivalence import BF16_TOLERANCE, check_results
 
 pytestmark = pytest.mark.distributed
 
@@ -31,6 +33,10 @@ TWO = {
     "i2v_1_5_tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}, "checkpoint": I2V},
     "i2v_1_5_ulysses2": {"layout": {"cp": 2}, "checkpoint": I2V},
 }
+
+# bf16 (mm_parallel.precision) against the bf16 single process, to bf16's precision
+TWO.update({f"bf16_{name}": {**TWO[name], "precision": "bf16", "tolerance": BF16_TOLERANCE}
+            for name in ("tp2_sp", "ring2", "pp2", "dp2_zero1")})
 
 FOUR = {
     "hybrid2x2": {"layout": {"cp": 4, "cp_algo": "hybrid", "ulysses_degree": 2}, "checkpoint": T2V},
