@@ -87,3 +87,27 @@ def compare_steps(ours, theirs, batch, runs: int, parts, title: str, rtol: float
               "(the emulation's cost, not a speed claim)")
     print("ours, where the time goes (median s): " +
           ", ".join(f"{k} {statistics.median(v[1:]):.3f}" for k, v in parts.items()))
+
+
+def video_benchmark_main(doc: str, inputs, torch_side, our_side, title) -> int:
+    """The video DiT benchmarks' command line (--runs, --threads, --no-bf16, --frames) and run:
+    ``inputs(frames)`` the batch, ``torch_side(path, threads)`` / ``our_side(path, precision)``
+    the two steps (ours loads what torch saved in ``path``), ``title(args)`` the table's title."""
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-bf16", action="store_true", help="skip the emulated bf16 step")
+    parser.add_argument("--frames", type=int, default=8, help="latent frames (256 video tokens each)")
+    args = parser.parse_args()
+    import mm_parallel  # noqa: F401  (before any MindSpore op: blocking launch on CPU)
+
+    batch = inputs(args.frames)
+    with tempfile.TemporaryDirectory() as path:
+        theirs = torch_side(path, args.threads)
+        ours, parts = our_side(path)
+        bf16 = None if args.no_bf16 else our_side(path, precision="bf16")[0]
+        compare_steps(ours, theirs, batch, args.runs, parts, title(args), emulated_bf16=bf16)
+    return 0

@@ -12,13 +12,11 @@ ours / torch (goal <= 0.8) and, for ours, where the time goes (forward, backward
 
 from __future__ import annotations
 
-import argparse
 import sys
-import tempfile
 import time
 
 import numpy as np
-from _timing import compare_steps, our_train_step
+from _timing import our_train_step, video_benchmark_main
 
 CONFIG = dict(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=128, in_channels=16, out_channels=16,
               text_dim=4096, freq_dim=256, ffn_dim=2048, num_layers=4, cross_attn_norm=True,
@@ -64,23 +62,9 @@ def our_side(path, precision: str = "fp32"):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--no-bf16", action="store_true", help="skip the emulated bf16 step")
-    parser.add_argument("--frames", type=int, default=8, help="latent frames (256 video tokens each)")
-    args = parser.parse_args()
-    import mm_parallel  # noqa: F401  (before any MindSpore op: blocking launch on CPU)
-
-    batch = inputs(args.frames)
-    with tempfile.TemporaryDirectory() as path:
-        theirs = torch_side(path, args.threads)
-        ours, parts = our_side(path)
-        bf16 = None if args.no_bf16 else our_side(path, precision="bf16")[0]
-        compare_steps(ours, theirs, batch, args.runs, parts,
-                      f"Wan2.1 DiT flow-matching train step, {args.frames * 256} video + 64 text tokens, dim 512, "
-                      f"4 blocks, {args.threads} threads", emulated_bf16=bf16)
-    return 0
+    return video_benchmark_main(__doc__, inputs, torch_side, our_side, lambda args: (
+        f"Wan2.1 DiT flow-matching train step, {args.frames * 256} video + 64 text tokens, dim 512, "
+        f"4 blocks, {args.threads} threads"))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The train-step benchmarks run end to end at one timed step (Qwen2.5-VL with a small vocabulary,
-Wan with 512 video tokens instead of 2,048).
+Wan and CogVideoX with 512 video tokens instead of 2,048).
 Each exits with an error when our first-step loss and the torch original's differ (same weights,
 same inputs), so a broken benchmark or a broken model fails here."""
 
@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("script, args", [
     ("step_time_qwen2_5_vl.py", ["--runs", "1", "--vocab", "2000"]),
     ("step_time_wan.py", ["--runs", "1", "--frames", "2"]),
+    ("step_time_cogvideox.py", ["--runs", "1", "--frames", "2", "--no-bf16"]),
     ("step_time_qwen3_vl.py", ["--runs", "1", "--vocab", "2000", "--moe"]),
 ])
 def test_step_time_benchmark_runs(script, args):

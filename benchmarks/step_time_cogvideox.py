@@ -1,0 +1,77 @@
+"""One CogVideoX transformer v-prediction train step (forward, backward, AdamW), ours vs diffusers
+on torch CPU.
+
+    python benchmarks/step_time_cogvideox.py [--runs 5] [--threads 2] [--frames 8]
+
+Same config for both (dim 512 = 8 heads x 64, 4 blocks, text_embed_dim 4096, time_embed_dim
+512, CogVideoX 1.0 rotary positions), latents 8 x 16 x 32 x 32 (F, C, H, W; patch 2: 2,048 video
+tokens; --frames sets the 8), 64 text tokens, the pipeline's rotary tables, same random weights
+(diffusers saves them, ours loads them with from_pretrained), same inputs, same thread count,
+same update (global-norm clipping at 1.0, then AdamW). Each side takes a warm-up step, then
+``--runs`` steps alternate between the two; the table prints each side's median and the ratio
+ours / torch and, for ours, where the time goes (forward, backward, optimizer).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+from _timing import our_train_step, video_benchmark_main
+
+CONFIG = dict(num_attention_heads=8, attention_head_dim=64, in_channels=16, out_channels=16, time_embed_dim=512,
+              text_embed_dim=4096, num_layers=4, sample_width=32, sample_height=32, patch_size=2,
+              use_rotary_positional_embeddings=True)
+
+
+def inputs(frames: int = 8):
+    from mm_models_video import CogVideoXTransformerConfig
+    from mm_models_video.cogvideox import rotary_tables
+
+    rng = np.random.default_rng(0)
+    return {"hidden_states": rng.standard_normal((1, frames, 16, 32, 32)).astype(np.float32),
+            "timestep": np.array([600], np.int64),
+            "encoder_hidden_states": rng.standard_normal((1, 64, 4096)).astype(np.float32),
+            "image_rotary_emb": rotary_tables(CogVideoXTransformerConfig(**CONFIG), frames, 32, 32),
+            "target": rng.standard_normal((1, frames, 16, 32, 32)).astype(np.float32)}
+
+
+def torch_side(path, threads):
+    import torch
+    from diffusers import CogVideoXTransformer3DModel
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = CogVideoXTransformer3DModel(**CONFIG).float().train()
+    model.save_pretrained(path)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def step(batch):
+        t0 = time.perf_counter()
+        kwargs = {k: torch.from_numpy(v) for k, v in batch.items() if k not in ("target", "image_rotary_emb")}
+        kwargs["image_rotary_emb"] = tuple(torch.from_numpy(t) for t in batch["image_rotary_emb"])
+        loss = ((model(**kwargs).sample - torch.from_numpy(batch["target"])) ** 2).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # as ours by default
+        opt.step()
+        opt.zero_grad()
+        return time.perf_counter() - t0, float(loss.detach())
+
+    return step
+
+
+def our_side(path, precision: str = "fp32"):
+    from mm_models_video import CogVideoXTransformer3DModel
+
+    return our_train_step(CogVideoXTransformer3DModel.from_pretrained(path), precision)
+
+
+def main():
+    return video_benchmark_main(__doc__, inputs, torch_side, our_side, lambda args: (
+        f"CogVideoX transformer v-prediction train step, {args.frames * 256} video + 64 text tokens, "
+        f"dim 512, 4 blocks, {args.threads} threads"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
