@@ -89,6 +89,30 @@ def compare_steps(ours, theirs, batch, runs: int, parts, title: str, rtol: float
           ", ".join(f"{k} {statistics.median(v[1:]):.3f}" for k, v in parts.items()))
 
 
+def torch_video_step(build, path, threads: int, to_kwargs):
+    """The torch side of a video DiT benchmark: ``build()`` (after seeding) makes the diffusers
+    model, saved to ``path`` for ours to load; a step is mean((sample - target)^2), backward,
+    clipping at 1.0 (as ours by default), AdamW. ``to_kwargs(batch)``: its forward keywords."""
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = build().float().train()
+    model.save_pretrained(path)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def step(batch):
+        t0 = time.perf_counter()
+        loss = ((model(**to_kwargs(batch)).sample - torch.from_numpy(batch["target"])) ** 2).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        return time.perf_counter() - t0, float(loss.detach())
+
+    return step
+
+
 def video_benchmark_main(doc: str, inputs, torch_side, our_side, title) -> int:
     """The video DiT benchmarks' command line (--runs, --threads, --no-bf16, --frames) and run:
     ``inputs(frames)`` the batch, ``torch_side(path, threads)`` / ``our_side(path, precision)``

@@ -15,10 +15,9 @@ ours / torch and, for ours, where the time goes (forward, backward, optimizer).
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
-from _timing import our_train_step, video_benchmark_main
+from _timing import our_train_step, torch_video_step, video_benchmark_main
 
 CONFIG = dict(num_attention_heads=8, attention_head_dim=64, in_channels=16, out_channels=16, time_embed_dim=512,
               text_embed_dim=4096, num_layers=4, sample_width=32, sample_height=32, patch_size=2,
@@ -41,24 +40,11 @@ def torch_side(path, threads):
     import torch
     from diffusers import CogVideoXTransformer3DModel
 
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    model = CogVideoXTransformer3DModel(**CONFIG).float().train()
-    model.save_pretrained(path)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-
-    def step(batch):
-        t0 = time.perf_counter()
+    def to_kwargs(batch):
         kwargs = {k: torch.from_numpy(v) for k, v in batch.items() if k not in ("target", "image_rotary_emb")}
-        kwargs["image_rotary_emb"] = tuple(torch.from_numpy(t) for t in batch["image_rotary_emb"])
-        loss = ((model(**kwargs).sample - torch.from_numpy(batch["target"])) ** 2).mean()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # as ours by default
-        opt.step()
-        opt.zero_grad()
-        return time.perf_counter() - t0, float(loss.detach())
+        return {**kwargs, "image_rotary_emb": tuple(torch.from_numpy(t) for t in batch["image_rotary_emb"])}
 
-    return step
+    return torch_video_step(lambda: CogVideoXTransformer3DModel(**CONFIG), path, threads, to_kwargs)
 
 
 def our_side(path, precision: str = "fp32"):

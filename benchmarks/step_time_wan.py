@@ -13,10 +13,9 @@ ours / torch (goal <= 0.8) and, for ours, where the time goes (forward, backward
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
-from _timing import our_train_step, video_benchmark_main
+from _timing import our_train_step, torch_video_step, video_benchmark_main
 
 CONFIG = dict(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=128, in_channels=16, out_channels=16,
               text_dim=4096, freq_dim=256, ffn_dim=2048, num_layers=4, cross_attn_norm=True,
@@ -36,23 +35,8 @@ def torch_side(path, threads):
     import torch
     from diffusers import WanTransformer3DModel
 
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    model = WanTransformer3DModel(**CONFIG).float().train()
-    model.save_pretrained(path)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-
-    def step(batch):
-        t0 = time.perf_counter()
-        kwargs = {k: torch.from_numpy(v) for k, v in batch.items() if k != "target"}
-        loss = ((model(**kwargs).sample - torch.from_numpy(batch["target"])) ** 2).mean()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # as ours (and diffusers' scripts) by default
-        opt.step()
-        opt.zero_grad()
-        return time.perf_counter() - t0, float(loss.detach())
-
-    return step
+    return torch_video_step(lambda: WanTransformer3DModel(**CONFIG), path, threads,
+                            lambda batch: {k: torch.from_numpy(v) for k, v in batch.items() if k != "target"})
 
 
 def our_side(path, precision: str = "fp32"):

@@ -97,9 +97,10 @@ def test_optimizer_errors(tmp_path):
 
 def test_cut_into_buckets():
     cut = cut_into_buckets([5, 7, 9], [3, 10, 4], bucket_numel=5, shards=2)  # capacity 6
-    assert cut == [[Piece(5, 0, 3), Piece(7, 0, 3)], [Piece(7, 3, 9)], [Piece(7, 9, 10), Piece(9, 0, 4)]]
+    assert cut == [[Piece(5, 0, 3, 3), Piece(7, 0, 3, 10)], [Piece(7, 3, 9, 10)],
+                   [Piece(7, 9, 10, 10), Piece(9, 0, 4, 4)]]
     assert [sum(p.size for p in b) for b in cut] == [6, 6, 5]  # only the last one is short (padded)
-    assert cut_into_buckets([0, 1], [3, 10], bucket_numel=0, shards=4) == [[Piece(0, 0, 3), Piece(1, 0, 10)]]
+    assert cut_into_buckets([0, 1], [3, 10], bucket_numel=0, shards=4) == [[Piece(0, 0, 3, 3), Piece(1, 0, 10, 10)]]
     big = cut_into_buckets([0], [25], bucket_numel=10, shards=1)  # a large parameter over three buckets
     assert [(p.lo, p.hi) for b in big for p in b] == [(0, 10), (10, 20), (20, 25)]
 

@@ -36,15 +36,22 @@ DEFAULT_BUCKET_NUMEL = 40_000_000  # Megatron-Core's DistributedDataParallelConf
 
 @dataclass(frozen=True)
 class Piece:
-    """Values [lo, hi) of trainable parameter ``param`` (its flat view), held by one bucket."""
+    """Values [lo, hi) of trainable parameter ``param`` (its flat view of ``numel`` values), held
+    by one bucket."""
 
     param: int
     lo: int
     hi: int
+    numel: int
 
     @property
     def size(self) -> int:
         return self.hi - self.lo
+
+    @property
+    def is_whole(self) -> bool:
+        """The whole parameter (not cut between buckets)."""
+        return self.size == self.numel
 
 
 def cut_into_buckets(params: Sequence[int], sizes: Sequence[int], bucket_numel: int, shards: int) -> List[List[Piece]]:
@@ -59,7 +66,7 @@ def cut_into_buckets(params: Sequence[int], sizes: Sequence[int], bucket_numel: 
         lo = 0
         while lo < size:
             take = min(size - lo, room)
-            current.append(Piece(param, lo, lo + take))
+            current.append(Piece(param, lo, lo + take, size))
             lo, room = lo + take, room - take
             if room == 0:
                 buckets.append(current)
@@ -69,11 +76,16 @@ def cut_into_buckets(params: Sequence[int], sizes: Sequence[int], bucket_numel: 
     return buckets
 
 
+def zero_shards(group, zero_stage: int) -> int:
+    """D: the slices each bucket of ``group`` is cut into (the group's size under ZeRO, else 1)."""
+    return group.size if zero_stage > 0 else 1
+
+
 def bucket_slice(numel: int, group, zero_stage: int) -> Tuple[int, int, int, int]:
     """(shards, padded, start, end) of a bucket of ``numel`` values reduced over ``group``: padded
-    to a multiple of the D shards (D = group size with ZeRO, else 1) and the [start, end) slice
-    this rank keeps master weights and moments for."""
-    shards = group.size if zero_stage > 0 else 1
+    to a multiple of the D shards (`zero_shards`) and the [start, end) slice this rank keeps
+    master weights and moments for."""
+    shards = zero_shards(group, zero_stage)
     padded = -(-numel // shards) * shards
     per_shard = padded // shards
     index = group.rank if zero_stage > 0 else 0
@@ -89,15 +101,15 @@ class WholeParameters:
     """Whole parameter values from the pieces of consecutive buckets: a parameter cut between
     buckets is complete at its last piece (``concat`` joins the parts: numpy or MindSpore)."""
 
-    def __init__(self, sizes: Dict[int, int], concat: Callable):
-        self.sizes, self.concat, self.parts = sizes, concat, {}
+    def __init__(self, concat: Callable):
+        self.concat, self.parts = concat, {}
 
     def add(self, piece: Piece, value):
         """The parameter's whole flat value once ``piece`` completes it, else None."""
-        if piece.lo == 0 and piece.hi == self.sizes[piece.param]:
+        if piece.is_whole:
             return value
         self.parts.setdefault(piece.param, []).append(value)
-        if piece.hi < self.sizes[piece.param]:
+        if piece.hi < piece.numel:
             return None
         return self.concat(self.parts.pop(piece.param))
 
@@ -141,7 +153,7 @@ class Bucket:
         parts = []
         for piece in self.pieces:
             value = values[piece.param].reshape(-1)
-            if piece.size < value.shape[0]:
+            if not piece.is_whole:
                 value = value[piece.lo:piece.hi]
             parts.append(as_type(value, ms.float32))
         if self.padded > self.numel:
@@ -238,9 +250,8 @@ def plan_buckets(params: Sequence, topo, zero_stage: int,
     out = {}
     for name, indices in sorted(members.items()):
         group = topo.groups[name]
-        shards = group.size if zero_stage > 0 else 1
         sizes = [int(np.prod(params[i].shape)) for i in indices]
-        out[name] = (group, cut_into_buckets(indices, sizes, bucket_numel, shards))
+        out[name] = (group, cut_into_buckets(indices, sizes, bucket_numel, zero_shards(group, zero_stage)))
     return out
 
 
@@ -277,10 +288,7 @@ def step_buffer_values(params: Sequence, topo, zero_stage: int, bucket_numel: in
             view = len(pieces) == 1 and padded == numel and group.size == 1 and topo.dp.size == 1
             kept += 0 if view else end - start if group.size > 1 else padded
             largest = max(largest, padded)
-            for piece in pieces:
-                whole = int(np.prod(params[piece.param].shape))
-                if piece.size < whole:
-                    cut = max(cut, whole)
+            cut = max([cut] + [piece.numel for piece in pieces if not piece.is_whole])
     return 2 * largest + max(kept, cut)
 
 

@@ -56,6 +56,7 @@ class ParallelModel(PeftAdapters, nn.Cell):
         layers = stage_layer_ranges(num_layers, pp, vpp, pipeline_num_layers)[chunk][topology.pp.rank]
         virtual = chunk * pp + topology.pp.rank
         self.chunk, self.layer_offset = chunk, layers.start
+        self._local_positions = {}  # (length, sequence_parallel) -> local_positions
         self.is_first, self.is_last = virtual == 0, virtual == pp * vpp - 1
         return layers
 
@@ -158,7 +159,16 @@ class ParallelModel(PeftAdapters, nn.Cell):
     def local_positions(self, length: int, sequence_parallel: bool = True) -> np.ndarray:
         """The positions of a full sequence of ``length`` this rank holds after `enter_sequence`:
         its context-parallel part and, with ``sequence_parallel`` (where the layout uses it), its
-        chunk over tp; host integers, for tables and masks that follow the tokens."""
+        chunk over tp; host integers, for tables and masks that follow the tokens (kept per
+        length: a forward asks for them several times)."""
+        key = (length, sequence_parallel)
+        if key not in self._local_positions:
+            positions = self._split_positions(length, sequence_parallel)
+            positions.setflags(write=False)  # shared by the callers
+            self._local_positions[key] = positions
+        return self._local_positions[key]
+
+    def _split_positions(self, length: int, sequence_parallel: bool) -> np.ndarray:
         topo, positions = self.topology, np.arange(length, dtype=np.int64)
         if topo.cp.size > 1:
             positions = split_sequence(Tensor(positions[None]), 1, topo).asnumpy()[0]

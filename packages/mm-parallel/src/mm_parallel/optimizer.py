@@ -183,12 +183,9 @@ class DistributedOptimizer:
             bucket.adamw(g if factor == 1.0 else g * factor, lr_t, b1, b2, eps_t, wd_t)
 
     def _write_params(self):
-        whole = WholeParameters(self._sizes(), ops.concat)
+        whole = WholeParameters(ops.concat)
         for bucket in self.buckets.values():
             bucket.write_params(whole)
-
-    def _sizes(self) -> Dict[int, int]:
-        return {i: int(np.prod(p.shape)) for i, p in enumerate(self.params)}
 
     def _update_scale(self, overflow: bool):
         cfg = self.config
@@ -215,7 +212,7 @@ class DistributedOptimizer:
         group: a collective every rank of the group calls."""
         out: List[Dict[str, np.ndarray]] = [{} for _ in self.params]
         for key in STATES:
-            whole = WholeParameters(self._sizes(), np.concatenate)
+            whole = WholeParameters(np.concatenate)
             for bucket in self.buckets.values():
                 for i, value in bucket.completed(bucket.host_pieces(key), whole):
                     out[i][key] = value.reshape(self.params[i].shape)
@@ -261,7 +258,7 @@ class DistributedOptimizer:
         # one bucket's one state gathered at a time, and kept only by the writer: a rank that
         # writes nothing holds at most one bucket buffer (and the parts of a parameter cut between
         # two buckets), not the stage's whole state, thrice
-        wholes = {key: WholeParameters(self._sizes(), np.concatenate) for key in STATES}
+        wholes = {key: WholeParameters(np.concatenate) for key in STATES}
         for bucket in self.buckets.values():
             for key in STATES:
                 for i, value in bucket.completed(bucket.host_pieces(key), wholes[key]):  # a collective

@@ -53,9 +53,9 @@ class LayerNormZero(nn.Cell):
 
     def construct(self, x, temb, streams):
         batch, dim = x.shape[0], x.shape[-1]
-        # (B, 6, D): shift, scale, gate of the video rows, then of the text rows
-        mods = self.linear(ops.silu(temb)).reshape(batch, 6, dim)
-        shift, scale, gate = (per_row(ops.stack([mods[:, i], mods[:, 3 + i]], 1), streams) for i in range(3))
+        # (B, 2, 3, D): [shift, scale, gate] of the video rows, then of the text rows
+        mods = self.linear(ops.silu(temb)).reshape(batch, 2, 3, dim)
+        shift, scale, gate = (per_row(mods[:, :, i], streams) for i in range(3))
         return self.norm(x) * (scale + 1.0) + shift, gate
 
 

@@ -241,6 +241,14 @@ def frame_batches(frames: int, size: int):
     return [(0 if i == 0 else size * i + rest, size * (i + 1) + rest) for i in range(max(frames // size, 1))]
 
 
+def by_frame_batches(x, size: int, run):
+    """``run(batch, cache)`` on each frame batch of (B, C, T, H, W) ``x`` in turn, one causal cache
+    carried across; the outputs joined along time."""
+    cache: Dict = {}
+    parts = [run(x[:, :, start:end], cache) for start, end in frame_batches(x.shape[2], size)]
+    return ops.concat(parts, 2) if len(parts) > 1 else parts[0]
+
+
 class AutoencoderKLCogVideoX(DiffusersVAE):
     """See the module docstring. ``config``: diffusers' config.json fields (dict)."""
 
@@ -272,21 +280,18 @@ class AutoencoderKLCogVideoX(DiffusersVAE):
         self.tile_latent = tuple(int(n / down) for n in self.tile_sample)
         self.tile_overlap = (tile_overlap_factor_height or 1 / 6, tile_overlap_factor_width or 1 / 5)
 
+    def _encode_part(self, x, cache):
+        moments = self.encoder(x, cache)
+        return moments if self.quant_conv is None else self.quant_conv(moments)
+
+    def _decode_part(self, z, cache):
+        return self.decoder(z if self.post_quant_conv is None else self.post_quant_conv(z), cache)
+
     def _encode_tile(self, x):
-        cache: Dict = {}
-        parts = []
-        for start, end in frame_batches(x.shape[2], ENCODE_FRAMES):
-            part = self.encoder(x[:, :, start:end], cache)
-            parts.append(part if self.quant_conv is None else self.quant_conv(part))
-        return ops.concat(parts, 2) if len(parts) > 1 else parts[0]
+        return by_frame_batches(x, ENCODE_FRAMES, self._encode_part)
 
     def _decode_tile(self, z):
-        cache: Dict = {}
-        parts = []
-        for start, end in frame_batches(z.shape[2], DECODE_FRAMES):
-            part = z[:, :, start:end]
-            parts.append(self.decoder(part if self.post_quant_conv is None else self.post_quant_conv(part), cache))
-        return ops.concat(parts, 2) if len(parts) > 1 else parts[0]
+        return by_frame_batches(z, DECODE_FRAMES, self._decode_part)
 
     def encode(self, video) -> LatentDistribution:
         """(B, C, 1 + 4k, H, W) in [-1, 1] -> latent distribution of (B, z, 1 + k, H/8, W/8)."""
