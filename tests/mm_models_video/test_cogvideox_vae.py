@@ -95,3 +95,35 @@ def test_tiled_encode_and_decode_equal_diffusers(folder, kind):
         reference.disable_tiling()
     assert got.shape == want.shape
     assert rel_err(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("version, invert", [("1.0-i2v", False), ("1.5-i2v", False), ("1.5-i2v", True)])
+def test_i2v_condition_equals_the_image_to_video_pipelines(folder, tmp_path, monkeypatch, version, invert):
+    """The image condition (scaled image latents, zeros after, 1.5's front padding) equals what
+    diffusers' CogVideoXImageToVideoPipeline.prepare_latents builds, the VAE's mode taken on both
+    sides (the pipeline samples; training uses the mean)."""
+    import diffusers.pipelines.cogvideo.pipeline_cogvideox_image2video as pipeline_module
+    from cogvideox_reference import CONFIGS
+    from diffusers import AutoencoderKLCogVideoX as Reference
+    from diffusers import CogVideoXDDIMScheduler, CogVideoXTransformer3DModel
+
+    from mm_models_video.cogvideox.conditioning import image_condition, image_latent_scale, pad_to_patch_frames
+    from mm_models_video.cogvideox.vae import AutoencoderKLCogVideoX
+
+    path, _ = folder
+    reference = Reference.from_pretrained(path, scaling_factor=0.7, invert_scale_latents=invert).eval()
+    reference.save_pretrained(str(tmp_path))
+    transformer = CogVideoXTransformer3DModel(**CONFIGS[version])
+    monkeypatch.setattr(pipeline_module, "retrieve_latents", lambda output, generator=None: output.latent_dist.mode())
+    pipe = pipeline_module.CogVideoXImageToVideoPipeline(tokenizer=None, text_encoder=None, vae=reference,
+                                                         transformer=transformer, scheduler=CogVideoXDDIMScheduler())
+    image = np.random.default_rng(3).uniform(-1, 1, (2, 3, 16, 12)).astype(np.float32)
+    frames = 9  # 3 latent frames: 1.5 pads them to 4
+    with torch.no_grad():
+        noise = torch.zeros((2, 1, 4, 4, 3))
+        _, want = pipe.prepare_latents(torch.from_numpy(image), 2, 4, frames, 16, 12, torch.float32, latents=noise)
+    ours = AutoencoderKLCogVideoX.from_pretrained(tmp_path)
+    latents = ours.encode(image[:, :, None]).mean.asnumpy() * image_latent_scale(ours.config)
+    got = pad_to_patch_frames(image_condition(latents.transpose(0, 2, 1, 3, 4), 3), transformer.config.patch_size_t)
+    assert got.shape == tuple(want.shape) == (2, 4 if version.startswith("1.5") else 3, 4, 4, 3)
+    assert rel_err(got, want.numpy()) <= 1e-5

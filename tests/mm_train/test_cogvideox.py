@@ -1,6 +1,8 @@
-"""CogVideoX T2V pre-training with `mm-train run`: the tiny recipe (built-in clips encoded once by a
-tiny CogVideoX VAE and T5 into a feature cache, v-prediction) learns, and gives the same losses
-on one process and under DP2, TP2+SP, PP2 and CP2 (ring, over the joint text + video rows)."""
+"""CogVideoX pre-training with `mm-train run`: the tiny recipes (built-in clips encoded once by a
+tiny CogVideoX VAE and T5 into a feature cache, v-prediction) learn — 1.0 and 1.5, T2V and I2V
+(the noise-augmented first frame's latents beside the noise, 1.5's padded frames and ofs) — and
+give the same losses on one process and under DP2, TP2+SP, PP2 and CP2 (ring and Ulysses, over
+the joint text + video rows)."""
 
 from pathlib import Path
 
@@ -10,11 +12,12 @@ from train_runs import train
 
 pytestmark = pytest.mark.distributed
 
-RECIPE = str(Path(__file__).resolve().parents[2] / "packages/mm-train/src/mm_train/recipes/cogvideox_t2v_tiny.yaml")
+RECIPES = Path(__file__).resolve().parents[2] / "packages/mm-train/src/mm_train/recipes"
+RECIPE = str(RECIPES / "cogvideox_t2v_tiny.yaml")
 
 
-def run(run_distributed, out, *extra, data, nproc=1):
-    train(run_distributed, RECIPE, "--set", f"data.path={data}", "--set", f"output_dir={out}", "--no-progress",
+def run(run_distributed, out, *extra, data, nproc=1, recipe=RECIPE):
+    train(run_distributed, recipe, "--set", f"data.path={data}", "--set", f"output_dir={out}", "--no-progress",
           *extra, nproc=nproc, data=out.parent / "unused")
     return losses(out)
 
@@ -31,4 +34,20 @@ def test_tiny_cogvideox_learns_and_trains_alike_under_every_layout(tmp_path, run
                "cp2_ring": ["--set", "parallel.cp=2", "--set", "parallel.cp_algo=ring"]}
     for name, extra in layouts.items():
         got = run(run_distributed, tmp_path / name, *four, *extra, data=data, nproc=2)
+        assert got == pytest.approx(single, rel=1e-4), (name, got, single)
+
+
+def test_tiny_cogvideox_i2v_and_1_5_recipes_learn_and_i2v_trains_alike_under_tp_sp_and_ulysses(tmp_path,
+                                                                                                run_distributed):
+    data, sixteen = tmp_path / "tiny_video", ["--set", "train.steps=16"]
+    for name in ("cogvideox_i2v_tiny", "cogvideox1_5_t2v_tiny", "cogvideox1_5_i2v_tiny"):
+        learned = run(run_distributed, tmp_path / name, *sixteen, data=data, recipe=str(RECIPES / f"{name}.yaml"))
+        assert sum(learned[-4:]) < 0.9 * sum(learned[:4]), (name, learned)
+    assert (data / "features-cogvideox-i2v").is_dir()  # the image latents cached beside the clip's
+    i2v, four = str(RECIPES / "cogvideox1_5_i2v_tiny.yaml"), ["--set", "train.steps=4"]
+    single = run(run_distributed, tmp_path / "single", *four, data=data, recipe=i2v)
+    layouts = {"tp2_sp": ["--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"],
+               "ulysses2": ["--set", "parallel.cp=2"]}
+    for name, extra in layouts.items():
+        got = run(run_distributed, tmp_path / name, *four, *extra, data=data, nproc=2, recipe=i2v)
         assert got == pytest.approx(single, rel=1e-4), (name, got, single)

@@ -194,6 +194,7 @@ class WanTrainData:
     `flow_inputs` (features to the model's keywords), ``cache_name`` (the tiny set's cache folder)."""
 
     cache_name = ""  # Wan's tiny caches keep their names: features-t2v / features-i2v
+    i2v_features = ("image_embeds", "condition")  # what an I2V model's cache must hold
 
     @staticmethod
     def tiny_encoders(i2v: bool):
@@ -226,9 +227,10 @@ class WanTrainData:
             folder = data.path if data.kind == "video_features" else self._encode(_Source(recipe, topo, self.i2v, self),
                                                                                   topo)
             self.dataset, self.cache_folder = FeatureDataset(folder), folder
-            if self.i2v and "condition" not in self.dataset.entries[0]["features"]:
-                raise ValueError(f"the feature cache {folder} has no I2V features (image_embeds, condition); build "
-                                 "it for an I2V model (data.image_encoder)")
+            missing = [n for n in self.i2v_features if n not in self.dataset.entries[0]["features"]] if self.i2v else []
+            if missing:
+                raise ValueError(f"the feature cache {folder} has no I2V features ({', '.join(missing)}); build it "
+                                 "for an I2V model")
             null = os.path.join(folder, NULL_CAPTION)
             self.null_embeds = load_file(null)["prompt_embeds"] if os.path.exists(null) else None
             if data.caption_dropout and self.null_embeds is None:

@@ -1,11 +1,12 @@
-"""The CogVideoX family: video DiT pre-training (1.0 / 1.5 T2V) on v-prediction.
+"""The CogVideoX family: video DiT pre-training and LoRA (1.0 / 1.5, T2V / I2V) on v-prediction.
 
 `CogVideoXTask` supplies the model (CogVideoXTransformer3DModel from a diffusers folder or an
 inline config; the plan's recompute and LoRA) and the data (`cogvideox_data.CogVideoXTrainData`:
 the video pipeline of the Wan family with CogVideoX's VAE and T5 encoder, a feature cache or
 clips encoded every step, turned into v-prediction micro-batches with the pipeline's rotary
-tables). The model's ``loss`` is mean((out - v)^2), the training scripts' weighted x0 loss.
-I2V (image latents beside the noise), the planner's workload and real-size recipes come next.
+tables). The version and task come from the model's config: 1.5 has patch_size_t, I2V takes
+twice the latent channels in (the noisy latents, then the image condition) and 1.5 I2V an ofs
+embedding. The model's ``loss`` is mean((out - v)^2), the training scripts' weighted x0 loss.
 """
 
 from __future__ import annotations
@@ -26,10 +27,19 @@ class CogVideoXDiffusionSection:
     num_train_timesteps: int = 1000
     snr_shift_scale: float = 3.0
     rescale_betas_zero_snr: bool = True
+    # I2V (diffusers' CogVideoX I2V training script): the first frame gets noise of log sigma ~
+    # N(image_noise_mean, image_noise_std^2) before the VAE; its condition is zeroed with this probability
+    image_noise_mean: float = -3.0
+    image_noise_std: float = 0.5
+    noised_image_dropout: float = 0.05
 
     def __post_init__(self):
         if self.snr_shift_scale <= 0:
             raise ValueError(f"diffusion.snr_shift_scale must be positive, got {self.snr_shift_scale}")
+        if not 0.0 <= self.noised_image_dropout <= 1.0:
+            raise ValueError(f"diffusion.noised_image_dropout is a probability, got {self.noised_image_dropout}")
+        if self.image_noise_std < 0:
+            raise ValueError(f"diffusion.image_noise_std must be >= 0, got {self.image_noise_std}")
 
 
 def preflight(recipe, config: dict) -> List[str]:
@@ -55,9 +65,12 @@ class CogVideoXTask(VideoTask):
 
         super().__init__(recipe, topo)
         self.config = CogVideoXTransformerConfig.from_dict(self.model_json)
-        if self.config.in_channels != self.config.out_channels or self.config.ofs_embed_dim:
-            raise ValueError("this CogVideoX model is an I2V one (in_channels != out_channels or ofs_embed_dim): "
-                             "only T2V training is there yet")
+        c = self.config
+        if c.in_channels not in (c.out_channels, 2 * c.out_channels):
+            raise ValueError(f"in_channels {c.in_channels} with out_channels {c.out_channels}: a CogVideoX model takes "
+                             "its latents (T2V: in = out) or latents and the image condition (I2V: in = 2 x out)")
+        if c.ofs_embed_dim and c.in_channels == c.out_channels:
+            raise ValueError("ofs_embed_dim is CogVideoX 1.5 I2V's: a T2V model (in_channels = out_channels) has none")
         self.data = CogVideoXTrainData(recipe, topo, self.config)
         self.dataset, self.sampler, self.collate = self.data.dataset, self.data.sampler, Collator()
 
@@ -68,9 +81,11 @@ class CogVideoXTask(VideoTask):
         return samples * frames // (self.config.patch_size_t or 1) * (height // p) * (width // p)
 
 
+_TINY = "1-2 CPU processes"
+
 SPEC = register(FamilySpec(
     name="cogvideox",
-    description="CogVideoX (1.0, 1.5): text-to-video DiT pre-training and LoRA on v-prediction",
+    description="CogVideoX (1.0, 1.5): text- and image-to-video DiT pre-training and LoRA on v-prediction",
     models={"CogVideoXTransformer3DModel": "mm_models_video:CogVideoXTransformer3DModel"},
     task="mm_train.families.cogvideox:CogVideoXTask",
     data_sections={"tiny_video": VideoDataSection, "video": VideoDataSection, "video_features": VideoDataSection},
@@ -81,6 +96,12 @@ SPEC = register(FamilySpec(
     preflight="mm_train.families.cogvideox:preflight",
     recipes=(
         BuiltinRecipe("cogvideox_t2v_tiny", "cogvideox_t2v_tiny.yaml",
-                      "a tiny random CogVideoX 1.0 T2V DiT on the built-in clips (feature cache)", "1-2 CPU processes"),
+                      "a tiny random CogVideoX 1.0 T2V DiT on the built-in clips (feature cache)", _TINY),
+        BuiltinRecipe("cogvideox_i2v_tiny", "cogvideox_i2v_tiny.yaml",
+                      "a tiny random CogVideoX 1.0 I2V DiT on the built-in clips and their first frames", _TINY),
+        BuiltinRecipe("cogvideox1_5_t2v_tiny", "cogvideox1_5_t2v_tiny.yaml",
+                      "a tiny random CogVideoX 1.5 T2V DiT (3-D patches) on the built-in clips", _TINY),
+        BuiltinRecipe("cogvideox1_5_i2v_tiny", "cogvideox1_5_i2v_tiny.yaml",
+                      "a tiny random CogVideoX 1.5 I2V DiT (3-D patches, ofs) on the built-in clips", _TINY),
     ),
 ))
