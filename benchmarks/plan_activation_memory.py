@@ -1,10 +1,11 @@
 """The planner's activation memory against a measured train step, side by side.
 
-    python benchmarks/plan_activation_memory.py [--case qwen2_5_vl wan qwen2_5_vl-other wan-other]
+    python benchmarks/plan_activation_memory.py [--case qwen2_5_vl wan cogvideox qwen2_5_vl-other ...]
                                                 [--precision fp32 bf16] [--recompute none full]
 
 For each case (a small Qwen2.5-VL: 1024 tokens with a 224 x 224 picture; a small Wan2.1 DiT:
-33 frames of 256 x 256, 2304 video tokens; each again in another shape — wider, other head
+33 frames of 256 x 256, 2304 video tokens; a CogVideoX 1.0 DiT of its width on the same clips
+after 64 text rows; each again in another shape — wider, other head
 counts, shorter — that the planner's measured constants were not fitted on), precision and
 recompute mode, a fresh process builds
 the model as a run does (the recipe's inline config, random weights, the precision policy and the
@@ -49,8 +50,18 @@ QWEN_OTHER = QWEN + ["model.config.text_config.hidden_size=384", "model.config.t
                      "train.micro_batch_size=1"]
 WAN_OTHER = WAN + ["model.config.num_attention_heads=6", "model.config.ffn_dim=768", "model.config.num_layers=3",
                    "data.num_frames=25", "data.max_area=36864"]
+# CogVideoX 1.0 (rotary) of Wan's case's width: 33 frames of 256 x 256 (9 x 16 x 16 patches of 2 x 2 =
+# 2304 video rows) after 64 text rows
+COG = ["model.config.num_attention_heads=4", "model.config.attention_head_dim=32", "model.config.num_layers=4",
+       "model.config.time_embed_dim=64", "model.config.sample_height=32", "model.config.sample_width=32",
+       "model.config.max_text_seq_length=64", "data.kind=video_features", "data.path=unused", "data.num_frames=33",
+       "data.max_area=65536", "data.text_max_length=64", "train.micro_batch_size=2"]
+COG_OTHER = COG + ["model.config.num_attention_heads=6", "model.config.num_layers=3", "data.num_frames=25",
+                   "data.max_area=36864"]
 CASES = {"qwen2_5_vl": ("qwen2_5_vl_tiny", QWEN), "wan": ("wan2_1_t2v_tiny", WAN),
-         "qwen2_5_vl-other": ("qwen2_5_vl_tiny", QWEN_OTHER), "wan-other": ("wan2_1_t2v_tiny", WAN_OTHER)}
+         "cogvideox": ("cogvideox_t2v_tiny", COG),
+         "qwen2_5_vl-other": ("qwen2_5_vl_tiny", QWEN_OTHER), "wan-other": ("wan2_1_t2v_tiny", WAN_OTHER),
+         "cogvideox-other": ("cogvideox_t2v_tiny", COG_OTHER)}
 GOAL = 0.25
 
 
@@ -89,6 +100,18 @@ def wan_batch(config, b: int, frames: int, side: int, text: int, rng) -> dict:
             "target": rng.standard_normal(shape).astype(np.float32)}
 
 
+def cogvideox_batch(config, b: int, frames: int, side: int, text: int, rng) -> dict:
+    """``b`` clips of ``frames`` latent frames of side x side latents (B, F, C, H, W) after ``text`` rows."""
+    from mm_models_video.cogvideox import rotary_tables
+
+    shape = (b, frames, config.in_channels, side, side)
+    return {"hidden_states": rng.standard_normal(shape).astype(np.float32),
+            "timestep": rng.integers(0, 1000, size=(b,)).astype(np.int64),
+            "encoder_hidden_states": rng.standard_normal((b, text, config.text_embed_dim)).astype(np.float32),
+            "target": rng.standard_normal(shape[:2] + (config.out_channels,) + shape[3:]).astype(np.float32),
+            "image_rotary_emb": rotary_tables(config, frames, side, side)}
+
+
 def batches(family: str, recipe, config, rng):
     """(warm-up micro-batch, measured micro-batch of the workload's shapes)."""
     import math
@@ -102,6 +125,9 @@ def batches(family: str, recipe, config, rng):
 
     shape = clip_shape(recipe.data, read_cache=True)
     side = math.isqrt(shape["max_area"] // 64)
+    if family.startswith("cogvideox"):
+        return (cogvideox_batch(config, 1, 1, 4, shape["text_length"], rng),
+                cogvideox_batch(config, b, (shape["num_frames"] - 1) // 4 + 1, side, shape["text_length"], rng))
     return (wan_batch(config, 1, 1, 4, 4, rng),
             wan_batch(config, b, (shape["num_frames"] - 1) // 4 + 1, side, shape["text_length"], rng))
 

@@ -28,3 +28,20 @@ def test_cogvideox_flops_equal_torch_flop_counter(kind):
     expected = counter.get_total_flops()
     config = CogVideoXTransformerConfig(**CONFIGS[kind])
     assert Ours.from_config(config).flops(batch) == expected
+
+
+@pytest.mark.parametrize("frames, size", [(1, (16, 24)), (9, (16, 24)), (17, (24, 16)), (21, (16, 16))])
+def test_vae_encode_flops_equal_torch_flop_counter(frames, size):
+    """vae_encode_flops (what the planner charges online encoding) against FlopCounterMode over
+    diffusers' AutoencoderKLCogVideoX.encode: one chunk, two chunks (17: 9 + 8; 21: 13 + 8)."""
+    import torch
+    from diffusers import AutoencoderKLCogVideoX
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mm_models_video.cogvideox.flops import vae_encode_flops
+
+    config = dict(block_out_channels=[8, 16, 16, 24], latent_channels=4, layers_per_block=2, norm_num_groups=4)
+    vae = AutoencoderKLCogVideoX(**config).eval()
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        vae.encode(torch.randn(1, 3, frames, *size))
+    assert vae_encode_flops(config, frames, *size) == counter.get_total_flops()

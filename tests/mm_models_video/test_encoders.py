@@ -35,6 +35,23 @@ def test_relative_position_buckets_equal_transformers():
         np.testing.assert_array_equal(relative_position_buckets(600, 600, buckets, distance), expected)
 
 
+@pytest.mark.parametrize("proj", ["gated-gelu", "relu"])
+def test_t5_encoder_flops_equal_torch_flop_counter(proj):
+    """t5_encoder_flops (the planner's charge for encoding captions online) against FlopCounterMode
+    over transformers' T5EncoderModel (attention through the math backend)."""
+    import transformers
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mm_models_video.encoders.t5 import t5_encoder_flops
+
+    fields = dict(vocab_size=300, d_model=32, d_kv=8, d_ff=48, num_layers=3, num_heads=6, feed_forward_proj=proj)
+    reference = transformers.T5EncoderModel(transformers.T5Config(**fields)).eval()
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        reference(input_ids=torch.zeros((1, 37), dtype=torch.int64))
+    assert t5_encoder_flops(fields, 37) == counter.get_total_flops()
+
+
 @pytest.mark.parametrize("kind", ["UMT5", "T5"])
 def test_t5_style_encoders_equal_transformers(tmp_path, kind):
     """UMT5 (a bias table per layer, Wan) and T5 v1.1 (the first layer's table shared, CogVideoX)."""

@@ -186,7 +186,7 @@ def test_run_refuses_a_layout_that_does_not_fit_this_machine_unless_forced(tmp_p
 def test_tiny_recipes_fit_this_machine_as_their_runs_are_started():
     from mm_train.plan import machine_device, refuse_unfitting
 
-    for name in ("qwen2_5_vl_tiny", "qwen3_vl_moe_tiny", "wan2_1_i2v_tiny"):
+    for name in ("qwen2_5_vl_tiny", "qwen3_vl_moe_tiny", "wan2_1_i2v_tiny", "cogvideox1_5_i2v_tiny"):
         recipe = load_recipe(name)
         assert machine_device(recipe) == "cpu"
         plan = refuse_unfitting(recipe, 1, 2)

@@ -1,12 +1,18 @@
-"""Forward FLOPs of the CogVideoX transformer (for MFU), from the config and the latents' shapes.
+"""Forward FLOPs of the CogVideoX transformer (for MFU) and of its VAE's encoder (what online
+encoding costs every step), from the configs and the shapes.
 
-Only matrix products count (mm_profiling.flops' convention; a training step is 3 forwards): the
-time (and ofs) embeddings, the text projection and the patch embedding, per block the two
-modulations, q / k / v / out and the attention over the joint text + video rows and the 4x MLP,
-the output modulation and projection of the video rows.
+Only matrix products and convolutions count (mm_profiling.flops' convention; a training step is 3
+forwards): the time (and ofs) embeddings, the text projection and the patch embedding, per block
+the two modulations, q / k / v / out and the attention over the joint text + video rows and the
+4x MLP, the output modulation and projection of the video rows. The VAE encoder's convolutions
+(2 x output elements x input channels x kernel volume each) are counted chunk by chunk as diffusers
+encodes (frames in batches of 8, the remainder in the first), through the frame-pair averaging of
+its first log2(temporal_compression_ratio) down blocks and their stride-2 convolutions.
 """
 
 from __future__ import annotations
+
+import math
 
 from mm_profiling.flops import matmul
 
@@ -35,3 +41,38 @@ def batch_flops(config, batch: dict) -> float:
     """Forward FLOPs per sample of a micro-batch of forward keywords (all samples one shape)."""
     _, frames, _, height, width = batch["hidden_states"].shape
     return cogvideox_flops(config, frames, height, width, batch["encoder_hidden_states"].shape[1])
+
+
+def _vae_chunk_flops(cfg: dict, frames: int, height: int, width: int) -> int:
+    """Encoder FLOPs of one chunk of ``frames`` pixel frames (mm_models_video.cogvideox.vae's structure)."""
+    def conv(c_in, c_out, kernel):  # a same-size (causal in time) convolution over the chunk's current shape
+        return 2 * frames * height * width * c_out * c_in * kernel
+
+    channels = cfg["block_out_channels"]
+    total = conv(cfg["in_channels"], channels[0], 27)
+    compressed_blocks = int(math.log2(cfg["temporal_compression_ratio"]))
+    previous = channels[0]
+    for i, out in enumerate(channels):
+        for layer in range(cfg["layers_per_block"]):
+            c_in = previous if layer == 0 else out
+            total += conv(c_in, out, 27) + conv(out, out, 27) + (conv(c_in, out, 1) if c_in != out else 0)
+        previous = out
+        if i < len(channels) - 1:  # the downsampler: frame pairs averaged, then a 3 x 3 conv of stride 2
+            if i < compressed_blocks and frames > 1:
+                frames = 1 + (frames - 1) // 2 if frames % 2 else frames // 2
+            height, width = (height - 2) // 2 + 1, (width - 2) // 2 + 1
+            total += conv(out, out, 9)
+    total += 2 * (conv(previous, previous, 27) + conv(previous, previous, 27))  # the mid block's two resnets
+    return total + conv(previous, 2 * cfg["latent_channels"], 27)
+
+
+def vae_encode_flops(vae_config: dict, frames: int, height: int, width: int) -> int:
+    """FLOPs of AutoencoderKLCogVideoX.encode of one clip of ``frames`` x ``height`` x ``width``
+    pixels (untiled; ``vae_config``: its config.json fields, defaults as the 5B's VAE)."""
+    from mm_models_video.cogvideox.vae import DEFAULTS, ENCODE_FRAMES
+
+    cfg = {**DEFAULTS, **vae_config}
+    batches = max(frames // ENCODE_FRAMES, 1)
+    remainder = frames % ENCODE_FRAMES
+    sizes = [ENCODE_FRAMES + remainder] + [ENCODE_FRAMES] * (batches - 1) if frames >= ENCODE_FRAMES else [frames]
+    return sum(_vae_chunk_flops(cfg, n, height, width) for n in sizes)

@@ -193,3 +193,16 @@ class UMT5EncoderModel(_T5StyleEncoder):
     """transformers' UMT5EncoderModel: a relative-position table in every layer."""
 
     config_class_name, architecture, every_layer_has_table = "UMT5Config", "UMT5EncoderModel", True
+
+
+def t5_encoder_flops(config: dict, tokens: int) -> int:
+    """Forward FLOPs (matrix products) of a T5 / UMT5 encoder over one sequence of ``tokens``
+    (``config``: its config.json fields): per layer q / k / v / o, the scores and the weighted
+    values of every head, and the feed-forward (gated: wi_0, wi_1, wo)."""
+    from mm_profiling.flops import matmul
+
+    d, inner, ff = config["d_model"], config["num_heads"] * config["d_kv"], config["d_ff"]
+    gated = config.get("feed_forward_proj", "relu").startswith("gated")
+    per_layer = (4 * matmul(tokens, d, inner) + 2 * config["num_heads"] * matmul(tokens, config["d_kv"], tokens)
+                 + (3 if gated else 2) * matmul(tokens, d, ff))
+    return config["num_layers"] * per_layer

@@ -55,6 +55,68 @@ def preflight(recipe, config: dict) -> List[str]:
     return problems
 
 
+T5_XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, feed_forward_proj="gated-gelu")
+
+
+def _encoder_configs(data):
+    """(VAE config, T5 config, note) of online encoding: the tiny set's encoders, or the folders'
+    config.json, or — a folder not readable here — the 5B's VAE and T5 v1.1 XXL (every CogVideoX's)."""
+    import json
+    import os
+
+    from mm_train import tiny_video
+
+    if data.kind == "tiny_video":
+        return tiny_video.COGVIDEOX_VAE_CONFIG, tiny_video.TEXT_CONFIG, ""
+    configs, assumed = [], []
+    for field, default in (("vae", {}), ("text_encoder", T5_XXL)):
+        path = os.path.join(getattr(data, field) or "", "config.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                configs.append(json.load(f))
+        else:
+            configs.append(default)
+            assumed.append(field)
+    note = f"online encoding with the CogVideoX-5B {' and '.join(assumed)} shapes (data.{assumed[0]} has no " \
+           "config.json here)" if assumed else ""
+    return configs[0], configs[1], note
+
+
+def workload(recipe, config):
+    """The planner's shapes (mm_train.plan.workload) of the largest clip (`video_data.clip_shape`):
+    num_frames frames of max_area pixels through the VAE's 4 x 8 x 8 compression (1.5: latent
+    frames padded to whole temporal patches) and the patches, joined by the text tokens: every
+    block runs over text + video rows. With data.online the VAE encoder and T5 run every step."""
+    from mm_models_video.cogvideox.flops import cogvideox_flops, vae_encode_flops
+    from mm_models_video.encoders.t5 import t5_encoder_flops
+    from mm_train.plan.workload import LayerStack, Workload
+    from mm_train.video_data import clip_shape
+
+    shape = clip_shape(recipe.data, read_cache=True)
+    frames = (shape["num_frames"] - 1) // 4 + 1
+    pt, p = config.patch_size_t or 1, config.patch_size
+    frames += frames % pt if pt > 1 else 0
+    side = int((shape["max_area"] / 64) ** 0.5)  # latent pixels a side of a square frame of max_area
+    tokens, text = frames // pt * (side // p) ** 2, shape["text_length"]
+    h = config.inner_dim
+    # per block: two LayerNorm-zero inputs and outputs and two gated residual inputs outside the
+    # tp-split linears; q, k, v, their norms and rotations, the attention output and the 4 h MLP's
+    # two intermediates inside. The reference kernels keep 60 h (emulated bf16 28 h more), set from
+    # Wan's and checked by benchmarks/plan_activation_memory.py: within 14 % (fp32 / bf16, recompute
+    # none / full) at 2,368 rows, 8.6 % in another shape
+    stack = LayerStack("DiT", config.num_layers, text + tokens, h, outside=6 * h, inside=16 * h,
+                       heads=config.num_attention_heads, keys=text + tokens, reference=60 * h,
+                       reference_emulated=28 * h)
+    flops = cogvideox_flops(config, frames, side, side, text)
+    notes = [f"{shape['num_frames']} frames of {shape['max_area']} pixels: {tokens} video tokens + {text} text rows"]
+    encoder = 0.0
+    if recipe.data.online and recipe.data.kind != "video_features":
+        vae, t5, note = _encoder_configs(recipe.data)
+        encoder = float(vae_encode_flops(vae, shape["num_frames"], 8 * side, 8 * side) + t5_encoder_flops(t5, text))
+        notes += [note] if note else []
+    return Workload([stack], float(flops), tokens, boundary_hidden=h, encoder_flops=encoder, notes=notes)
+
+
 class CogVideoXTask(VideoTask):
     """See the module docstring and mm_train.task."""
 
@@ -94,6 +156,7 @@ SPEC = register(FamilySpec(
     lora_config="mm_models_video.cogvideox.parallel_plan:LoraConfig",
     extra="video",
     preflight="mm_train.families.cogvideox:preflight",
+    workload="mm_train.families.cogvideox:workload",
     recipes=(
         BuiltinRecipe("cogvideox_t2v_tiny", "cogvideox_t2v_tiny.yaml",
                       "a tiny random CogVideoX 1.0 T2V DiT on the built-in clips (feature cache)", _TINY),

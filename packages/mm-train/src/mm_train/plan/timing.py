@@ -9,6 +9,8 @@ micro-batches per data-parallel rank and step, and E_c, E_n the compute and link
                 under pp a stage's backward always recomputes its forward, mm_parallel.pipeline);
                 a frozen tower's FLOPs count one forward (two under pp)
     bubble      compute (pp - 1) / (m vpp)  (1F1B; interleaving divides the idle ticks by vpp)
+    encode      online encoding: the encoders' FLOPs of each of the rank's G / dp samples over
+                (peak E_c), not divided by tp, cp or pp (every rank of a group encodes its sample)
     launch      m x the layer passes of the rank's stacks x layer_pass_ms: the time a layer costs
                 beyond its FLOPs (kernel launches and host work), which short sequences feel
     collectives bytes on the slowest link each group spans (a group whose ranks sit on two
@@ -61,7 +63,7 @@ def _recomputed_share(recipe, workload, pp: int) -> float:
 
 def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: dict, grads_numel: int,
               micro_batches: int) -> Dict[str, float]:
-    """{compute_s, bubble_s, launch_s, tp_s, cp_s, pp_s, dp_s, step_time_s} of one rank (module
+    """{compute_s, bubble_s, encode_s, launch_s, tp_s, cp_s, pp_s, dp_s, step_time_s} of one rank (module
     docstring)."""
     par = topo.config
     dp, t, c, p = topo.dp.size, topo.tp.size, topo.cp.size, topo.pp.size
@@ -74,8 +76,9 @@ def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: d
     bubble = compute * (p - 1) / (micro_batches * par.vpp) if p > 1 else 0.0
     comm_eff = efficiency["communication"]
     b = recipe.train.micro_batch_size
-    times = {"compute_s": compute, "bubble_s": bubble, "launch_s": 0.0, "tp_s": 0.0, "cp_s": 0.0, "pp_s": 0.0,
-             "dp_s": 0.0}
+    encode = workload.encoder_flops * samples_per_rank / peak
+    times = {"compute_s": compute, "bubble_s": bubble, "encode_s": encode, "launch_s": 0.0, "tp_s": 0.0,
+             "cp_s": 0.0, "pp_s": 0.0, "dp_s": 0.0}
     per_layer_pass = efficiency.get("layer_pass_ms", 0.0) / 1e3
     for stack in workload.stacks:
         if not stack.pipelined and not topo.is_first_stage:

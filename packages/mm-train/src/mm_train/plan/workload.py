@@ -55,6 +55,9 @@ class Workload:
     boundary_hidden: int  # the hidden size of what pipeline stages pass on (per token of the pipelined stack)
     logits_vocab: int = 0  # the last stage's logits (fp32, vocabulary split over tp), 0 for none
     frozen_flops: float = 0.0  # the part of flops_per_sample in frozen stacks (run forward only)
+    # forward FLOPs per sample of encoders run in the step (online encoding: the VAE and text
+    # encoder), which every rank of the sample's tp / cp / pp group runs whole; not model FLOPs (MFU)
+    encoder_flops: float = 0.0
     notes: List[str] = field(default_factory=list)
 
     @property
