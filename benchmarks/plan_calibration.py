@@ -22,16 +22,30 @@ checkpoint's config.json (tests/mm_train/data/hub_configs.json):
                                              average sequence of 563 tokens, pictures of at most
                                              262144 pixels (data_7b.json)
 
+    CogVideoX-T2V-5B pre-training 0.46 SPS   cogvideox/t2v_1.0/pretrain_cogvideox_t2v.sh (read at
+                                             commit 8b199593, before the folder left the tree;
+                                             the figure is that commit's readme): TP4 + SP, DP2,
+                                             micro-batch 1, global batch 8 (4 accumulation
+                                             steps), full recompute of the 42 blocks,
+                                             distributed optimizer; data.json: 17 frames of
+                                             480 x 720, 226 text tokens; model json:
+                                             load_video_features / load_text_features false — the
+                                             VAE and T5 encode every clip in the step (our
+                                             data.online), the VAE untiled
+
 Differences the plan cannot express: the Wan scripts shard parameters with ZeRO-3 (layerzero;
 planned here as ZeRO-2, which moves the same gradient volume), and our pipeline recomputes each
 stage's forward in its backward where MindSpeed-MM does not (a fourth pass in the plan of the
-Qwen run: ours would be slower by it). CogVideoX (0.46 SPS in the issue) has no family yet.
+Qwen run: ours would be slower by it).
 
-Each plan's step is compute and bubble (both over the compute efficiency E), plus launch time
-(layer passes x P, the per-layer-pass cost beyond FLOPs), plus communication (at devices.yaml's
-link efficiency): S = A / E + B P + C per run. E and P are fitted by least squares of the log
-errors over a fine grid; a run's leave-one-out error is its error under the constants fitted on
-the others (with the two DiT runs alone P is not determined: the smallest fitting P is taken).
+Each plan's step is compute and bubble (both over the compute efficiency E), plus online
+encoding (over its own efficiency E_e: the VAE's 3-D convolutions are not the matrix products E
+measures), plus launch time (layer passes x P, the per-layer-pass cost beyond FLOPs), plus
+communication (at devices.yaml's link efficiency): S = A / E + D / E_e + B P + C per run. E and P
+are fitted by least squares of the log errors over a fine grid on the runs that do not encode,
+E_e then on those that do (only the CogVideoX run: it sets E_e alone, so its leave-one-out error
+takes E_e = E); a run's leave-one-out error is its error under the constants fitted on the others
+(with the two DiT runs alone P is not determined: the smallest fitting P is taken).
 """
 
 from __future__ import annotations
@@ -52,6 +66,10 @@ RUNS = [
     ("Wan2.1-T2V-1.3B pre-training", "wan2_1_t2v_1_3b", HUB[T2V], [*WAN_SETS, "model.recompute_num_layers=20"], 0.73),
     ("Wan2.1-I2V-1.3B pre-training", "wan2_1_t2v_1_3b", I2V_CONFIG, [*WAN_SETS, "model.recompute_num_layers=30"],
      0.61),
+    ("CogVideoX-T2V-5B pre-training", "cogvideox_5b_t2v", HUB["CogVideoX-5b/transformer"],
+     ["parallel.tp=4", "parallel.sequence_parallel=true", "parallel.zero_stage=1", "train.global_batch_size=8",
+      "train.micro_batch_size=1", "model.recompute=full", "data.num_frames=17", "data.max_area=345600",
+      "data.text_max_length=226", "data.online=true"], 0.46),
     ("Qwen2.5-VL-7B fine-tuning", "qwen2_5_vl_7b_sft", HUB["Qwen2.5-VL-7B-Instruct"],
      ["parallel.tp=1", "parallel.pp=2", "parallel.zero_stage=1",
       "train.global_batch_size=192", "train.micro_batch_size=1", "model.recompute=none", "model.freeze=[vision]",
@@ -67,59 +85,67 @@ def _folder(config: dict) -> str:
 
 
 def step_parts(recipe_name: str, config: dict, sets) -> dict:
-    """{compute (s at E = 1, bubble included), launch (s at P = 1 ms), communication (s),
+    """{compute (s at E = 1, bubble included), encode (s at E_e = 1), launch (s at P = 1 ms), communication (s),
     global_batch, device} of one run."""
     from mm_train.plan import cluster_of, load_devices, model_config, plan_on
     from mm_train.recipe import load_recipe
 
     recipe = load_recipe(recipe_name, [f"model.path={_folder(config)}", *sets])
     known = load_devices()
-    known["efficiency"] = {**known["efficiency"], "compute": 1.0, "layer_pass_ms": 1.0}
+    known["efficiency"] = {**known["efficiency"], "compute": 1.0, "layer_pass_ms": 1.0, "encode": 1.0}
     cluster = cluster_of(recipe, 1, 8)
     plan = plan_on(recipe, cluster, known, model_config(recipe))
     parts = plan["breakdown"]
     compute = parts["compute"] + parts["bubble"]
-    return {"compute": compute, "launch": parts["launch"],
-            "communication": plan["step_time_s"] - compute - parts["launch"],
+    return {"compute": compute, "encode": parts["encode"], "launch": parts["launch"],
+            "communication": plan["step_time_s"] - compute - parts["encode"] - parts["launch"],
             "global_batch": recipe.train.global_batch_size, "device": recipe.cluster.device}
 
 
-def predicted_sps(parts: dict, efficiency: float, layer_pass_ms: float) -> float:
-    return parts["global_batch"] / (parts["compute"] / efficiency + parts["launch"] * layer_pass_ms +
-                                    parts["communication"])
+def predicted_sps(parts: dict, efficiency: float, layer_pass_ms: float, encode_efficiency: float) -> float:
+    return parts["global_batch"] / (parts["compute"] / efficiency + parts["encode"] / encode_efficiency +
+                                    parts["launch"] * layer_pass_ms + parts["communication"])
 
 
 def fit(parts, published):
-    """(E, P in ms): least squares of log(predicted / published) over a grid of E 0.050 .. 1.000
-    and P 0 .. 3 ms (the smallest P among equal fits)."""
+    """(E, P in ms, E_e): least squares of log(predicted / published) over a grid of E 0.050 ..
+    1.000 and P 0 .. 3 ms (the smallest P among equal fits) on the runs without encoding, then of
+    E_e 0.005 .. 1.000 on the others (E_e = E when no run encodes)."""
     import numpy as np
 
+    plain = [(p, sps) for p, sps in zip(parts, published) if not p["encode"]]
+    encoding = [(p, sps) for p, sps in zip(parts, published) if p["encode"]]
     e = np.arange(50, 1001)[:, None] / 1000
     q = np.arange(0, 301)[None, :] / 100
     error = sum(np.log(p["global_batch"] / (p["compute"] / e + p["launch"] * q + p["communication"]) / sps) ** 2
-                for p, sps in zip(parts, published))
+                for p, sps in plain)
     i, j = np.unravel_index(np.argmin(error + q * 1e-12), error.shape)
-    return float(e[i, 0]), float(q[0, j])
+    efficiency, layer_pass = float(e[i, 0]), float(q[0, j])
+    if not encoding:
+        return efficiency, layer_pass, efficiency
+    grid = np.arange(5, 1001) / 1000
+    error = sum(np.log(predicted_sps(p, efficiency, layer_pass, grid) / sps) ** 2 for p, sps in encoding)
+    return efficiency, layer_pass, float(grid[np.argmin(error)])
 
 
 def main():
     parts = [step_parts(recipe, config, sets) for _, recipe, config, sets, _ in RUNS]
     published = [run[4] for run in RUNS]
-    efficiency, layer_pass = fit(parts, published)
+    efficiency, layer_pass, encode = fit(parts, published)
     print(f"{'run (1 x 8, BF16)':<30} {'device':<13} {'published':>9} {'predicted':>9} {'error':>7} "
           f"{'leave-one-out':>13}")
     worst = worst_out = 0.0
     for i, (run, p) in enumerate(zip(RUNS, parts)):
-        predicted = predicted_sps(p, efficiency, layer_pass)
+        predicted = predicted_sps(p, efficiency, layer_pass, encode)
         others = fit([q for j, q in enumerate(parts) if j != i], [v for j, v in enumerate(published) if j != i])
         out = predicted_sps(p, *others)
         error, error_out = predicted / run[4] - 1, out / run[4] - 1
         worst, worst_out = max(worst, abs(error)), max(worst_out, abs(error_out))
         print(f"{run[0]:<30} {p['device']:<13} {run[4]:>9.3g} {predicted:>9.3g} {error:>+7.1%} {error_out:>+12.1%} "
-              f"(E {others[0]:.3f}, P {others[1]:.2f} ms)")
-    print(f"fitted: compute efficiency {efficiency:.3f}, {layer_pass:.2f} ms per layer pass (devices.yaml "
-          f"efficiency.compute, layer_pass_ms); worst error {worst:.1%}, worst leave-one-out {worst_out:.1%} "
-          "(goal <= 25%)")
+              f"(E {others[0]:.3f}, P {others[1]:.2f} ms, E_e {others[2]:.3f})")
+    print(f"fitted: compute efficiency {efficiency:.3f}, {layer_pass:.2f} ms per layer pass, online encoding "
+          f"{encode:.3f} (devices.yaml efficiency.compute, layer_pass_ms, encode); worst error {worst:.1%}, worst "
+          f"leave-one-out {worst_out:.1%} (goal <= 25%)")
 
 
 if __name__ == "__main__":

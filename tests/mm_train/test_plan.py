@@ -21,7 +21,8 @@ from mm_train.recipe import load_recipe
 
 HUB_CONFIGS = json.loads((Path(__file__).parent / "data" / "hub_configs.json").read_text())
 REAL_RECIPES = ["qwen2_5_vl_7b_sft", "qwen2_5_vl_72b_sft", "qwen3_vl_8b_sft", "qwen3_vl_30b_a3b_sft",
-                "wan2_1_t2v_1_3b", "wan2_1_t2v_14b"]
+                "wan2_1_t2v_1_3b", "wan2_1_t2v_14b", "cogvideox_5b_t2v", "cogvideox1_5_5b_i2v",
+                "cogvideox1_5_5b_t2v_lora"]
 
 CASES = {
     "vl_tp2_pp2_bf16": ("qwen2_5_vl_tiny", 8, ["parallel.tp=2", "parallel.pp=2", "parallel.zero_stage=1",
@@ -285,3 +286,26 @@ def test_the_optimizer_steps_bucketed_buffers_are_in_the_peak():
     for big, small in zip(plan["ranks"], smaller["ranks"]):
         assert small["optimizer_step_buffers_bytes"] < big["optimizer_step_buffers_bytes"]
         assert abs(small["optimizer_bytes"] - big["optimizer_bytes"]) < 3 * 4 * 8 * 1000  # padding only
+
+
+def test_online_encoding_costs_every_rank_the_vae_and_t5_forward_of_its_samples():
+    """CogVideoX with data.online: the step gains the VAE encoder's and T5's FLOPs of the rank's
+    G / dp samples at devices.yaml's encode efficiency, whatever tp (every rank of a tp group
+    encodes its sample); without a readable encoder folder the 5B's shapes are assumed, and said."""
+    from mm_models_video.cogvideox.flops import vae_encode_flops
+    from mm_models_video.encoders.t5 import t5_encoder_flops
+    from mm_train.families.cogvideox import T5_XXL
+    from mm_train.plan import load_devices
+
+    cached = _planned("cogvideox_5b_t2v")
+    assert cached["breakdown"]["encode"] == 0.0
+    known = load_devices()
+    peak = known["devices"]["ascend-910b2"]["peak_tflops"] * 1e12
+    side = 8 * int((345600 / 64) ** 0.5)  # the planner's square frame of data.max_area
+    flops = vae_encode_flops({}, 49, side, side) + t5_encoder_flops(T5_XXL, 226)
+    for tp in (4, 2):
+        online = _planned("cogvideox_5b_t2v", "data.online=true", f"parallel.tp={tp}")
+        samples_per_rank = 8 / (8 // tp)
+        want = flops * samples_per_rank / (peak * known["efficiency"]["encode"])
+        assert online["breakdown"]["encode"] == pytest.approx(want, rel=1e-9)
+        assert any("5B vae and text_encoder shapes" in note for note in online["notes"])

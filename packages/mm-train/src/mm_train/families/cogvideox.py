@@ -143,7 +143,7 @@ class CogVideoXTask(VideoTask):
         return samples * frames // (self.config.patch_size_t or 1) * (height // p) * (width // p)
 
 
-_TINY = "1-2 CPU processes"
+_TINY, _NODE = "1-2 CPU processes", "1 x 8 Ascend NPUs"
 
 SPEC = register(FamilySpec(
     name="cogvideox",
@@ -166,5 +166,12 @@ SPEC = register(FamilySpec(
                       "a tiny random CogVideoX 1.5 T2V DiT (3-D patches) on the built-in clips", _TINY),
         BuiltinRecipe("cogvideox1_5_i2v_tiny", "cogvideox1_5_i2v_tiny.yaml",
                       "a tiny random CogVideoX 1.5 I2V DiT (3-D patches, ofs) on the built-in clips", _TINY),
+        BuiltinRecipe("cogvideox_5b_t2v", "cogvideox_5b_t2v.yaml",
+                      "CogVideoX-5B T2V pre-training, 49 frames at 480 x 720: TP4 + SP, full recompute, bf16", _NODE),
+        BuiltinRecipe("cogvideox1_5_5b_i2v", "cogvideox1_5_5b_i2v.yaml",
+                      "CogVideoX1.5-5B I2V pre-training, 37 frames at 480 x 720: TP4 + SP, full recompute, bf16",
+                      _NODE),
+        BuiltinRecipe("cogvideox1_5_5b_t2v_lora", "cogvideox1_5_5b_t2v_lora.yaml",
+                      "CogVideoX1.5-5B T2V LoRA r 128 on the attention projections: DP8, bf16", _NODE),
     ),
 ))

@@ -10,7 +10,8 @@ micro-batches per data-parallel rank and step, and E_c, E_n the compute and link
                 a frozen tower's FLOPs count one forward (two under pp)
     bubble      compute (pp - 1) / (m vpp)  (1F1B; interleaving divides the idle ticks by vpp)
     encode      online encoding: the encoders' FLOPs of each of the rank's G / dp samples over
-                (peak E_c), not divided by tp, cp or pp (every rank of a group encodes its sample)
+                (peak E_e), not divided by tp, cp or pp (every rank of a group encodes its sample);
+                E_e is its own efficiency (the VAE's 3-D convolutions, devices.yaml), E_c without one
     launch      m x the layer passes of the rank's stacks x layer_pass_ms: the time a layer costs
                 beyond its FLOPs (kernel launches and host work), which short sequences feel
     collectives bytes on the slowest link each group spans (a group whose ranks sit on two
@@ -76,7 +77,8 @@ def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: d
     bubble = compute * (p - 1) / (micro_batches * par.vpp) if p > 1 else 0.0
     comm_eff = efficiency["communication"]
     b = recipe.train.micro_batch_size
-    encode = workload.encoder_flops * samples_per_rank / peak
+    encode_peak = device["peak_tflops"] * 1e12 * efficiency.get("encode", efficiency["compute"])
+    encode = workload.encoder_flops * samples_per_rank / encode_peak
     times = {"compute_s": compute, "bubble_s": bubble, "encode_s": encode, "launch_s": 0.0, "tp_s": 0.0,
              "cp_s": 0.0, "pp_s": 0.0, "dp_s": 0.0}
     per_layer_pass = efficiency.get("layer_pass_ms", 0.0) / 1e3
