@@ -97,6 +97,35 @@ def test_tiled_encode_and_decode_equal_diffusers(folder, kind):
     assert rel_err(got, want) <= 1e-5
 
 
+def test_whole_clip_batches_equal_diffusers_with_as_large_batches(folder):
+    """num_sample_frames_batch_size / num_latent_frames_batch_size beyond the clip: one batch,
+    GroupNorm over every frame (what vae_context_parallel splits over ranks), as diffusers."""
+    from mm_models_video.cogvideox.vae import AutoencoderKLCogVideoX
+
+    path, reference = folder
+    ours = AutoencoderKLCogVideoX.from_pretrained(path)
+    whole = {"num_sample_frames_batch_size": 64, "num_latent_frames_batch_size": 64}
+    saved = {name: getattr(reference, name) for name in whole}
+    video = np.random.default_rng(5).uniform(-1, 1, (1, 3, 21, 16, 12)).astype(np.float32)
+    latents = np.random.default_rng(6).standard_normal((1, 4, 5, 4, 3)).astype(np.float32)
+    try:
+        for name, value in whole.items():
+            setattr(reference, name, value)
+            setattr(ours, name, value)
+        with torch.no_grad():
+            want = reference.encode(torch.from_numpy(video)).latent_dist
+            decoded = reference.decode(torch.from_numpy(latents)).sample.numpy()
+    finally:
+        for name, value in saved.items():
+            setattr(reference, name, value)
+    got = ours.encode(video)
+    assert rel_err(got.mean.asnumpy(), want.mean.numpy()) <= 1e-5
+    assert rel_err(got.logvar.asnumpy(), want.logvar.numpy()) <= 1e-5
+    assert rel_err(ours.decode(latents).asnumpy(), decoded) <= 1e-5
+    chunked = AutoencoderKLCogVideoX.from_pretrained(path).encode(video).mean.asnumpy()
+    assert rel_err(chunked, want.mean.numpy()) > 1e-3  # the batches of 8 normalise otherwise
+
+
 @pytest.mark.parametrize("version, invert", [("1.0-i2v", False), ("1.5-i2v", False), ("1.5-i2v", True)])
 def test_i2v_condition_equals_the_image_to_video_pipelines(folder, tmp_path, monkeypatch, version, invert):
     """The image condition (scaled image latents, zeros after, 1.5's front padding) equals what

@@ -80,12 +80,22 @@ class GroupNorm(nn.Cell):
         self.weight = census.filled((channels,), "weight", 1.0)
         self.bias = census.filled((channels,), "bias", 0.0)
 
-    def construct(self, x):
+    def construct(self, x, sum_over_parts=None):
+        """``sum_over_parts``: when x is one part of a larger input (frames split over ranks), a
+        function summing a (b, groups, k) tensor over the parts; mean and variance then are the
+        whole input's (two passes: the parts' sums and counts, then their centred squares)."""
         shape = x.shape
         grouped = x.reshape(shape[0], self.groups, -1)
-        mean = grouped.mean(2, keep_dims=True)
-        centred = grouped - mean
-        var = (centred * centred).mean(2, keep_dims=True)
+        if sum_over_parts is None:
+            mean = grouped.mean(2, keep_dims=True)
+            centred = grouped - mean
+            var = (centred * centred).mean(2, keep_dims=True)
+        else:
+            count = ops.full(grouped.shape[:2] + (1,), grouped.shape[2], dtype=grouped.dtype)
+            sums = sum_over_parts(ops.concat([grouped.sum(2, keepdims=True), count], 2))
+            mean = sums[:, :, :1] / sums[:, :, 1:]
+            centred = grouped - mean
+            var = sum_over_parts((centred * centred).sum(2, keepdims=True)) / sums[:, :, 1:]
         out = (centred * ops.rsqrt(var + self.eps)).reshape(shape)
         view = (1, -1) + (1,) * (len(shape) - 2)
         return out * self.weight.reshape(view) + self.bias.reshape(view)

@@ -15,7 +15,8 @@ A causal 3-D convolutional autoencoder, 8x spatial and 4x temporal compression o
     chunks        encode takes frames in batches of 8 (the remainder in the first), decode latent
                   frames in batches of 2, the caches carrying the causal context across, as
                   diffusers does; GroupNorm statistics are per chunk, so the chunking is part of
-                  the function
+                  the function (num_sample_frames_batch_size / num_latent_frames_batch_size, as
+                  diffusers names them; vae_context_parallel splits a whole clip over ranks)
 
 Parameter names are diffusers' (``encoder.down_blocks.0.resnets.0.conv1.conv.weight``,
 ``decoder.up_blocks.0.resnets.0.norm1.conv_y.conv.weight`` ...). Latents for the transformer are
@@ -51,22 +52,38 @@ DEFAULTS = dict(in_channels=3, out_channels=3, down_block_types=["CogVideoXDownB
 ENCODE_FRAMES, DECODE_FRAMES = 8, 2  # diffusers' num_sample_frames_batch_size / num_latent_frames_batch_size
 
 
+class CausalContext:
+    """What one encode or decode carries across its frame batches: each causal convolution's last
+    k - 1 time-padded input frames (the next batch's front padding; the first batch repeats its
+    first frame), and how a GroupNorm takes its statistics (over the batch in hand).
+    mm_models_video.cogvideox.vae_context_parallel's FrameHalos takes both from the neighbours."""
+
+    def __init__(self):
+        self.tails: Dict[int, Tensor] = {}
+
+    def pad_front(self, conv: "CausalConv3d", x):
+        previous = self.tails.get(id(conv))
+        x = ops.concat(([previous] if previous is not None else [x[:, :, :1]] * conv.time_pad) + [x], 2)
+        self.tails[id(conv)] = x[:, :, -conv.time_pad:]
+        return x
+
+    def group_norm(self, norm: GroupNorm, x):
+        return norm(x)
+
+
 class CausalConv3d(nn.Cell):
-    """diffusers' CogVideoXCausalConv3d (pad_mode "first"): ``cache`` (a dict shared by one encode
-    or decode) maps each convolution to its last k - 1 time-padded input frames."""
+    """diffusers' CogVideoXCausalConv3d (pad_mode "first"): time padding from ``context`` (a
+    CausalContext), k - 1 copies of the first frame without one."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel: int = 3):
         super().__init__()
         self.time_pad, self.spatial_pad = kernel - 1, (kernel - 1) // 2
         self.conv = Conv(in_channels, out_channels, (kernel,) * 3)
 
-    def construct(self, x, cache: Optional[Dict] = None):
+    def construct(self, x, context: Optional[CausalContext] = None):
         if self.time_pad:
-            previous = None if cache is None else cache.get(id(self))
-            front = [previous] if previous is not None else [x[:, :, :1]] * self.time_pad
-            x = ops.concat(front + [x], 2)
-            if cache is not None:
-                cache[id(self)] = x[:, :, -self.time_pad:]
+            x = context.pad_front(self, x) if context is not None else ops.concat([x[:, :, :1]] * self.time_pad + [x],
+                                                                                  2)
         p = self.spatial_pad
         return self.conv(ops.pad(x, (p, p, p, p, 0, 0)) if p else x)
 
@@ -97,7 +114,7 @@ class SpatialNorm3D(nn.Cell):
             zq = ops.concat([first, rest], 2)
         else:
             zq = nearest_resize(zq, tuple(f.shape[2:]))
-        return self.norm_layer(f) * self.conv_y(zq, cache) + self.conv_b(zq, cache)
+        return cache.group_norm(self.norm_layer, f) * self.conv_y(zq, cache) + self.conv_b(zq, cache)
 
 
 class ResnetBlock3D(nn.Cell):
@@ -115,7 +132,7 @@ class ResnetBlock3D(nn.Cell):
         self.conv_shortcut = Conv(in_channels, out_channels, (1, 1, 1)) if in_channels != out_channels else None
 
     def _norm(self, norm, x, zq, cache):
-        return norm(x, zq, cache) if self.spatial else norm(x)
+        return norm(x, zq, cache) if self.spatial else cache.group_norm(norm, x)
 
     def construct(self, x, zq, cache):
         h = self.conv1(ops.silu(self._norm(self.norm1, x, zq, cache)), cache)
@@ -208,7 +225,7 @@ class Encoder3D(nn.Cell):
         for block in self.down_blocks:
             x = block(x, None, cache)
         x = self.mid_block(x, None, cache)
-        return self.conv_out(ops.silu(self.norm_out(x)), cache)
+        return self.conv_out(ops.silu(cache.group_norm(self.norm_out, x)), cache)
 
 
 class Decoder3D(nn.Cell):
@@ -242,10 +259,10 @@ def frame_batches(frames: int, size: int):
 
 
 def by_frame_batches(x, size: int, run):
-    """``run(batch, cache)`` on each frame batch of (B, C, T, H, W) ``x`` in turn, one causal cache
-    carried across; the outputs joined along time."""
-    cache: Dict = {}
-    parts = [run(x[:, :, start:end], cache) for start, end in frame_batches(x.shape[2], size)]
+    """``run(batch, context)`` on each frame batch of (B, C, T, H, W) ``x`` in turn, one
+    CausalContext carried across; the outputs joined along time."""
+    context = CausalContext()
+    parts = [run(x[:, :, start:end], context) for start, end in frame_batches(x.shape[2], size)]
     return ops.concat(parts, 2) if len(parts) > 1 else parts[0]
 
 
@@ -267,6 +284,9 @@ class AutoencoderKLCogVideoX(DiffusersVAE):
         self.use_tiling = False
         self.enable_tiling()
         self.use_tiling = False
+        # diffusers' attributes of the same names: frames per encode / decode batch (a larger value
+        # than the clip's: the clip whole, its GroupNorm statistics over every frame)
+        self.num_sample_frames_batch_size, self.num_latent_frames_batch_size = ENCODE_FRAMES, DECODE_FRAMES
 
     def enable_tiling(self, tile_sample_min_height: Optional[int] = None, tile_sample_min_width: Optional[int] = None,
                       tile_overlap_factor_height: Optional[float] = None,
@@ -288,10 +308,10 @@ class AutoencoderKLCogVideoX(DiffusersVAE):
         return self.decoder(z if self.post_quant_conv is None else self.post_quant_conv(z), cache)
 
     def _encode_tile(self, x):
-        return by_frame_batches(x, ENCODE_FRAMES, self._encode_part)
+        return by_frame_batches(x, self.num_sample_frames_batch_size, self._encode_part)
 
     def _decode_tile(self, z):
-        return by_frame_batches(z, DECODE_FRAMES, self._decode_part)
+        return by_frame_batches(z, self.num_latent_frames_batch_size, self._decode_part)
 
     def encode(self, video) -> LatentDistribution:
         """(B, C, 1 + 4k, H, W) in [-1, 1] -> latent distribution of (B, z, 1 + k, H/8, W/8)."""
