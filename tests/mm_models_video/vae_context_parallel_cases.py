@@ -36,6 +36,7 @@ def run_vae_cases(path: str, frames: int, size):
     out = {"frames": [start, end], "latent": [first, last],
            "encode_mean": rel_err(part.mean.asnumpy(), whole.mean.asnumpy()[:, :, first:last]),
            "encode_logvar": rel_err(part.logvar.asnumpy(), whole.logvar.asnumpy()[:, :, first:last])}
+    out["gathered"] = rel_err(cp.encode_gathered(vae, video, group).mean.asnumpy(), whole.mean.asnumpy())
     latents = rng.standard_normal(whole.mean.shape).astype(np.float32)
     decoded = vae.decode(latents).asnumpy()
     first, last = cp.decode_shards(latents.shape[2], n)[group.rank]

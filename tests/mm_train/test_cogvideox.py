@@ -16,9 +16,9 @@ RECIPES = Path(__file__).resolve().parents[2] / "packages/mm-train/src/mm_train/
 RECIPE = str(RECIPES / "cogvideox_t2v_tiny.yaml")
 
 
-def run(run_distributed, out, *extra, data, nproc=1, recipe=RECIPE):
+def run(run_distributed, out, *extra, data, nproc=1, recipe=RECIPE, variables=None):
     train(run_distributed, recipe, "--set", f"data.path={data}", "--set", f"output_dir={out}", "--no-progress",
-          *extra, nproc=nproc, data=out.parent / "unused")
+          *extra, nproc=nproc, data=out.parent / "unused", variables=variables)
     return losses(out)
 
 
@@ -51,3 +51,42 @@ def test_tiny_cogvideox_i2v_and_1_5_recipes_learn_and_i2v_trains_alike_under_tp_
     for name, extra in layouts.items():
         got = run(run_distributed, tmp_path / name, *four, *extra, data=data, nproc=2, recipe=i2v)
         assert got == pytest.approx(single, rel=1e-4), (name, got, single)
+
+
+def test_own_clips_cache_alike_with_the_vae_split_over_two_ranks(tmp_path, run_distributed):
+    """data.vae / text_encoder: tiny write CogVideoX's tiny encoders as the folders diffusers and
+    transformers load (bit for bit); one's own clips (13 frames: one VAE frame batch, so encoded
+    whole either way) cached by one process and by two ranks splitting each clip's frames
+    (data.vae_context_parallel=2, each encoding 2 of the 4 latent frames) hold the same latents."""
+    import numpy as np
+    import torch
+    from diffusers import AutoencoderKLCogVideoX
+    from test_video import _own_clips
+    from transformers import T5EncoderModel
+
+    from mm_data import FeatureDataset
+    from mm_train import tiny_video
+
+    user = _own_clips(tmp_path) + ["--set", "data.vae=tiny", "--set", "data.text_encoder=tiny",
+                                   "--set", "data.num_frames=13"]
+    home = {"MM_TRAIN_VIDEO_DATA": str(tmp_path / "home")}
+    one = run(run_distributed, tmp_path / "one", *user, data=tmp_path / "data.jsonl", variables=home)
+    two = run(run_distributed, tmp_path / "two", *user, "--set", "data.vae_context_parallel=2", nproc=2,
+              data=tmp_path / "data.jsonl", variables=home)
+    assert np.isfinite(one + two).all()
+    caches = [FeatureDataset(str(tmp_path / name / "features")) for name in ("one", "two")]
+    assert len(caches[0]) == len(caches[1]) == 6  # the broken clip skipped by both
+    # the two ranks encoded every clip together, the first of them wrote
+    assert [p.name for p in (tmp_path / "two" / "features").glob("index-r*.jsonl")] == ["index-r000.jsonl"]
+    by_index = [{e["index"]: c.get(i) for i, e in enumerate(c.entries)} for c in caches]
+    for index, sample in by_index[0].items():
+        got, want = by_index[1][index]["latents"], sample["latents"]
+        assert got.shape == want.shape and got.shape[1] == 4
+        assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want), index
+    folders = tmp_path / "home" / "tiny_encoders-cogvideox"
+    vae, text = tiny_video.cogvideox_encoders()
+    for ours, theirs in ((vae, AutoencoderKLCogVideoX.from_pretrained(folders / "vae")),
+                         (text, T5EncoderModel.from_pretrained(folders / "text_encoder"))):
+        state = theirs.state_dict()
+        for name, param in ours.parameters_and_names():
+            assert torch.equal(state[name], torch.from_numpy(param.asnumpy())), name

@@ -4,10 +4,11 @@
 a batch to a batch-first numpy array, so mm-data stays framework-free) over a data set, evaluation
 style (centre crops), and writes the features per sample into safetensors shards with a JSONL
 index. Rank ``r`` of ``world_size`` encodes samples ``r, r + world_size, ...`` and writes its own
-shards and index, so ranks never touch one file. A shard is written to a temporary name and
-renamed before its index lines are appended, so the index never names a missing shard; a rerun
-skips the samples already indexed and finishes an interrupted cache. Bad samples are skipped
-through the data set's `BadInputLog`.
+shards and index, so ranks never touch one file (ranks that encode together — a context-parallel
+VAE's group — pass their group's number as ``rank``, and only one of them writes). A shard is
+written to a temporary name and renamed before its index lines are appended, so the index never
+names a missing shard; a rerun skips the samples already indexed and finishes an interrupted
+cache. Bad samples are skipped through the data set's `BadInputLog`.
 
 `FeatureDataset` reads the folder back: ``get(i)`` gives the sample's feature arrays (plus its
 caption), ``keys`` the shape of each sample's features for bucketed batching.
@@ -36,10 +37,18 @@ def _indexed(folder: str) -> List[dict]:
     return entries
 
 
+def cached_indices(folder: str) -> set:
+    """The samples a cache folder already holds (every rank's index)."""
+    return {entry["index"] for entry in _indexed(folder)}
+
+
 def build_feature_cache(dataset, encoders: Mapping[str, Callable[[dict], np.ndarray]], folder: str,
                         batch_size: int = 1, samples_per_shard: int = 64, rank: int = 0, world_size: int = 1,
-                        collate: Optional[Callable] = None) -> int:
-    """Encode this rank's share of ``dataset`` into ``folder``; returns the number of samples written."""
+                        collate: Optional[Callable] = None, done: Optional[set] = None, write: bool = True) -> int:
+    """Encode this rank's share of ``dataset`` into ``folder``; returns the number of samples
+    encoded. ``done``: the samples to skip (default `cached_indices`; ranks encoding together
+    must pass the same set, read before any of them writes); ``write`` False encodes without
+    writing (a helper rank whose encoders take part in collectives)."""
     from safetensors.numpy import save_file
 
     from mm_data.loader import Collator
@@ -47,7 +56,7 @@ def build_feature_cache(dataset, encoders: Mapping[str, Callable[[dict], np.ndar
     collate = collate or Collator()
     os.makedirs(folder, exist_ok=True)
     bad_input = getattr(dataset, "bad_input", None) or BadInputLog()
-    done = {entry["index"] for entry in _indexed(folder)}
+    done = cached_indices(folder) if done is None else done
     mine = [i for i in range(rank, len(dataset), world_size) if i not in done]
     keys = getattr(dataset, "keys", None)
     groups: Dict[object, List[int]] = defaultdict(list)  # equal shapes batch together
@@ -58,7 +67,8 @@ def build_feature_cache(dataset, encoders: Mapping[str, Callable[[dict], np.ndar
 
     def flush():
         nonlocal shard_number, pending_tensors, pending_lines
-        if not pending_lines:
+        if not pending_lines or not write:
+            pending_tensors, pending_lines = {}, []
             return
         name = f"features-r{rank:03d}-{shard_number:05d}.safetensors"
         save_file(pending_tensors, os.path.join(folder, name + ".tmp"))

@@ -23,16 +23,21 @@ import numpy as np
 from mm_train.video_data import WanTrainData
 
 
-def cogvideox_encoders(vae, text, image_noise: Optional[dict] = None):
+def cogvideox_encoders(vae, text, image_noise: Optional[dict] = None, frame_group=None):
     """{latents, prompt_embeds[, image_latents]}: numpy-in numpy-out encoders of a CogVideoX VAE
-    and T5; ``image_noise`` {seed, mean, std} adds the I2V image latents (module docstring)."""
+    and T5; ``image_noise`` {seed, mean, std} adds the I2V image latents (module docstring);
+    ``frame_group`` (data.vae_context_parallel) splits each clip's frames over its ranks
+    (vae_context_parallel.encode_gathered: the clip whole, GroupNorm over all its frames)."""
     import mindspore as ms
 
+    from mm_models_video.cogvideox import vae_context_parallel
     from mm_models_video.cogvideox.conditioning import image_latent_scale, noisy_first_frame
 
     scale = float(vae.config["scaling_factor"])
 
     def latents(batch):
+        if frame_group is not None:
+            return (vae_context_parallel.encode_gathered(vae, batch["video"], frame_group).mean * scale).asnumpy()
         return (vae.encode(ms.Tensor(batch["video"])).mean * scale).asnumpy()
 
     def prompt_embeds(batch):
@@ -61,6 +66,7 @@ class CogVideoXTrainData(WanTrainData):
 
     cache_name = "cogvideox"
     i2v_features = ("image_latents",)
+    splits_vae_frames = True
 
     def __init__(self, recipe, topo, config):
         self.model_config = config
@@ -73,13 +79,14 @@ class CogVideoXTrainData(WanTrainData):
     def tiny_encoders(self, i2v: bool):
         from mm_train import tiny_video
 
-        return cogvideox_encoders(*tiny_video.cogvideox_encoders(), image_noise=self.image_noise(i2v))
+        return cogvideox_encoders(*tiny_video.cogvideox_encoders(), self.image_noise(i2v), self.frame_group)
 
     def folder_encoders(self, folders, i2v: bool):
         from mm_models_video import AutoencoderKLCogVideoX, T5EncoderModel
 
         return cogvideox_encoders(AutoencoderKLCogVideoX.from_pretrained(folders["vae"]),
-                                  T5EncoderModel.from_pretrained(folders["text_encoder"]), self.image_noise(i2v))
+                                  T5EncoderModel.from_pretrained(folders["text_encoder"]), self.image_noise(i2v),
+                                  self.frame_group)
 
     def make_schedule(self):
         from mm_models_video.cogvideox import CogVideoXSchedule

@@ -140,11 +140,13 @@ TINY = "tiny"  # data.vae / text_encoder / image_encoder: the tiny random encode
 ENCODER_FIELDS = ("vae", "text_encoder", "tokenizer", "image_encoder", "image_processor")
 
 
-def encoder_folders(root: str, seed: int = 0) -> Dict[str, str]:
-    """The tiny random encoders of `encoders` written once under ``root`` as the folders users
-    point real recipes at, in the Wan2.1 diffusers layout: vae/ (diffusers AutoencoderKLWan),
-    text_encoder/ (transformers UMT5EncoderModel), tokenizer/ (trained on every caption the tiny
-    set can have), image_encoder/ (CLIPVisionModel) and image_processor/ (its CLIPImageProcessor).
+def encoder_folders(root: str, seed: int = 0, family: str = "wan") -> Dict[str, str]:
+    """The tiny random encoders written once under ``root`` as the folders users point real
+    recipes at, in the diffusers layouts: for Wan2.1 (`encoders`) vae/ (diffusers
+    AutoencoderKLWan), text_encoder/ (transformers UMT5EncoderModel), image_encoder/
+    (CLIPVisionModel) and image_processor/ (its CLIPImageProcessor); for CogVideoX
+    (`cogvideox_encoders`, ``family`` "cogvideox") vae/ (AutoencoderKLCogVideoX) and text_encoder/
+    (T5EncoderModel); for both tokenizer/ (trained on every caption the tiny set can have).
     ``data.vae: tiny`` (and text_encoder / image_encoder) name them, so one's own clips train
     before real encoders are downloaded. Returns {field: folder}."""
     from transformers import PreTrainedTokenizerFast
@@ -152,20 +154,22 @@ def encoder_folders(root: str, seed: int = 0) -> Dict[str, str]:
     from mm_train.tiny_data import train_tokenizer
 
     root = Path(root)
-    folders = {field: str(root / field) for field in ENCODER_FIELDS}
+    fields = ENCODER_FIELDS if family == "wan" else ("vae", "text_encoder", "tokenizer")
+    folders = {field: str(root / field) for field in fields}
     done = root / ".complete"
-    if done.exists() and json.loads(done.read_text()) == {"seed": seed}:
+    if done.exists() and json.loads(done.read_text()) == {"seed": seed, "family": family}:
         return folders
-    vae, text, clip, processor = encoders(seed, image=True)
-    vae.save_pretrained(folders["vae"])
-    text.save_pretrained(folders["text_encoder"])
-    clip.save_pretrained(folders["image_encoder"])
-    processor.save_pretrained(folders["image_processor"])
+    if family == "wan":
+        modules = dict(zip(("vae", "text_encoder", "image_encoder", "image_processor"), encoders(seed, image=True)))
+    else:
+        modules = dict(zip(("vae", "text_encoder"), cogvideox_encoders(seed)))
+    for field, module in modules.items():
+        module.save_pretrained(folders[field])
     captions = [f"a {c} square moving {m} on {b}" for c in COLOURS for m in MOVES for b in COLOURS if b != c]
     os.makedirs(folders["tokenizer"], exist_ok=True)
     vocabulary = Path(folders["tokenizer"]) / "tokenizer.json"
     train_tokenizer(captions, vocabulary, SPECIAL, TEXT_CONFIG["vocab_size"], unk_token="<unk>")
     PreTrainedTokenizerFast(tokenizer_file=str(vocabulary), pad_token="<pad>", eos_token="</s>",
                             unk_token="<unk>").save_pretrained(folders["tokenizer"])
-    done.write_text(json.dumps({"seed": seed}))  # last: a folder without it is written again
+    done.write_text(json.dumps({"seed": seed, "family": family}))  # last: a folder without it is written again
     return folders

@@ -70,22 +70,22 @@ def _encoders(vae, text, image_encoder=None, image_processor=None):
     return encoders
 
 
-def encoder_sources(data, topo) -> Dict[str, str]:
+def encoder_sources(data, topo, family: str = "wan") -> Dict[str, str]:
     """{vae, text_encoder, tokenizer, image_encoder, image_processor: folder} of a ``video`` data
-    section: its own folders, and for each set to ``tiny`` the tiny random encoders' (written once
-    under the tiny set's folder, `tiny_video.encoder_folders`). The tokenizer defaults to the
-    text encoder's folder, the image processor to the image encoder's."""
+    section: its own folders, and for each set to ``tiny`` the ``family``'s tiny random encoders'
+    (written once under the tiny set's folder, `tiny_video.encoder_folders`). The tokenizer
+    defaults to the text encoder's folder, the image processor to the image encoder's."""
     from mm_train import tiny_video
 
     given = {field: getattr(data, field) for field in tiny_video.ENCODER_FIELDS}
     if tiny_video.TINY in given.values():
-        root = os.path.join(default_folder(), "tiny_encoders")
-        once_on_rank_zero(topo, lambda: tiny_video.encoder_folders(root))
-        tiny = tiny_video.encoder_folders(root)
-        given = {field: tiny[field] if value == tiny_video.TINY else value for field, value in given.items()}
+        root = os.path.join(default_folder(), "tiny_encoders" if family == "wan" else f"tiny_encoders-{family}")
+        once_on_rank_zero(topo, lambda: tiny_video.encoder_folders(root, family=family))
+        tiny = tiny_video.encoder_folders(root, family=family)
+        given = {field: tiny.get(field) if value == tiny_video.TINY else value for field, value in given.items()}
         for encoder, companion in (("text_encoder", "tokenizer"), ("image_encoder", "image_processor")):
             if getattr(data, encoder) == tiny_video.TINY and not getattr(data, companion):
-                given[companion] = tiny[companion]
+                given[companion] = tiny.get(companion)
     given["tokenizer"] = given["tokenizer"] or given["text_encoder"]
     given["image_processor"] = given["image_processor"] or given["image_encoder"]
     return given
@@ -148,7 +148,7 @@ class _Source:
                                                            if family.cache_name else f"features-{kind}")
             self.fps = tiny_video.FPS
         else:
-            self.folders = encoder_sources(data, topo)
+            self.folders = encoder_sources(data, topo, family.cache_name or "wan")
             self.annotations = data.path
             self.tokenizer = load_tokenizer(self.folders["tokenizer"], pad_token="<pad>", eos_token="</s>")
             self.cache = data.features_dir or os.path.join(recipe.output_dir, "features")
@@ -194,6 +194,7 @@ class WanTrainData:
     `flow_inputs` (features to the model's keywords), ``cache_name`` (the tiny set's cache folder)."""
 
     cache_name = ""  # Wan's tiny caches keep their names: features-t2v / features-i2v
+    splits_vae_frames = False  # whether data.vae_context_parallel > 1 is supported (CogVideoX's VAE)
     i2v_features = ("image_embeds", "condition")  # what an I2V model's cache must hold
 
     @staticmethod
@@ -218,6 +219,7 @@ class WanTrainData:
         self.i2v = i2v  # an I2V DiT (its config has an image_dim)
         self.online = data.online and data.kind != "video_features"
         self.cache_folder, self.cache_skips = None, []
+        self.frame_group = self._vae_group(data, topo)
         if self.online:  # clips decoded and encoded every step (random crops and clip starts)
             source = _Source(recipe, topo, self.i2v, self)
             self.annotations = source.annotations
@@ -240,6 +242,24 @@ class WanTrainData:
                                           keys=self.dataset.keys, seed=train.seed)
         self.schedule = self.make_schedule()
 
+    def _vae_group(self, data, topo):
+        """The ranks this one encodes each clip with (data.vae_context_parallel consecutive ranks), or None."""
+        n = data.vae_context_parallel
+        if n == 1:
+            return None
+        if not self.splits_vae_frames:
+            raise ValueError("data.vae_context_parallel splits the CogVideoX VAE's frames; this family's VAE encodes "
+                             "whole clips on each rank: leave it 1")
+        if self.online or data.kind == "video_features":
+            raise ValueError("data.vae_context_parallel applies while the feature cache is built (data.kind video or "
+                             "tiny_video, data.online false)")
+        if topo.world_size % n:
+            raise ValueError(f"data.vae_context_parallel={n} must divide the {topo.world_size} ranks")
+        from mm_parallel.topology import Group
+
+        first = topo.rank - topo.rank % n
+        return Group(tuple(range(first, first + n)), topo.rank % n, "vae_context_parallel")
+
     def files(self):
         """(annotation files, media files) of what is trained on: the clips, or the feature cache."""
         if self.cache_folder is None:
@@ -252,11 +272,19 @@ class WanTrainData:
         """Build (or finish) the feature cache, every rank its share; returns its folder. The clips
         this rank skipped while encoding are kept in ``cache_skips`` (source, reason)."""
         from mm_data import build_feature_cache
+        from mm_data.feature_cache import cached_indices
         from mm_parallel import comm
 
         folder, encoders, clips = source.cache, source.encoders(), source.dataset(random_crop=False)
-        build_feature_cache(clips, encoders, folder, batch_size=1, rank=topo.rank, world_size=topo.world_size)
-        self.cache_skips = list(clips.bad_input.skipped)
+        group, done = self.frame_group, None
+        if group is not None:  # a group encodes each clip together, its first rank writes
+            done = cached_indices(folder)
+            comm.barrier(topo.world)  # every rank has read the index before any writes
+        n = 1 if group is None else group.size
+        writer = group is None or group.rank == 0
+        build_feature_cache(clips, encoders, folder, batch_size=1, rank=topo.rank // n,
+                            world_size=topo.world_size // n, done=done, write=writer)
+        self.cache_skips = list(clips.bad_input.skipped) if writer else []
         if topo.rank == 0 and not os.path.exists(os.path.join(folder, NULL_CAPTION)):
             empty = source.tokenizer("", padding="max_length", max_length=source.text_length, return_tensors="np")
             null = encoders["prompt_embeds"]({k: v.astype(np.int64) for k, v in empty.items()})[0]

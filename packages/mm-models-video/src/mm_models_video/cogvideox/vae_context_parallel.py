@@ -111,3 +111,19 @@ def decode(vae: AutoencoderKLCogVideoX, latent_shard, group: Group) -> Tensor:
     z = latent_shard if isinstance(latent_shard, Tensor) else Tensor(np.asarray(latent_shard, np.float32))
     _check_untiled(vae, z, vae.tile_latent)
     return vae._decode_part(z, FrameHalos(group))
+
+
+def encode_gathered(vae: AutoencoderKLCogVideoX, video, group: Group) -> LatentDistribution:
+    """The whole clip's latent distribution on every rank of ``group``, each having encoded only
+    its frames (`encode_shards`): feature extraction with the activations split, the latents
+    joined (an all-gather of the shards, padded to the longest)."""
+    video = np.asarray(video.asnumpy() if isinstance(video, Tensor) else video, np.float32)
+    shards = encode_shards(video.shape[2], group.size)
+    start, end = shards[group.rank]
+    moments = vae._encode_part(Tensor(video[:, :, start:end]), FrameHalos(group))
+    latent = [(b + 3) // 4 - (a + 3) // 4 for a, b in shards]  # latent frames per rank
+    padded = ops.pad(moments, (0, 0, 0, 0, 0, max(latent) - moments.shape[2]))
+    parts = comm.all_gather(padded, group, dim=2)
+    longest = max(latent)
+    joined = ops.concat([parts[:, :, i * longest:i * longest + n] for i, n in enumerate(latent)], 2)
+    return moments_to_distribution(joined)

@@ -37,8 +37,13 @@ class VideoDataSection(DataSection):
     text_max_length: int = 512
     caption_dropout: float = 0.0
     online: bool = False  # encode clips every step (random crops) instead of once into the cache
+    # ranks that encode one clip together while the feature cache is built, each holding 1 / n of
+    # its frames' VAE activations (CogVideoX: mm_models_video.cogvideox.vae_context_parallel)
+    vae_context_parallel: int = 1
 
     def __post_init__(self):
+        if self.vae_context_parallel < 1:
+            raise ValueError(f"data.vae_context_parallel is a number of ranks (>= 1), got {self.vae_context_parallel}")
         if self.kind == "video":
             self.require_path("video annotations")
             if not (self.vae and self.text_encoder):
