@@ -19,11 +19,11 @@ FRAMES = {"1.0-t2v": 3, "1.5-i2v": 4}
 SHARED = ("image_rotary_emb", "ofs")  # one for the whole batch: not cut into samples
 
 
-def batch(kind: str, config):
+def batch(kind: str, config, text_rows: int = 8):
     from mm_models_video.cogvideox import rotary_tables
 
     frames = FRAMES[kind]
-    out = inputs(np.random.default_rng(1), kind, batch=2, frames=frames, size=(8, 8), text_len=8)
+    out = inputs(np.random.default_rng(1), kind, batch=2, frames=frames, size=(8, 8), text_len=text_rows)
     out["image_rotary_emb"] = rotary_tables(config, frames, 8, 8)
     return out
 
@@ -51,15 +51,18 @@ def spec():
 
 def run_parallel_cases(path, cases):
     """cases: {name: {"layout": ParallelConfig kwargs, "recompute", "lora", "checkpoint": sub-folder
-    of path (a kind of FRAMES)}} -> mm_parallel.testing.equivalence.run_cases' results."""
+    of path (a kind of FRAMES), "text_rows" (default 8; 7 leaves a joint length the layout pads)}}
+    -> mm_parallel.testing.equivalence.run_cases' results."""
     from mm_models_video import CogVideoXTransformerConfig
     from mm_parallel.testing.equivalence import run_cases
 
     results = {}
     for kind in FRAMES:
-        group = {k: v for k, v in cases.items() if v["checkpoint"].split("/")[0] == kind}
-        if group:
-            config = CogVideoXTransformerConfig.load(os.path.join(path, kind))
-            results.update(run_cases(spec(), path, group, batch(kind, config),
-                                     reference_key=lambda c: (bool(c.get("lora")),)))
+        for text_rows in sorted({c.get("text_rows", 8) for c in cases.values()}):
+            group = {k: v for k, v in cases.items()
+                     if v["checkpoint"].split("/")[0] == kind and v.get("text_rows", 8) == text_rows}
+            if group:
+                config = CogVideoXTransformerConfig.load(os.path.join(path, kind))
+                results.update(run_cases(spec(), path, group, batch(kind, config, text_rows),
+                                         reference_key=lambda c: (bool(c.get("lora")),)))
     return results

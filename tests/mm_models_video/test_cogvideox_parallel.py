@@ -1,9 +1,10 @@
 """CogVideoX's transformer loaded with from_pretrained under a layout trains like one process: two
 DistributedOptimizer steps; losses (rtol 1e-5), first-step gathered gradients and final
 parameters (rel-err <= 1e-4). The joint text + video sequence is what tp-sp and cp split (text
-rows land on several ranks under ring's zigzag). The bf16_* cases run in bf16 against the bf16
-single process, within mm_parallel.testing.equivalence.BF16_TOLERANCE. See
-cogvideox_parallel_cases.py."""
+rows land on several ranks under ring's zigzag); the padded_* cases' joint length does not
+divide, so the model pads it (masked keys, rows dropped from loss and sample). The bf16_* cases
+run in bf16 against the bf16 single process, within mm_parallel.testing.equivalence.BF16_TOLERANCE.
+See cogvideox_parallel_cases.py."""
 
 import diffusers  # noqa: F401  (the parity reference: required, see tests/conftest.py)
 import pytest
@@ -32,6 +33,9 @@ TWO = {
                                   "checkpoint": T2V},
     "i2v_1_5_tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}, "checkpoint": I2V},
     "i2v_1_5_ulysses2": {"layout": {"cp": 2}, "checkpoint": I2V},
+    # 7 text + 48 video rows: padded to 56 (masked keys, dropped rows) where the layout cuts them
+    "padded_ring2": {"layout": {"cp": 2, "cp_algo": "ring"}, "checkpoint": T2V, "text_rows": 7},
+    "padded_tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}, "checkpoint": T2V, "text_rows": 7},
 }
 
 # bf16 (mm_parallel.precision) against the bf16 single process, to bf16's precision
@@ -45,6 +49,10 @@ FOUR = {
     "pp2_dp2_zero1": {"layout": {"pp": 2, "zero_stage": 1}, "checkpoint": T2V},
     "lora_pp2_tp2": {"layout": {"pp": 2, "tp": 2}, "lora": True, "checkpoint": T2V},
     "i2v_1_5_pp2_tp2_sp": {"layout": {"pp": 2, "tp": 2, "sequence_parallel": True}, "checkpoint": I2V},
+    "padded_tp2_sp_ring2": {"layout": {"tp": 2, "sequence_parallel": True, "cp": 2, "cp_algo": "ring"},
+                            "checkpoint": T2V, "text_rows": 7},
+    "padded_hybrid2x2": {"layout": {"cp": 4, "cp_algo": "hybrid", "ulysses_degree": 2}, "checkpoint": T2V,
+                         "text_rows": 7},
 }
 
 

@@ -16,7 +16,9 @@ runs the configured algorithm over cp = ulysses x ring ranks:
 
 `split_sequence` / `gather_sequence` cut a full sequence (inputs, positions, labels) into this
 rank's part in that layout and restore it: zigzag over the ring ranks, then contiguous over the
-Ulysses ranks. The backward of the ring pass is automatic differentiation through the shifts
+Ulysses ranks. A sequence padded at its end to split evenly passes ``key_length``: every
+block's keys at or past it are masked (their positions follow from the layout, no exchange).
+The backward of the ring pass is automatic differentiation through the shifts
 (`mappings.ring_shift`), which keeps every received block until the backward.
 """
 
@@ -25,10 +27,12 @@ from __future__ import annotations
 from typing import List, Optional
 
 import mindspore as ms
+import numpy as np
 from mindspore import ops
 
 from mm_parallel import comm, mappings
 from mm_parallel.ops import attention as local_attention
+from mm_parallel.ops.device import host_array
 from mm_parallel.topology import Topology, get_topology
 
 
@@ -72,19 +76,33 @@ def gather_sequence(x, dim: int = 1, topology: Optional[Topology] = None):
     return ops.concat(ordered, dim)
 
 
+def _valid_keys(batch: int, chunk: int, chunks: List[int], key_length: Optional[int]):
+    """(batch, keys) mask of the keys made of ``chunks`` (each ``chunk`` rows long) that sit before
+    ``key_length`` in the whole sequence; None when every one does."""
+    if key_length is None or (max(chunks) + 1) * chunk <= key_length:
+        return None
+    positions = np.concatenate([np.arange(c * chunk, (c + 1) * chunk) for c in chunks])
+    return np.broadcast_to(positions < key_length, (batch, positions.shape[0]))
+
+
 def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None, key_padding_mask=None,
-              topology: Optional[Topology] = None):
+              key_length: Optional[int] = None, topology: Optional[Topology] = None):
     """Attention over the whole sequence of q, k, v split along dim 1 in the `split_sequence` layout.
 
     ``key_padding_mask`` (batch, k_len), 0 for padding, is taken without context parallelism only:
-    with cp > 1 pack the samples instead of padding them.
+    with cp > 1 pack the samples instead of padding them. ``key_length``: the keys at positions
+    >= key_length of the whole sequence are padding (a sequence padded to split evenly) and are
+    attended by no query, under every layout (each block's positions follow from the layout).
     """
     topo = get_topology(topology)
     if topo.cp.size == 1:
+        valid = _valid_keys(k.shape[0], k.shape[1], [0], key_length)
+        if valid is not None:
+            key_padding_mask = valid if key_padding_mask is None else valid & host_array(key_padding_mask, bool)
         return local_attention(q, k, v, causal=causal, scale=scale, key_padding_mask=key_padding_mask)
     if key_padding_mask is not None:
         raise ValueError("context parallel attention takes no padding mask: pack the samples into full sequences "
-                         "(or drop the padding) when cp > 1")
+                         "(or pass key_length for a padded end) when cp > 1")
     u_group, ring_group = topo.cp_ulysses, topo.cp_ring
     heads, kv_heads = q.shape[2], k.shape[2]
     if u_group.size > 1:
@@ -96,8 +114,11 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None, k
         if kv_heads % u_group.size:  # too few kv heads to split: give every query head its own copy
             k, v = (ops.repeat_interleave(t, heads // kv_heads, 2) for t in (k, v))
         q, k, v = (mappings.all_to_all(t, u_group, 2, 1) for t in (q, k, v))
-    out = _ring_attention(q, k, v, causal, scale, ring_group) if ring_group.size > 1 else \
-        local_attention(q, k, v, causal=causal, scale=scale)
+    if ring_group.size > 1:
+        out = _ring_attention(q, k, v, causal, scale, ring_group, key_length)
+    else:  # the whole sequence, in order, after the all-to-all
+        out = local_attention(q, k, v, causal=causal, scale=scale,
+                              key_padding_mask=_valid_keys(k.shape[0], k.shape[1], [0], key_length))
     if u_group.size > 1:
         out = mappings.all_to_all(out, u_group, 1, 2)
     return out
@@ -114,20 +135,21 @@ def _merge(out, lse, block_out, block_lse):
     return out * scale_old + block_out.astype(ms.float32) * scale_new, new_lse
 
 
-def _ring_attention(q, k, v, causal, scale, group):
+def _ring_attention(q, k, v, causal, scale, group, key_length=None):
     r, me = group.size, group.rank
     kv = ops.concat([k, v], -1)  # one shift moves both
-    head_dim = k.shape[-1]
+    head_dim, half, batch = k.shape[-1], k.shape[1] // 2, k.shape[0]
     if not causal:
         out = lse = None
         for step in range(r):
             if step:
                 kv = mappings.ring_shift(kv, group, 1)
-            o, o_lse = local_attention(q, kv[..., :head_dim], kv[..., head_dim:], scale=scale, return_lse=True)
+            valid = _valid_keys(batch, half, _chunk_ids((me - step) % r, r), key_length)
+            o, o_lse = local_attention(q, kv[..., :head_dim], kv[..., head_dim:], scale=scale, key_padding_mask=valid,
+                                       return_lse=True)
             out, lse = _merge(out, lse, o, o_lse)
         return out.astype(q.dtype)
 
-    half = q.shape[1] // 2
     q_chunks = [(c, q[:, i * half:(i + 1) * half]) for i, c in enumerate(_chunk_ids(me, r))]
     results = [[None, None] for _ in q_chunks]
     for step in range(r):
@@ -140,6 +162,7 @@ def _ring_attention(q, k, v, causal, scale, group):
                 if kc > qc:
                     continue  # every key of a later chunk is in the future
                 o, o_lse = local_attention(q_part, block[..., :head_dim], block[..., head_dim:], causal=kc == qc,
-                                           scale=scale, return_lse=True)
+                                           scale=scale, key_padding_mask=_valid_keys(batch, half, [kc], key_length),
+                                           return_lse=True)
                 results[i] = list(_merge(results[i][0], results[i][1], o, o_lse))
     return ops.concat([o for o, _ in results], 1).astype(q.dtype)

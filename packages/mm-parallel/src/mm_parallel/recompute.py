@@ -42,11 +42,11 @@ class CoreAttention(nn.Cell):
         self.causal, self.scale, self.topology = causal, scale, topology
         self.context_parallel = context_parallel
 
-    def construct(self, q, k, v, key_padding_mask=None):
+    def construct(self, q, k, v, key_padding_mask=None, key_length=None):
         if not self.context_parallel:
             return local_attention(q, k, v, causal=self.causal, scale=self.scale, key_padding_mask=key_padding_mask)
         return attention(q, k, v, causal=self.causal, scale=self.scale, key_padding_mask=key_padding_mask,
-                         topology=self.topology)
+                         key_length=key_length, topology=self.topology)
 
 
 def recompute(cell: nn.Cell) -> nn.Cell:

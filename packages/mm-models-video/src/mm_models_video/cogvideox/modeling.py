@@ -21,6 +21,10 @@ training scripts: they compare x0_pred = sqrt(a) x_t - sqrt(1 - a) out with x0 w
 
     (x0_pred - x0)^2 / (1 - a) = (out - v)^2,    v = sqrt(a) eps - sqrt(1 - a) x0.
 
+Under a layout that cuts the joint rows (sp, cp) into parts that do not divide them, zero rows
+pad the end to the next multiple: attention masks them as keys (``key_length``), the loss and the
+sample drop them; every real row computes what it computes on one process.
+
 The 1.0 I2V checkpoint's learned table ``patch_embed.pos_embedding`` is a frozen parameter here
 (diffusers: a persistent buffer), used when the latents have the sample size, as diffusers does.
 """
@@ -187,26 +191,30 @@ class CogVideoXTransformer3DModel(ParallelModel):
         if cos.shape != (video_rows, cfg.attention_head_dim) or sin.shape != cos.shape:
             raise ValueError(f"image_rotary_emb tables {cos.shape} / {sin.shape}: each must be (video tokens, "
                              f"head_dim) = ({video_rows}, {cfg.attention_head_dim})")
-        width = cos.shape[1]
-        rows = self.local_positions(text_rows + video_rows, sequence_parallel=False)
-        cos = np.concatenate([np.ones((text_rows, width), np.float32), cos])[rows]
-        sin = np.concatenate([np.zeros((text_rows, width), np.float32), sin])[rows]
-        return Tensor(cos), Tensor(sin)
+        width, joint = cos.shape[1], text_rows + video_rows
+        padding = self.padded_length(joint) - joint
+        rows = self.local_positions(joint + padding, sequence_parallel=False)
+        cos = np.concatenate([np.ones((text_rows, width), np.float32), cos, np.ones((padding, width), np.float32)])
+        sin = np.concatenate([np.zeros((text_rows, width), np.float32), sin, np.zeros((padding, width), np.float32)])
+        return Tensor(cos[rows]), Tensor(sin[rows])
 
     def streams(self, text_rows: int, video_rows: int, sequence_parallel: bool = True):
-        """(rows,) int32 of this rank's joint rows: 1 text, 0 video."""
-        joint = self.check_split(text_rows + video_rows)
+        """(rows,) int32 of this rank's joint rows: 1 text, 0 video (and the padding)."""
+        joint = self.padded_length(text_rows + video_rows)
         return (self.local_positions(joint, sequence_parallel) < text_rows).astype(np.int32)
 
-    def check_split(self, joint: int) -> int:
+    def padded_length(self, joint: int) -> int:
+        """The joint length rounded up to whole parts of the layout (2 x ring x ulysses x
+        sequence-parallel tp): the rows past ``joint`` are padding, masked as keys and dropped."""
         topo = self.topology
         parts = (2 * topo.cp_ring.size * topo.cp_ulysses.size if topo.cp.size > 1 else 1) * (
             topo.tp.size if topo.config.sequence_parallel else 1)
-        if joint % parts:
-            raise ValueError(f"{joint} text + video tokens cannot be split into {parts} equal parts (2 x ring x "
-                             f"ulysses x sequence-parallel tp): choose a layout whose parts divide it, or latents "
-                             f"and a text length that do")
-        return joint
+        return -(-joint // parts) * parts
+
+    def key_length(self, text_rows: int, video_rows: int):
+        """What the attention masks from: the real joint length when the layout pads it, else None."""
+        joint = text_rows + video_rows
+        return joint if self.padded_length(joint) > joint else None
 
     def embed(self, hidden_states, encoder_hidden_states, timestep, timestep_cond=None, ofs=None):
         """(this rank's joint rows (B, rows, D), temb (B, time_embed_dim))."""
@@ -215,7 +223,9 @@ class CogVideoXTransformer3DModel(ParallelModel):
         text = ms.Tensor(host(encoder_hidden_states, np.float32))
         temb = self.time_embed(timestep, shape[0], timestep_cond, ofs)
         x = self.patch_embed(text, ms.Tensor(host(hidden_states, np.float32)))
-        self.check_split(x.shape[1])
+        padding = self.padded_length(x.shape[1]) - x.shape[1]
+        if padding:  # zero rows to split evenly (module docstring)
+            x = ops.concat([x, ops.zeros((x.shape[0], padding, x.shape[2]), x.dtype)], 1)
         return self.enter_sequence(x, 1), temb
 
     def run_blocks(self, x, temb, text_rows: int, video_rows: int, image_rotary_emb=None):
@@ -224,8 +234,9 @@ class CogVideoXTransformer3DModel(ParallelModel):
             temb = mappings.copy_to_region(temb, self.topology.tp)
         streams = Tensor(self.streams(text_rows, video_rows))
         cos, sin = self.joint_rotary(image_rotary_emb, text_rows, video_rows)
+        key_length = self.key_length(text_rows, video_rows)
         for block in self.transformer_blocks:
-            x = block(x, temb, streams, cos, sin)
+            x = block(x, temb, streams, cos, sin, key_length)
         return x
 
     def head(self, x, temb):
@@ -236,13 +247,15 @@ class CogVideoXTransformer3DModel(ParallelModel):
         return self.proj_out(self.norm_out(self.norm_final(x), temb))
 
     def target_rows(self, target, text_rows: int):
-        """The target (B, F, C, H, W) as this rank's joint rows of tokens (zeros on text rows)."""
+        """The target (B, F, C, H, W) as this rank's joint rows of tokens (zeros on text and padding rows)."""
         cfg = self.config
         p, p_t = cfg.patch_size, cfg.patch_size_t or 1
         b, f, c, h, w = target.shape
         tokens = target.reshape(b, f // p_t, p_t, c, h // p, p, w // p, p).transpose(0, 1, 4, 6, 3, 2, 5, 7)
-        tokens = np.concatenate([np.zeros((b, text_rows, c * p_t * p * p), np.float32),
-                                 tokens.reshape(b, -1, c * p_t * p * p)], 1)
+        tokens = tokens.reshape(b, -1, c * p_t * p * p)
+        padding = self.padded_length(text_rows + tokens.shape[1]) - text_rows - tokens.shape[1]
+        tokens = np.concatenate([np.zeros((b, text_rows, tokens.shape[2]), np.float32), tokens,
+                                 np.zeros((b, padding, tokens.shape[2]), np.float32)], 1)
         return tokens[:, self.local_positions(tokens.shape[1], sequence_parallel=False)]
 
     def loss(self, tokens, target, text_rows: int, weights=None):
@@ -252,8 +265,9 @@ class CogVideoXTransformer3DModel(ParallelModel):
         if target.shape[2] != self.config.out_channels or target.ndim != 5:
             raise ValueError(f"target {target.shape} must be (batch, frames, {self.config.out_channels}, height, "
                              "width) like the sample")
-        streams = self.streams(text_rows, self.video_token_count(target.shape), sequence_parallel=False)
-        video = Tensor((streams == 0).astype(np.float32))
+        video_rows = self.video_token_count(target.shape)
+        rows = self.local_positions(self.padded_length(text_rows + video_rows), sequence_parallel=False)
+        video = Tensor(((rows >= text_rows) & (rows < text_rows + video_rows)).astype(np.float32))
         diff = tokens - Tensor(self.target_rows(target, text_rows))
         squares = diff * diff * video[None, :, None]
         total = 1.0 / target.size
@@ -267,7 +281,7 @@ class CogVideoXTransformer3DModel(ParallelModel):
     def sample(self, tokens, shape, text_rows: int):
         """The whole (B, F, C_out, H, W) from this rank's rows of output tokens."""
         full = gather_sequence(tokens, 1, self.topology) if self.topology.cp.size > 1 else tokens
-        return self.unpatchify(full[:, text_rows:], shape)
+        return self.unpatchify(full[:, text_rows:text_rows + self.video_token_count(shape)], shape)
 
     def unpatchify(self, tokens, shape):
         """(B, S, C_out * patch) in (C, [p_t,] p, p) order -> (B, F, C_out, H, W)."""

@@ -83,13 +83,13 @@ class CogVideoXAttention(nn.Cell):
     def _heads(self, x):
         return x.reshape(x.shape[0], x.shape[1], self.heads, self.head_dim)
 
-    def construct(self, x, cos=None, sin=None):
+    def construct(self, x, cos=None, sin=None, key_length=None):
         q = self.norm_q(self._heads(self.to_q(x)))
         k = self.norm_k(self._heads(self.to_k(x)))
         v = self._heads(self.to_v(x))
         if cos is not None:
             q, k = kernels.apply_rotary(q, cos, sin, True), kernels.apply_rotary(k, cos, sin, True)
-        out = self.core_attention(q, k, v)
+        out = self.core_attention(q, k, v, key_length=key_length)
         return self.to_out[0](out.reshape(out.shape[0], out.shape[1], -1))
 
 
@@ -102,8 +102,8 @@ class CogVideoXBlock(nn.Cell):
         self.norm2 = LayerNormZero(config, topology)
         self.ff = FeedForward(dim, 4 * dim, act="gelu_pytorch_tanh", topology=topology)
 
-    def construct(self, x, temb, streams, cos=None, sin=None):
+    def construct(self, x, temb, streams, cos=None, sin=None, key_length=None):
         hidden, gate = self.norm1(x, temb, streams)
-        x = x + gate * self.attn1(hidden, cos, sin)
+        x = x + gate * self.attn1(hidden, cos, sin, key_length)
         hidden, gate = self.norm2(x, temb, streams)
         return x + gate * self.ff(hidden)
