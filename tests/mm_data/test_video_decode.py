@@ -116,6 +116,19 @@ def test_annotation_layouts(videos, tmp_path):
     with pytest.raises(DataError, match="data.jsonl:2"):
         load_records(str(tmp_path / "data.jsonl"), BadInputLog(max_bad_fraction=0.2))
 
+    # MindSpeed-MM's data.json: its dataset config naming the jsonl and the folder paths start from
+    config = {"dataset_param": {"dataset_type": "t2v", "basic_parameters": {
+        "data_path": "data.jsonl", "data_folder": ".", "data_storage_mode": "standard"}}}
+    (tmp_path / "mindspeed").mkdir()
+    (tmp_path / "mindspeed" / "data.json").write_text(json.dumps(config, indent=1))
+    lines = [json.dumps({"file": os.path.relpath(videos["h264"], tmp_path / "mindspeed"), "captions": "x"}),
+             json.dumps({"file": "missing.mp4", "captions": "y"})]
+    (tmp_path / "mindspeed" / "data.jsonl").write_text("\n".join(lines) + "\n")
+    log = BadInputLog(max_bad_fraction=0.5)
+    records = load_records(str(tmp_path / "mindspeed" / "data.json"), log)
+    assert [(os.path.realpath(r.path), r.captions) for r in records] == [(os.path.realpath(videos["h264"]), ("x",))]
+    assert log.count == 1 and "file not found" in log.skipped[0][1]
+
     (tmp_path / "set" / "videos").mkdir(parents=True)
     (tmp_path / "set" / "labels").mkdir()
     for name in ("a.mp4", "b.mp4"):

@@ -8,6 +8,9 @@
 - ``data.jsonl`` (CogVideoX style): one ``{"file", "captions"}`` object per line, paths relative to
   the jsonl's folder (``path`` / ``video`` and ``caption`` / ``cap`` / ``text`` are accepted too).
 - a folder with ``videos/NAME.mp4`` and ``labels/NAME.txt``.
+- MindSpeed-MM's ``data.json`` (its dataset config: ``dataset_param.basic_parameters`` with
+  ``data_path``, a .jsonl or .json of such entries, and ``data_folder``, where their paths start;
+  either relative to the config's folder).
 
 `load_records` picks the reader from the path. Entries that cannot be used (malformed line, no
 path, missing file, no caption) are skipped through the `BadInputLog`, never dropped silently.
@@ -90,11 +93,42 @@ def read_data_txt(path: str, log: Optional[BadInputLog] = None) -> List[VideoRec
     return records
 
 
-def read_jsonl(path: str, log: Optional[BadInputLog] = None) -> List[VideoRecord]:
-    """One JSON object per line (``file`` + ``captions``); paths relative to the file's folder."""
+def read_jsonl(path: str, log: Optional[BadInputLog] = None, folder: Optional[str] = None) -> List[VideoRecord]:
+    """One JSON object per line (``file`` + ``captions``); paths relative to ``folder`` (default:
+    the file's folder)."""
     log = log if log is not None else BadInputLog()
-    folder = os.path.dirname(os.path.abspath(path))
+    folder = os.path.dirname(os.path.abspath(path)) if folder is None else folder
     return parse_all(json_entries(path, log), lambda entry, source: _record(entry, folder, source), log)
+
+
+def mindspeed_dataset_config(path: str) -> Optional[dict]:
+    """The ``basic_parameters`` of a MindSpeed-MM dataset config (a JSON object with
+    ``dataset_param``), or None for any other .json."""
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        head = f.read(1024).lstrip()
+        if not head.startswith("{") or "dataset_param" not in head + f.read():
+            return None
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    basic = config.get("dataset_param", {}).get("basic_parameters") if isinstance(config, dict) else None
+    if not isinstance(basic, dict) or not isinstance(basic.get("data_path"), str):
+        raise ValueError(f"{path}: a MindSpeed-MM dataset config needs dataset_param.basic_parameters.data_path")
+    return basic
+
+
+def read_mindspeed_data_json(path: str, log: Optional[BadInputLog] = None) -> List[VideoRecord]:
+    """MindSpeed-MM's data.json: its data_path's entries, video paths under its data_folder."""
+    log = log if log is not None else BadInputLog()
+    basic, base = mindspeed_dataset_config(path), os.path.dirname(os.path.abspath(path))
+    data_path = os.path.join(base, basic["data_path"])
+    folder = os.path.join(base, basic.get("data_folder") or os.path.dirname(data_path))
+    if not os.path.isfile(data_path):
+        raise ValueError(f"{path}: its data_path {data_path} is not a file")
+    if data_path.endswith(".jsonl"):
+        return read_jsonl(data_path, log, folder)
+    return read_data_json(data_path, folder, log)
 
 
 def read_video_folder(root: str, log: Optional[BadInputLog] = None) -> List[VideoRecord]:
@@ -129,11 +163,13 @@ def load_records(path: str, log: Optional[BadInputLog] = None, folder: Optional[
         records = read_data_txt(path, log)
     elif path.endswith(".jsonl"):
         records = read_jsonl(path, log)
+    elif path.endswith(".json") and mindspeed_dataset_config(path) is not None:
+        records = read_mindspeed_data_json(path, log)
     elif path.endswith(".json"):
         records = read_data_json(path, folder if folder is not None else os.path.dirname(os.path.abspath(path)), log)
     else:
         raise ValueError(f"cannot tell the annotation layout of {path!r}: give a videos/ + labels/ folder, "
-                         f"data.txt (folder,json lines), data.json or data.jsonl")
+                         f"data.txt (folder,json lines), data.json (or MindSpeed-MM's) or data.jsonl")
     log.total = len(records) + log.count
     log.check()
     return records
