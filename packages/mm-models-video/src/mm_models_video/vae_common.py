@@ -10,6 +10,7 @@ from typing import ClassVar, Optional
 
 import numpy as np
 from mindspore import Tensor, nn, ops
+from mindspore.common import dtype as mstype
 
 from mm_models_video.diffusers_config import DIFFUSERS_VERSION
 from mm_parallel import census
@@ -83,7 +84,8 @@ class GroupNorm(nn.Cell):
     def construct(self, x, sum_over_parts=None):
         """``sum_over_parts``: when x is one part of a larger input (frames split over ranks), a
         function summing a (b, groups, k) tensor over the parts; mean and variance then are the
-        whole input's (two passes: the parts' sums and counts, then their centred squares)."""
+        whole input's (two passes: the parts' sums and counts, then their centred squares; in
+        float32 whatever x's dtype, as sums of millions of values need)."""
         shape = x.shape
         grouped = x.reshape(shape[0], self.groups, -1)
         if sum_over_parts is None:
@@ -91,11 +93,12 @@ class GroupNorm(nn.Cell):
             centred = grouped - mean
             var = (centred * centred).mean(2, keep_dims=True)
         else:
-            count = ops.full(grouped.shape[:2] + (1,), grouped.shape[2], dtype=grouped.dtype)
-            sums = sum_over_parts(ops.concat([grouped.sum(2, keepdims=True), count], 2))
-            mean = sums[:, :, :1] / sums[:, :, 1:]
-            centred = grouped - mean
+            wide = grouped.astype(mstype.float32)
+            count = ops.full(grouped.shape[:2] + (1,), grouped.shape[2], dtype=mstype.float32)
+            sums = sum_over_parts(ops.concat([wide.sum(2, keepdims=True), count], 2))
+            centred = wide - sums[:, :, :1] / sums[:, :, 1:]
             var = sum_over_parts((centred * centred).sum(2, keepdims=True)) / sums[:, :, 1:]
+            centred, var = centred.astype(grouped.dtype), var.astype(grouped.dtype)
         out = (centred * ops.rsqrt(var + self.eps)).reshape(shape)
         view = (1, -1) + (1,) * (len(shape) - 2)
         return out * self.weight.reshape(view) + self.bias.reshape(view)
