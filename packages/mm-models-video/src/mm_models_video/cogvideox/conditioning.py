@@ -49,14 +49,20 @@ def image_condition(image_latents: np.ndarray, frames: int) -> np.ndarray:
     return np.concatenate([image_latents, padding], axis=1)
 
 
-def pad_to_patch_frames(latents: np.ndarray, patch_size_t: Optional[int]) -> np.ndarray:
-    """Latents (B, F, ...) with the first F mod patch_size_t frames repeated in front (module
-    docstring); unchanged for 1.0 (no patch_size_t) or when F divides."""
+def patch_frames(frames: int, patch_size_t: Optional[int]) -> int:
+    """The latent frames the transformer sees for ``frames``: F + F mod patch_size_t (module
+    docstring), F for 1.0 (no patch_size_t)."""
     if not patch_size_t:
-        return latents
-    extra = latents.shape[1] % patch_size_t
-    padded = np.concatenate([latents[:, :extra], latents], axis=1) if extra else latents
-    if padded.shape[1] % patch_size_t:
-        raise ValueError(f"{latents.shape[1]} latent frames do not fill patches of {patch_size_t} frames even after "
+        return frames
+    padded = frames + frames % patch_size_t
+    if padded % patch_size_t:
+        raise ValueError(f"{frames} latent frames do not fill patches of {patch_size_t} frames even after "
                          "the pipelines' padding: choose data.num_frames so that (num_frames - 1) / 4 + 1 divides")
     return padded
+
+
+def pad_to_patch_frames(latents: np.ndarray, patch_size_t: Optional[int]) -> np.ndarray:
+    """Latents (B, F, ...) with the first F mod patch_size_t frames repeated in front to
+    `patch_frames` (module docstring); unchanged for 1.0 or when F divides."""
+    extra = patch_frames(latents.shape[1], patch_size_t) - latents.shape[1]
+    return np.concatenate([latents[:, :extra], latents], axis=1) if extra else latents

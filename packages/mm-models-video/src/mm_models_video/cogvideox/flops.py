@@ -69,10 +69,8 @@ def _vae_chunk_flops(cfg: dict, frames: int, height: int, width: int) -> int:
 def vae_encode_flops(vae_config: dict, frames: int, height: int, width: int) -> int:
     """FLOPs of AutoencoderKLCogVideoX.encode of one clip of ``frames`` x ``height`` x ``width``
     pixels (untiled; ``vae_config``: its config.json fields, defaults as the 5B's VAE)."""
-    from mm_models_video.cogvideox.vae import DEFAULTS, ENCODE_FRAMES
+    from mm_models_video.cogvideox.vae import DEFAULTS, ENCODE_FRAMES, frame_batches
 
     cfg = {**DEFAULTS, **vae_config}
-    batches = max(frames // ENCODE_FRAMES, 1)
-    remainder = frames % ENCODE_FRAMES
-    sizes = [ENCODE_FRAMES + remainder] + [ENCODE_FRAMES] * (batches - 1) if frames >= ENCODE_FRAMES else [frames]
-    return sum(_vae_chunk_flops(cfg, n, height, width) for n in sizes)
+    return sum(_vae_chunk_flops(cfg, min(end, frames) - start, height, width)
+               for start, end in frame_batches(frames, ENCODE_FRAMES))

@@ -82,8 +82,7 @@ class CausalConv3d(nn.Cell):
 
     def construct(self, x, context: Optional[CausalContext] = None):
         if self.time_pad:
-            x = context.pad_front(self, x) if context is not None else ops.concat([x[:, :, :1]] * self.time_pad + [x],
-                                                                                  2)
+            x = (context or CausalContext()).pad_front(self, x)
         p = self.spatial_pad
         return self.conv(ops.pad(x, (p, p, p, p, 0, 0)) if p else x)
 

@@ -67,15 +67,19 @@ def _too_few(latent_frames: int, n: int):
                       "longer clip")
 
 
-def encode_shards(frames: int, n: int) -> List[Tuple[int, int]]:
-    """Each rank's [start, end) of a clip's ``frames`` pixel frames (1 + 4k) for `encode`."""
+def _encode_latent_sizes(frames: int, n: int) -> List[int]:
+    """The latent frames each rank's share of a clip of ``frames`` pixel frames (1 + 4k) encodes to."""
     if (frames - 1) % 4:
         raise ValueError(f"{frames} frames: the CogVideoX VAE encodes 1 + 4k frames")
     latent = (frames - 1) // 4 + 1
     if latent < 2 * n:
         raise _too_few(latent, n)
-    sizes = [latent // n + (i < latent % n) for i in range(n)]
-    return [_pixels(a, b) for a, b in _latent_shards(sizes)]
+    return [latent // n + (i < latent % n) for i in range(n)]
+
+
+def encode_shards(frames: int, n: int) -> List[Tuple[int, int]]:
+    """Each rank's [start, end) of a clip's ``frames`` pixel frames (1 + 4k) for `encode`."""
+    return [_pixels(a, b) for a, b in _latent_shards(_encode_latent_sizes(frames, n))]
 
 
 def decode_shards(latent_frames: int, n: int) -> List[Tuple[int, int]]:
@@ -118,12 +122,10 @@ def encode_gathered(vae: AutoencoderKLCogVideoX, video, group: Group) -> LatentD
     its frames (`encode_shards`): feature extraction with the activations split, the latents
     joined (an all-gather of the shards, padded to the longest)."""
     video = np.asarray(video.asnumpy() if isinstance(video, Tensor) else video, np.float32)
-    shards = encode_shards(video.shape[2], group.size)
-    start, end = shards[group.rank]
+    latent = _encode_latent_sizes(video.shape[2], group.size)  # latent frames per rank
+    start, end = _pixels(*_latent_shards(latent)[group.rank])
     moments = vae._encode_part(Tensor(video[:, :, start:end]), FrameHalos(group))
-    latent = [(b + 3) // 4 - (a + 3) // 4 for a, b in shards]  # latent frames per rank
-    padded = ops.pad(moments, (0, 0, 0, 0, 0, max(latent) - moments.shape[2]))
-    parts = comm.all_gather(padded, group, dim=2)
     longest = max(latent)
+    parts = comm.all_gather(ops.pad(moments, (0, 0, 0, 0, 0, longest - moments.shape[2])), group, dim=2)
     joined = ops.concat([parts[:, :, i * longest:i * longest + n] for i, n in enumerate(latent)], 2)
     return moments_to_distribution(joined)

@@ -87,15 +87,15 @@ def workload(recipe, config):
     num_frames frames of max_area pixels through the VAE's 4 x 8 x 8 compression (1.5: latent
     frames padded to whole temporal patches) and the patches, joined by the text tokens: every
     block runs over text + video rows. With data.online the VAE encoder and T5 run every step."""
+    from mm_models_video.cogvideox.conditioning import patch_frames
     from mm_models_video.cogvideox.flops import cogvideox_flops, vae_encode_flops
     from mm_models_video.encoders.t5 import t5_encoder_flops
     from mm_train.plan.workload import LayerStack, Workload
     from mm_train.video_data import clip_shape
 
     shape = clip_shape(recipe.data, read_cache=True)
-    frames = (shape["num_frames"] - 1) // 4 + 1
+    frames = patch_frames((shape["num_frames"] - 1) // 4 + 1, config.patch_size_t)
     pt, p = config.patch_size_t or 1, config.patch_size
-    frames += frames % pt if pt > 1 else 0
     side = int((shape["max_area"] / 64) ** 0.5)  # latent pixels a side of a square frame of max_area
     tokens, text = frames // pt * (side // p) ** 2, shape["text_length"]
     h = config.inner_dim
