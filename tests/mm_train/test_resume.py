@@ -139,11 +139,19 @@ def test_a_killed_worker_stops_the_run_and_resume_continues(tmp_path):
 
 def test_virtual_pipeline_stages_train_like_one_process_and_resume_on_one(tmp_path, run_distributed):
     """PP2 x VPP2 (4 decoder layers, one per virtual stage; the interleaved schedule) gives the
-    losses of one process, and its checkpoint (one model file per virtual stage) resumes there."""
-    data, deep = tmp_path / "data", ["--set", "model.config.text_config.num_hidden_layers=4"]
+    losses and validation losses of one process, and its checkpoint (one model file per virtual
+    stage) resumes there."""
+    from test_run import val_losses
+
+    # validated every 3 steps on a held-out quarter: forward passes through the virtual stages
+    data = tmp_path / "data"
+    deep = ["--set", "model.config.text_config.num_hidden_layers=4", "--set", "eval.every=3", "--set",
+            "eval.fraction=0.25"]
     run(run_distributed, tmp_path / "single", 6, *deep, data=data)
     run(run_distributed, tmp_path / "vpp", 3, *deep, "--set", "parallel.pp=2", "--set", "parallel.vpp=2", data=data,
         nproc=2)
     assert losses(tmp_path / "vpp") == pytest.approx(losses(tmp_path / "single")[:3], rel=1e-4)
     run(run_distributed, tmp_path / "vpp", 6, *deep, "--resume", data=data)
     assert losses(tmp_path / "vpp") == pytest.approx(losses(tmp_path / "single"), rel=1e-4)
+    assert val_losses(tmp_path / "vpp") == pytest.approx(val_losses(tmp_path / "single"), rel=1e-4)
+    assert list(val_losses(tmp_path / "single")) == [3, 6]

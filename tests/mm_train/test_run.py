@@ -26,11 +26,31 @@ def mm_train(*args, data, timeout=600):
     return subprocess.run([mm_train_command(), *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def losses(out):
+EVAL_FIELDS = {"val_loss", "samples"}  # the rows of the steps that validate / sample (mm_train.evaluation)
+
+
+def rows_of(out):
     with open(os.path.join(out, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
-    assert rows and all(set(row) == FIELDS for row in rows)
-    return [row["loss"] for row in rows]
+    assert rows and all(FIELDS <= set(row) <= FIELDS | EVAL_FIELDS for row in rows)
+    return rows
+
+
+def losses(out):
+    return [row["loss"] for row in rows_of(out)]
+
+
+def val_losses(out):
+    """{step: validation loss} of a run."""
+    return {row["step"]: row["val_loss"] for row in rows_of(out) if "val_loss" in row}
+
+
+def sample_pixels(out, step, name="sample_0.png"):
+    """A sample's contact sheet (uint8) as integers."""
+    import numpy as np
+    from PIL import Image
+
+    return np.asarray(Image.open(os.path.join(out, "samples", f"step_{step}", name))).astype(int)
 
 
 def test_help_everywhere(tmp_path):
@@ -44,9 +64,15 @@ def test_the_default_trains_the_same_under_dp2_tp2_pp2_and_cp2(tmp_path, run_dis
     (train_runs)."""
     from train_runs import train
 
-    short = ["--set", "train.steps=4", "--set", "data.samples=32", "--no-progress"]
+    # a held-out quarter validated every 2 steps in batches of 8: the same validation loss under every layout
+    short = ["--set", "train.steps=4", "--set", "data.samples=32", "--set", "eval.every=2", "--set",
+             "eval.fraction=0.25", "--set", "eval.batch_size=8", "--no-progress"]
     cp2 = ["--set", "parallel.cp=2", "--set"]
-    runs = {"single": (1, []), "tp2": (2, ["--set", "parallel.tp=2"]), "pp2": (2, ["--set", "parallel.pp=2"]),
+    picture = tmp_path / "data" / "images" / "00000.png"  # the built-in set's, written by the first run
+    answers = ["--set", "eval.sample_every=4", "--set", "eval.prompts=[<image>]", "--set", f"eval.images=[{picture}]",
+               "--set", "eval.max_new_tokens=6"]  # greedy answers about a picture of the set
+    runs = {"single": (1, answers), "tp2": (2, ["--set", "parallel.tp=2", *answers]),
+            "pp2": (2, ["--set", "parallel.pp=2"]),
             "cp2_ulysses": (2, cp2 + ["parallel.cp_algo=ulysses"]), "cp2_ring": (2, cp2 + ["parallel.cp_algo=ring"])}
     got = {}
     for name, (nproc, extra) in runs.items():
@@ -64,7 +90,12 @@ def test_the_default_trains_the_same_under_dp2_tp2_pp2_and_cp2(tmp_path, run_dis
     assert got["single"][-1] < got["single"][0]
     for name in got:
         assert got[name] == pytest.approx(got["single"], rel=1e-4), (name, got)
+        validated = val_losses(tmp_path / name)
+        assert list(validated) == [2, 4] and validated == pytest.approx(val_losses(tmp_path / "single"), rel=1e-4)
     assert (tmp_path / "single" / "loss.png").exists()
+    page = (tmp_path / "single" / "samples" / "step_4" / "answers.md").read_text()
+    assert "![00000.png](image_0.png)" in page and (tmp_path / "single" / "samples" / "step_4" / "image_0.png").exists()
+    assert (tmp_path / "tp2" / "samples" / "step_4" / "answers.md").read_text() == page
 
 
 def test_a_layout_the_processes_cannot_hold_is_refused_before_launch(tmp_path):

@@ -25,29 +25,48 @@ def run(run_distributed, out, *extra, data, recipe=RECIPE, nproc=1, variables=No
     return losses(out), printed
 
 
+# a held-out eighth validated every 2 steps, and at step 4 a sample (2 Euler steps with guidance)
+EVAL = ["--set", "eval.every=2", "--set", "eval.fraction=0.125", "--set", "eval.sample_every=4", "--set",
+        "eval.prompts=[a red square moving left on blue]", "--set", "eval.steps=2"]
+
+
 def test_tiny_t2v_same_losses_under_every_layout_and_resume(tmp_path, run_distributed):
-    data, four = tmp_path / "tiny_video", ["--set", "train.steps=4"]
+    """One process, DP2, TP2+SP, PP2 and CP2 ring give the same losses, validation losses and
+    samples (rank 0 writes the clip all ranks drew); a PP2 checkpoint resumes on one process."""
+    from test_run import sample_pixels, val_losses
+
+    data, four = tmp_path / "tiny_video", ["--set", "train.steps=4", *EVAL]
     single, _ = run(run_distributed, tmp_path / "single", *four, data=data)
-    assert single[-1] < single[0]
+    validated = val_losses(tmp_path / "single")
+    assert list(validated) == [2, 4] and validated[4] < validated[2]  # seeded: the same run every time
     layouts = {"dp2": [], "tp2_sp": ["--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"],
                "pp2": ["--set", "parallel.pp=2"],
                "cp2_ring": ["--set", "parallel.cp=2", "--set", "parallel.cp_algo=ring"]}
     for name, extra in layouts.items():
         got, _ = run(run_distributed, tmp_path / name, *four, *extra, data=data, nproc=2)
         assert got == pytest.approx(single, rel=1e-4), (name, got, single)
+        assert val_losses(tmp_path / name) == pytest.approx(val_losses(tmp_path / "single"), rel=1e-4), name
+        difference = np.abs(sample_pixels(tmp_path / name, 4) - sample_pixels(tmp_path / "single", 4))
+        assert difference.max() <= 2 and difference.mean() < 0.05, (name, difference.max(), difference.mean())
     every = ["--set", "checkpoint.every=2"]
-    run(run_distributed, tmp_path / "resumed", "--set", "parallel.pp=2", "--set", "train.steps=2", *every,
+    run(run_distributed, tmp_path / "resumed", "--set", "parallel.pp=2", "--set", "train.steps=2", *every, *EVAL,
         data=data, nproc=2)
     resumed, _ = run(run_distributed, tmp_path / "resumed", *four, *every, "--resume", data=data)
     assert resumed == pytest.approx(single, rel=1e-4)
+    assert val_losses(tmp_path / "resumed") == pytest.approx(val_losses(tmp_path / "single"), rel=1e-4)
     state = json.loads((tmp_path / "resumed" / "checkpoints" / "step_4" / "trainer_state.json").read_text())
     assert state["step"] == 4 and state["data"] == {"epoch": 0, "position": 4, "seed": 0, "global_batch_size": 8}
 
 
 def test_tiny_i2v_same_losses_under_tp_sp_pp_and_ulysses(tmp_path, run_distributed):
     """The I2V DiT (image tokens through the added key / value projections, the image's latents
-    and mask beside the noise) trains alike on one process, TP2+SP, PP2 and CP2 Ulysses."""
-    data, four, recipe = tmp_path / "tiny_video", ["--set", "train.steps=4"], str(RECIPES / "wan2_1_i2v_tiny.yaml")
+    and mask beside the noise) trains, validates and samples from a first frame alike on one
+    process, TP2+SP, PP2 and CP2 Ulysses."""
+    from test_run import sample_pixels, val_losses
+
+    first_frame = write_picture(tmp_path / "first_frame.png")
+    data, recipe = tmp_path / "tiny_video", str(RECIPES / "wan2_1_i2v_tiny.yaml")
+    four = ["--set", "train.steps=4", *EVAL, "--set", f"eval.images=[{first_frame}]"]
     single, _ = run(run_distributed, tmp_path / "single", *four, data=data, recipe=recipe)
     index = (data / "features-i2v" / "index-r000.jsonl").read_text().splitlines()
     assert set(json.loads(index[0])["features"]) == {"latents", "prompt_embeds", "image_embeds", "condition"}
@@ -56,6 +75,20 @@ def test_tiny_i2v_same_losses_under_tp_sp_pp_and_ulysses(tmp_path, run_distribut
     for name, extra in layouts.items():
         got, _ = run(run_distributed, tmp_path / name, *four, *extra, data=data, recipe=recipe, nproc=2)
         assert got == pytest.approx(single, rel=1e-4), (name, got, single)
+        assert val_losses(tmp_path / name) == pytest.approx(val_losses(tmp_path / "single"), rel=1e-4), name
+        difference = np.abs(sample_pixels(tmp_path / name, 4) - sample_pixels(tmp_path / "single", 4))
+        assert difference.max() <= 2 and difference.mean() < 0.05, (name, difference.max(), difference.mean())
+
+
+def write_picture(path, size=32):
+    """A first frame: a yellow square on teal, as a PNG."""
+    from PIL import Image
+
+    pixels = np.zeros((size, size, 3), np.uint8)
+    pixels[:] = (0, 128, 128)
+    pixels[size // 4:size // 2, size // 4:size // 2] = (255, 220, 0)
+    Image.fromarray(pixels).save(path)
+    return path
 
 
 def _encoder_folders(root):

@@ -10,17 +10,23 @@ length group from `length_groups`) every global batch holds one key only: indice
 within each key, cut into global batches, and the batches of all keys shuffled together. A key's
 remainder smaller than a batch waits for the next epoch's shuffle (``drop_last``) or forms a
 short batch (one rank only). The position in the stream is two integers, (epoch, batch in epoch).
+
+With ``indices`` the sampler draws from those samples only (a held-out split's complement, or the
+split itself): `held_out_split` fixes which by the seed alone, so every layout and every resumed
+run holds out the same samples, and a bad sample is replaced from within the same part.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Dict, Hashable, List, Optional, Sequence
+from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from mm_data.errors import DataError
+
+HELD_OUT_STREAM = 0x4E1D  # a stream of the seed no other draw uses
 
 
 def length_groups(lengths: Sequence[int], width: int = 256) -> List[int]:
@@ -28,12 +34,27 @@ def length_groups(lengths: Sequence[int], width: int = 256) -> List[int]:
     return [int(math.ceil(length / width)) for length in lengths]
 
 
+def held_out_split(num_samples: int, fraction: float, seed: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(training indices, held-out indices), both sorted: round(fraction * num_samples) samples
+    (at least one) drawn by ``seed`` alone, whatever the layout."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"the held-out fraction must lie in (0, 1), got {fraction}")
+    held = max(1, int(round(fraction * num_samples)))
+    if held >= num_samples:
+        raise DataError(f"holding out {held} of {num_samples} samples leaves none to train on; lower the fraction "
+                        "or add data")
+    chosen = np.random.default_rng([seed, HELD_OUT_STREAM]).permutation(num_samples)[:held]
+    mask = np.zeros(num_samples, bool)
+    mask[chosen] = True
+    return np.flatnonzero(~mask), np.flatnonzero(mask)
+
+
 class BucketBatchSampler:
     """See the module docstring."""
 
     def __init__(self, num_samples: int, global_batch_size: int, dp_rank: int = 0, dp_size: int = 1,
                  keys: Optional[Sequence[Hashable]] = None, seed: int = 0, shuffle: bool = True,
-                 drop_last: bool = True):
+                 drop_last: bool = True, indices: Optional[Sequence[int]] = None):
         if global_batch_size < 1 or global_batch_size % dp_size:
             raise ValueError(f"global_batch_size={global_batch_size} must be a positive multiple of the "
                              f"data-parallel size {dp_size}")
@@ -46,15 +67,18 @@ class BucketBatchSampler:
             raise ValueError(f"{len(keys)} keys for {num_samples} samples")
         self.num_samples, self.global_batch_size = num_samples, global_batch_size
         self.dp_rank, self.dp_size, self.seed, self.shuffle, self.drop_last = dp_rank, dp_size, seed, shuffle, drop_last
+        chosen = range(num_samples) if indices is None else [int(i) for i in indices]
+        if indices is not None and any(not 0 <= i < num_samples for i in chosen):
+            raise ValueError(f"indices must lie in [0, {num_samples})")
         self.groups: Dict[Hashable, np.ndarray] = defaultdict(list)
-        for index, key in enumerate(keys if keys is not None else [0] * num_samples):
-            self.groups[key].append(index)
+        for index in chosen:
+            self.groups[keys[index] if keys is not None else 0].append(index)
         self.groups = {key: np.asarray(members, np.int64) for key, members in self.groups.items()}
         self.key_of = list(keys) if keys is not None else None
         self._cached_epoch, self._cached = None, []
         if not self.epoch_batches(0):
             sizes = {str(k): len(v) for k, v in self.groups.items()}
-            raise DataError(f"no global batch of {global_batch_size} can be formed from {num_samples} samples "
+            raise DataError(f"no global batch of {global_batch_size} can be formed from {len(chosen)} samples "
                             f"(samples per bucket: {sizes}); lower the batch size or add data")
 
     @property

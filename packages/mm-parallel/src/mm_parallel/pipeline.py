@@ -308,3 +308,34 @@ def train_step_interleaved(chunks: Sequence[Callable], chunk_params: Sequence[Se
                 else:  # the gradient of the previous virtual stage's output
                     douts[chunk - (sender == 0), i] = got
     return [losses[i] for i in sorted(losses)], grads
+
+
+def forward_only(chunks: Sequence[Callable], micro_batches: Sequence[Tuple], output_fn: Callable,
+                 topology: Optional[Topology] = None, with_batch: bool = False) -> List:
+    """Forward passes without backward (validation, sampling): micro-batch by micro-batch through
+    the p * v virtual stages (chunks[c] of this stage is virtual stage c * p + stage, as in
+    `train_step_interleaved`; one chunk for plain pp). Returns ``[output_fn(y, target)]`` per
+    micro-batch on the rank of the last virtual stage, an empty list elsewhere.
+
+    Each micro-batch crosses the virtual stages in their order, one transfer at a time, so blocking
+    transfers cannot deadlock; nothing overlaps (no bubble is hidden), which an evaluation every
+    so many steps can afford."""
+    topo = get_topology(topology)
+    p, s, v = topo.pp.size, topo.pp.rank, len(chunks)
+    calls = [_caller(c, micro_batches, with_batch) for c in chunks]
+    last, outputs = p * v - 1, []
+    for i, (first_input, target) in enumerate(micro_batches):
+        x = first_input
+        for vs in range(p * v):
+            owner, receiver = vs % p, (vs + 1) % p
+            if owner == s:
+                y = calls[vs // p](i, x if vs else first_input)
+                if vs == last:
+                    outputs.append(output_fn(y, target))
+                elif receiver == s:  # one stage holds both (p == 1): no transfer
+                    x = y
+                else:
+                    stage_io.send(y, topo.pp.ranks[receiver])
+            elif receiver == s and vs < last:
+                x = stage_io.recv(topo.pp.ranks[owner])
+    return outputs

@@ -6,6 +6,7 @@
     mm-train recipes
     mm-train plan [RECIPE] [--set ...] [--nodes N] [--devices-per-node D] [--device NAME] [--json] [--search]
     mm-train convert ...
+    mm-train generate SOURCE --prompt TEXT [--image FILE] --out FILE [--nproc N --set parallel.tp=2 ...]
 
 RECIPE is a YAML file or the name of a built-in recipe (``mm-train recipes`` lists them); ``run``
 without one trains the built-in tiny default. With
@@ -65,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     from mm_train.plan import command as plan_command
 
     plan_command.add_parser(commands)
+    from mm_train import generate
+
+    generate.add_parser(commands)
     return parser
 
 
@@ -230,6 +234,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             from mm_train.plan import command as plan_command
 
             return plan_command.run(args)
+        if args.command == "generate":
+            from mm_train import generate
+
+            return generate.run(args)
         if args.command == "convert":
             from mm_train import convert
 

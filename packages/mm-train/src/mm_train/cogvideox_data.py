@@ -72,6 +72,9 @@ class CogVideoXTrainData(WanTrainData):
         self.model_config = config
         super().__init__(recipe, topo, i2v=config.in_channels != config.out_channels)
 
+    def for_recipe(self, recipe):
+        return type(self)(recipe, self.topo, self.model_config)
+
     def image_noise(self, i2v: bool) -> Optional[dict]:
         d = self.recipe.diffusion
         return {"seed": self.recipe.train.seed, "mean": d.image_noise_mean, "std": d.image_noise_std} if i2v else None
@@ -103,9 +106,10 @@ class CogVideoXTrainData(WanTrainData):
     def flow_inputs(self, step: int, batch: Dict) -> Dict:
         from mm_models_video.cogvideox import rotary_tables
         from mm_models_video.cogvideox.conditioning import I2V_OFS, image_condition, pad_to_patch_frames
+        from mm_train.evaluation import VALIDATION_STEP
 
         config, image_dropout = self.model_config, self.recipe.diffusion.noised_image_dropout
-        dropout = 0.0 if self.online else self.recipe.data.caption_dropout
+        dropout = self.caption_dropout(step)
         rows, texts, conditions = [], [], []
         for row, index in enumerate(batch["index"]):
             rng = np.random.default_rng([self.recipe.train.seed, step, int(index)])
@@ -115,7 +119,7 @@ class CogVideoXTrainData(WanTrainData):
             texts.append(self.null_embeds if dropped else batch["prompt_embeds"][row])
             if self.i2v:
                 condition = image_condition(batch["image_latents"][row:row + 1].transpose(0, 2, 1, 3, 4), x0.shape[1])
-                if image_dropout and rng.random() < image_dropout:
+                if image_dropout and step != VALIDATION_STEP and rng.random() < image_dropout:
                     condition = np.zeros_like(condition)
                 conditions.append(pad_to_patch_frames(condition, config.patch_size_t))
         out = {key: np.concatenate([r[key] for r in rows]) for key in ("hidden_states", "timestep", "target")}

@@ -12,8 +12,10 @@ model chunk per virtual stage and the step runs the interleaved 1F1B schedule.
 With ``profile.enable`` mm-profiling's `StepProfiler` collects steps start_step..end_step on
 the chosen ranks (trace under OUT/profile/rank_<r> unless profile.save_path says).
 Rank 0 writes OUT/metrics.jsonl (step, loss, grad_norm, lr, samples_per_s, tokens_per_s, mfu,
-mem_bytes, skipped) — and with ``logging.tensorboard`` the same rows as TensorBoard events
-(mm_train.tensorboard_log) —, draws the progress line and, at the end, OUT/loss.png. A step whose loss or
+mem_bytes, skipped; val_loss every ``eval.every`` steps: mm_train.evaluation; the sample files
+every ``eval.sample_every`` steps: mm_train.samples) — and with ``logging.tensorboard`` the same
+rows as TensorBoard events (mm_train.tensorboard_log) —, draws the progress line and, at the
+end, OUT/loss.png with the validation loss beside the training loss. A step whose loss or
 gradient is not finite (on any rank) is skipped — no update — and counted;
 ``train.max_nonfinite_steps`` skipped steps in a row stop the run with an error.
 
@@ -32,7 +34,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from mm_train import checkpoint, node_disks, run_folder, tensorboard_log
+from mm_train import checkpoint, evaluation, node_disks, run_folder, samples, tensorboard_log
 from mm_train.recipe import Recipe, check_layout
 from mm_train.task import Task
 
@@ -146,6 +148,11 @@ class _Progress:
         hours, rest = divmod(left, 3600)
         return f"eta {hours}h{rest // 60:02d}m" if hours else f"eta {rest // 60}m{rest % 60:02d}s"
 
+    def note(self, text: str) -> None:
+        """A line of its own (a validation loss), below the redrawn progress line."""
+        if self.enabled:
+            print(("\n" if self.tty else "") + text, flush=True, file=sys.stderr)
+
     def update(self, step: int, loss: float, samples_per_s: float, routing: Optional[Dict] = None):
         if not self.enabled:
             return
@@ -176,10 +183,16 @@ def _loss_curve(metrics: List[Dict], path: str) -> Optional[str]:
     except ImportError:  # the curve is a convenience; metrics.jsonl has the numbers
         return None
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([m["step"] for m in metrics], [float("nan") if m["loss"] is None else m["loss"] for m in metrics])
+    ax.plot([m["step"] for m in metrics], [float("nan") if m["loss"] is None else m["loss"] for m in metrics],
+            label="training")
+    held_out = [m for m in metrics if "val_loss" in m]
+    if held_out:
+        ax.plot([m["step"] for m in held_out], [float("nan") if m["val_loss"] is None else m["val_loss"]
+                                                for m in held_out], "o-", label="validation")
+        ax.legend()
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title("training loss")
+    ax.set_title("training and validation loss" if held_out else "training loss")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -214,6 +227,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
     check_layout(recipe, topo.world_size)
     ms.set_seed(recipe.train.seed)
     task = (make_task or recipe.family.task_class())(recipe, topo)
+    samples.check(task, recipe)
     out = recipe.output_dir
     disks = node_disks.find(topo, recipe.checkpoint.shared_fs)
     run = run_folder.start(recipe, task, topo, resume, resume_from, overwrite, disks)
@@ -288,8 +302,14 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
             routing = _routing_metrics(chunks) if moe else {}
             if routing:
                 row["moe"] = routing
+            if evaluation.due(recipe.eval.every, step + 1, recipe.train.steps):
+                row["val_loss"] = _finite(evaluation.validation_loss(chunks, task, topo))
+                bar.note(f"step {step + 1}: val_loss {row['val_loss']}")
+            if evaluation.due(recipe.eval.sample_every, step + 1, recipe.train.steps):
+                with watchdog.paused():  # the others wait while rank 0 decodes and writes
+                    row["samples"] = samples.write(task, chunks, topo, step + 1, board)
             metrics.append(row)
-            if writer and (step + 1) % recipe.train.log_every == 0:
+            if writer and ((step + 1) % recipe.train.log_every == 0 or "val_loss" in row or "samples" in row):
                 log.write(json.dumps(row) + "\n")
                 log.flush()
                 if board is not None:

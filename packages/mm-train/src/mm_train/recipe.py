@@ -11,6 +11,8 @@
     checkpoint: every, keep, save_dtype, shared_fs
     cluster:    nodes, devices_per_node, device: where the recipe is meant to run (`mm-train plan`)
     logging:    tensorboard (event files beside metrics.jsonl), tensorboard_dir
+    eval:       every, fraction / path (a held-out split), sample_every, prompts, images, ...:
+                validation loss and samples while training (mm_train.evaluation, mm_train.samples)
     profile:    the fields of mm_profiling.ProfileConfig (enable, start_step, end_step, ...)
     output_dir
     ...         sections of the family's own (e.g. a diffusion objective), typed by the family
@@ -140,6 +142,58 @@ class LoggingSection:
 
 
 @dataclass
+class EvalSection:
+    """Validation while training (mm_train.evaluation) and samples to look at (mm_train.samples).
+
+    Validation: every ``every`` steps the loss over a held-out split — ``fraction`` of the training
+    set (drawn by train.seed alone, never trained on) or the data at ``path`` (same data.kind as
+    the training data) — in batches of ``batch_size`` samples (default micro_batch_size x dp),
+    at most ``max_batches`` of them (0: all). Samples: every ``sample_every`` steps, one per prompt
+    of ``prompts`` (with ``images``: their first frames / pictures, one per prompt)."""
+
+    every: int = 0  # steps between validation losses (0: none)
+    fraction: float = 0.0  # share of the training set held out
+    path: Optional[str] = None  # or a separate data file / folder of data.kind
+    batch_size: Optional[int] = None
+    max_batches: int = 0
+    sample_every: int = 0  # steps between samples (0: none)
+    prompts: List[str] = field(default_factory=list)
+    negative_prompt: str = ""  # classifier-free guidance's unconditional prompt
+    images: List[str] = field(default_factory=list)
+    num_frames: Optional[int] = None  # video samples (default: the training clips' shape)
+    height: Optional[int] = None
+    width: Optional[int] = None
+    steps: int = 10  # sampler steps
+    guidance: float = 5.0
+    sampler: str = "default"  # one of the family's samplers (default: its first; a wrong name lists them)
+    seed: int = 0
+    max_new_tokens: int = 32  # VL answers
+
+    def __post_init__(self):
+        for name in ("every", "max_batches", "sample_every", "steps", "max_new_tokens"):
+            if getattr(self, name) < 0 or (name in ("steps", "max_new_tokens") and getattr(self, name) < 1):
+                raise ValueError(f"eval.{name} must be a whole number >= {int(name in ('steps', 'max_new_tokens'))}, "
+                                 f"got {getattr(self, name)}")
+        if self.fraction and self.path:
+            raise ValueError("eval.fraction and eval.path both give a held-out split; keep one")
+        if not 0.0 <= self.fraction < 1.0:
+            raise ValueError(f"eval.fraction must lie in [0, 1), got {self.fraction}")
+        if self.every and not (self.fraction or self.path):
+            raise ValueError("eval.every needs a held-out split: eval.fraction (e.g. 0.05) or eval.path")
+        if self.sample_every and not self.prompts:
+            raise ValueError("eval.sample_every needs eval.prompts: the fixed prompts samples are drawn from")
+        if self.images and len(self.images) != len(self.prompts):
+            raise ValueError(f"eval.images gives {len(self.images)} pictures for {len(self.prompts)} prompts; "
+                             "give one per prompt")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"eval.batch_size must be >= 1, got {self.batch_size}")
+
+    @property
+    def held_out(self) -> bool:
+        return bool(self.fraction or self.path)
+
+
+@dataclass
 class Recipe:
     model: ModelSection
     data: DataSection  # the family's section for data.kind
@@ -150,6 +204,7 @@ class Recipe:
     profile: Dict[str, Any]
     cluster: ClusterSection = field(default_factory=ClusterSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
+    eval: EvalSection = field(default_factory=EvalSection)
     output_dir: str = "runs/default"
     family_sections: Dict[str, Any] = field(default_factory=dict)  # the family's own sections, typed
 
@@ -178,8 +233,8 @@ class Recipe:
         return out
 
 
-GENERIC_SECTIONS = ("model", "data", "parallel", "optim", "train", "checkpoint", "cluster", "logging", "profile",
-                    "output_dir")
+GENERIC_SECTIONS = ("model", "data", "parallel", "optim", "train", "checkpoint", "cluster", "logging", "eval",
+                    "profile", "output_dir")
 
 
 def _sections(spec, data_kind: str):
@@ -191,7 +246,7 @@ def _sections(spec, data_kind: str):
                          f"choose one of {list(spec.data_sections)}")
     return {"model": ModelSection, "data": spec.data_sections[data_kind], "parallel": ParallelConfig,
             "optim": OptimizerConfig, "train": TrainSection, "checkpoint": CheckpointSection, "cluster": ClusterSection,
-            "logging": LoggingSection, **spec.sections}
+            "logging": LoggingSection, "eval": EvalSection, **spec.sections}
 
 
 def _unknown(kind: str, key: str, valid: Sequence[str]) -> ValueError:
@@ -376,4 +431,7 @@ def check_layout(recipe: Recipe, world_size: int) -> int:
         raise ValueError(f"with vpp > 1 the micro-batches per step and rank ({train.global_batch_size // per_step}) "
                          f"must be a multiple of pp={par.pp} (the interleaved schedule's rule); change "
                          "global_batch_size or micro_batch_size")
+    if recipe.eval.every and (recipe.eval.batch_size or per_step) % per_step:
+        raise ValueError(f"eval.batch_size={recipe.eval.batch_size} is not a multiple of micro_batch_size x dp = "
+                         f"{train.micro_batch_size} x {dp}; validation batches must split into whole micro-batches")
     return train.global_batch_size // per_step

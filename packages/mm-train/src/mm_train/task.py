@@ -5,7 +5,9 @@ the model class from the family's registry entry (by the config.json of ``model.
 inline config), the plan (recompute, LoRA, freezing) through the family's ``parallelize``, the
 data position (the sampler's state at a step) and the stream of this rank's micro-batches
 through mm-data's resumable loader. A family's task sets ``dataset``, ``sampler`` and ``collate``
-and says how many tokens a micro-batch holds.
+and says how many tokens a micro-batch holds. With a held-out split (recipe ``eval``) it builds its
+sampler over `training_indices` and `validation_batches` yields the held-out micro-batches
+(mm_train.evaluation); a family with its own data for ``eval.path`` overrides `validation_source`.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class Task(Protocol):
 
     def data_files(self) -> Tuple[List[str], List[str]]: ...  # (annotation files, media files): the fingerprint
 
+    def validation_batches(self) -> Iterator[List[Dict]]: ...  # this rank's held-out micro-batches (eval)
+
 
 class MicroBatches:
     """Collate a rank's share of a step into consecutive micro-batches of ``size`` samples."""
@@ -91,9 +95,11 @@ class FamilyTask:
 
     dataset = sampler = None
     collate: Optional[Callable] = None
+    held_out = None  # the indices of the training set held out for validation (eval.fraction), or None
 
     def __init__(self, recipe, topo):
         self.recipe, self.topo, self.spec = recipe, topo, recipe.family
+        self.validation_skips: List[Tuple[str, str]] = []  # bad samples met by validation
         self.model_json = self.config_json()  # read once: the model class and the family's task use it
         self.model_class = self.spec.model_class(self.model_json)
         self.parallelize = resolve(self.spec.plan, self.spec.extra)
@@ -116,6 +122,37 @@ class FamilyTask:
 
     def plan(self, model, lora) -> None:
         self.parallelize(model, **plan_options(self.recipe, lora))
+
+    def training_indices(self, num_samples: int):
+        """The samples training may draw: all (None) unless eval.fraction holds some out."""
+        if not self.recipe.eval.fraction:
+            return None
+        from mm_data import held_out_split
+
+        train, self.held_out = held_out_split(num_samples, self.recipe.eval.fraction, self.recipe.train.seed)
+        return train
+
+    def validation_source(self):
+        """(data set, shape keys or None, indices or None) of the validation split: the held-out
+        part of the training set; a family that reads eval.path overrides this."""
+        if self.recipe.eval.path:
+            raise ValueError(f"eval.path is not supported by family {self.spec.name}; use eval.fraction")
+        return self.dataset, getattr(self.sampler, "key_of", None), self.held_out
+
+    def validation_inputs(self, batches: List[Dict]) -> List[Dict]:
+        """A validation batch's micro-batches as forward keywords."""
+        return [self.model_inputs(b) for b in batches]
+
+    def validation_batches(self) -> Iterator[List[Dict]]:
+        """This rank's validation micro-batches, batch by batch (mm_train.evaluation)."""
+        from mm_train.evaluation import micro_batch_stream
+
+        dataset, keys, indices = self.validation_source()
+        return micro_batch_stream(self, dataset, keys, indices, self.validation_inputs)
+
+    def record_bad_samples(self, bad: List[Tuple[str, str]]) -> None:
+        """Bad samples met outside the training stream (validation), for OUT/bad_samples.jsonl."""
+        self.validation_skips.extend(bad)
 
     def position(self, step: int) -> dict:
         """The data loader's state at the start of ``step``."""
@@ -145,4 +182,4 @@ class FamilyTask:
     def bad_samples(self) -> List[Tuple[str, str]]:
         """The samples this rank's data set skipped (mm-data's BadInputLog), in the order met."""
         log = getattr(self.dataset, "bad_input", None)
-        return list(log.skipped) if log is not None else []
+        return (list(log.skipped) if log is not None else []) + self.validation_skips

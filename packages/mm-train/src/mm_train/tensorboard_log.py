@@ -3,7 +3,8 @@
 Rank 0 writes every row it logs to metrics.jsonl as scalars at the row's step: ``train/loss``,
 ``train/grad_norm``, ``train/lr``, ``train/samples_per_s``, ``train/tokens_per_s``, ``train/mfu``,
 ``train/mem_bytes`` (and ``train/loss_scale`` under loss scaling), and for MoE runs each numeric
-routing figure of each layer as ``moe/<layer>/<figure>``. The writer is tensorboardX (the
+routing figure of each layer as ``moe/<layer>/<figure>``; the validation loss as ``eval/val_loss``
+and each sample's contact sheet as the image ``samples/<name>`` (`add_sample_image`). The writer is tensorboardX (the
 optional extra ``mm-train[tensorboard]``; no TensorFlow, no torch); a resumed run purges the events
 after its checkpoint's step, as metrics.jsonl drops its rows, so the curves do not double back.
 """
@@ -44,10 +45,17 @@ class TensorBoardLog:
             value = row.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.writer.add_scalar(f"train/{key}", value, step)
+        if isinstance(row.get("val_loss"), float):
+            self.writer.add_scalar("eval/val_loss", row["val_loss"], step)
         for layer, figures in (row.get("moe") or {}).items():
             for name, value in figures.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     self.writer.add_scalar(f"moe/{layer}/{name}", value, step)
+        self.writer.flush()
+
+    def add_sample_image(self, name: str, image, step: int) -> None:
+        """A sample's picture (H, W, 3 uint8) at ``step``."""
+        self.writer.add_image(f"samples/{name}", image, step, dataformats="HWC")
         self.writer.flush()
 
     def close(self) -> None:

@@ -238,9 +238,20 @@ class WanTrainData:
             if data.caption_dropout and self.null_embeds is None:
                 raise ValueError(f"data.caption_dropout needs the empty caption's embedding {null}; "
                                  "rebuild the cache with mm-train (it writes one)")
+        self.held_out = None
+        if recipe.eval.fraction:  # held out for validation (mm_train.evaluation), never trained on
+            from mm_data import held_out_split
+
+            indices, self.held_out = held_out_split(len(self.dataset), recipe.eval.fraction, train.seed)
+        else:
+            indices = None
         self.sampler = BucketBatchSampler(len(self.dataset), train.global_batch_size, topo.dp.rank, topo.dp.size,
-                                          keys=self.dataset.keys, seed=train.seed)
+                                          keys=self.dataset.keys, seed=train.seed, indices=indices)
         self.schedule = self.make_schedule()
+
+    def for_recipe(self, recipe):
+        """The data of another recipe of this family (the validation split at eval.path)."""
+        return type(self)(recipe, self.topo, self.i2v)
 
     def _vae_group(self, data, topo):
         """The ranks this one encodes each clip with (data.vae_context_parallel consecutive ranks), or None."""
@@ -293,11 +304,18 @@ class WanTrainData:
             comm.barrier(topo.world)  # every rank's shards are written
         return folder
 
+    def caption_dropout(self, step: int) -> float:
+        """The share of captions flow_inputs drops at ``step``: none when the data set already
+        dropped them (online) or for validation."""
+        from mm_train.evaluation import VALIDATION_STEP
+
+        return 0.0 if self.online or step == VALIDATION_STEP else self.recipe.data.caption_dropout
+
     def flow_inputs(self, step: int, batch: Dict) -> Dict[str, np.ndarray]:
         """The model's keywords for a micro-batch of features at ``step`` (cached, or just encoded:
         then the data set already dropped captions)."""
         d = self.recipe.diffusion
-        dropout = 0.0 if self.online else self.recipe.data.caption_dropout
+        dropout = self.caption_dropout(step)
         rows, texts = [], []
         for row, index in enumerate(batch["index"]):
             rng = np.random.default_rng([self.recipe.train.seed, step, int(index)])
@@ -335,6 +353,44 @@ class VideoTask(FamilyTask):
     def bad_samples(self):
         """The clips skipped while training online or while building the feature cache."""
         return super().bad_samples() + self.data.cache_skips
+
+    clip_sampler = "mm_train.video_samples:WanSampler"  # how samples are drawn (mm_train.video_samples)
+
+    def write_samples(self, chunks, out: str, writer: bool):
+        """One clip per eval prompt (mm_train.samples / video_samples)."""
+        from mm_train import samples, video_samples
+        from mm_train.families import resolve
+
+        if getattr(self, "_clip_sampler", None) is None:
+            self._clip_sampler = video_samples.recipe_sampler(resolve(self.clip_sampler), self.recipe, self.topo,
+                                                              chunks[0].config)
+        e = self.recipe.eval
+        return video_samples.write_clips(self._clip_sampler, lambda inputs, shape: samples.predict(
+            chunks, self.topo, inputs, shape), e.prompts, e.images, video_samples.recipe_settings(self.recipe), out,
+            writer)
+
+    def validation_source(self):
+        """The held-out part of the training features (eval.fraction), or the clips / feature
+        cache at eval.path (encoded into OUT/features-eval like the training data)."""
+        if not self.recipe.eval.path:
+            return self.data.dataset, self.data.dataset.keys, self.data.held_out
+        if self.recipe.data.kind == "tiny_video":
+            raise ValueError("eval.path with data.kind tiny_video: the built-in clips have no separate file; "
+                             "use eval.fraction")
+        if getattr(self, "_validation_data", None) is None:
+            import dataclasses
+
+            data = dataclasses.replace(self.recipe.data, path=self.recipe.eval.path, online=False,
+                                       features_dir=os.path.join(self.recipe.output_dir, "features-eval"))
+            recipe = dataclasses.replace(self.recipe, data=data, eval=dataclasses.replace(self.recipe.eval, path=None))
+            self._validation_data = self.data.for_recipe(recipe)
+        return self._validation_data.dataset, self._validation_data.dataset.keys, None
+
+    def validation_inputs(self, batches):
+        from mm_train.evaluation import VALIDATION_STEP
+
+        data = getattr(self, "_validation_data", None) or self.data
+        return [self.model_inputs(b) for b in data.prepare(VALIDATION_STEP, batches)]
 
     def stream(self, first_step: int):
         """The shared loader's micro-batches of features as the model's forward keywords."""

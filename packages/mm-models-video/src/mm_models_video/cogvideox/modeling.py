@@ -329,6 +329,10 @@ class CogVideoXTransformer3DModel(ParallelModel):
                                  batch.get("image_rotary_emb"))
         return self.head(tokens, temb) if self.is_last else {"tokens": tokens, "temb": temb}
 
+    def pipeline_sample(self, tokens, batch: dict):
+        """The last stage's output rows as the whole (B, F, C_out, H, W) prediction (sampling under pp)."""
+        return self.sample(tokens, tuple(batch["hidden_states"].shape), batch["encoder_hidden_states"].shape[1])
+
     def pipeline_loss(self, tokens, batch: dict):
         return self.loss(tokens, batch["target"], batch["encoder_hidden_states"].shape[1], batch.get("loss_weights"))
 

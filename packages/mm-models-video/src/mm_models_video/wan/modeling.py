@@ -196,6 +196,11 @@ class WanTransformer3DModel(ParallelModel):
             raise ValueError(f"target {tuple(target.shape)} does not match the latents' token grid {grid}")
         return split_sequence(tokens, 1, self.topology) if self.topology.cp.size > 1 else tokens
 
+    def whole_sample(self, tokens, grid):
+        """The whole (B, C_out, F, H, W) prediction from this rank's output tokens (gathered over cp)."""
+        full = gather_sequence(tokens, 1, self.topology) if self.topology.cp.size > 1 else tokens
+        return unpatchify(full, grid, self.config.patch_size)
+
     # -- forward -----------------------------------------------------------------------------
 
     def construct(self, hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image=None,
@@ -211,8 +216,7 @@ class WanTransformer3DModel(ParallelModel):
         loss = None
         if target is not None:
             loss = self.loss(tokens, self.target_tokens(target, grid), int(np.prod(target.shape)), loss_weights)
-        full = gather_sequence(tokens, 1, self.topology) if self.topology.cp.size > 1 else tokens
-        sample = unpatchify(full, grid, self.config.patch_size)
+        sample = self.whole_sample(tokens, grid)
         out = Transformer3DOutput(sample=sample, loss=loss)
         return out if return_dict else (sample,)
 
@@ -238,6 +242,10 @@ class WanTransformer3DModel(ParallelModel):
             return self.head(tokens, temb)
         out = {"tokens": tokens, "text": text, "timestep_proj": timestep_proj, "temb": temb}
         return out if image is None else {**out, "image": image}
+
+    def pipeline_sample(self, tokens, batch: dict):
+        """The last stage's output tokens as the whole prediction (sampling under pp)."""
+        return self.whole_sample(tokens, self.grid(tuple(batch["hidden_states"].shape)))
 
     def pipeline_loss(self, tokens, batch: dict):
         target = batch["target"]

@@ -176,3 +176,8 @@ def model_class_of(folder: str):
     """The model class that loads a Hugging Face / diffusers folder."""
     path, config = _config_json(folder)
     return _family_of(path, config).model_class(config)
+
+
+def family_of(folder: str) -> FamilySpec:
+    """The family whose model a Hugging Face / diffusers folder holds."""
+    return _family_of(*_config_json(folder))

@@ -120,6 +120,8 @@ def workload(recipe, config):
 class CogVideoXTask(VideoTask):
     """See the module docstring and mm_train.task."""
 
+    clip_sampler = "mm_train.video_samples:CogVideoXSampler"
+
     def __init__(self, recipe, topo):
         from mm_data import Collator
         from mm_models_video import CogVideoXTransformerConfig

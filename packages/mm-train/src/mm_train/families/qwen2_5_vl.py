@@ -153,7 +153,6 @@ class VLTask(FamilyTask):
 
     def __init__(self, recipe, topo):
         from mm_data import BucketBatchSampler
-        from mm_data.vl import VLSFTDataset
 
         super().__init__(recipe, topo)
         data, train = recipe.data, recipe.train
@@ -165,16 +164,63 @@ class VLTask(FamilyTask):
         _, annotations, tokenizer_path = data_sources(recipe)
         self.annotations = annotations
         self.tokenizer = vl_tokenizer(tokenizer_path)
-        image_processor, video_processor = self.processors(data)
-        self.dataset = VLSFTDataset.from_file(
-            annotations, self.tokenizer, media_dir=data.media_dir, max_bad_fraction=data.max_bad_fraction,
-            image_processor=image_processor, video_processor=video_processor,
-            max_length=data.max_length, video_fps=data.video_fps, default_system=data.system)
+        self.dataset = self.read_dataset(annotations)
         self.sampler = BucketBatchSampler(len(self.dataset), train.global_batch_size, topo.dp.rank, topo.dp.size,
-                                          seed=train.seed)
+                                          seed=train.seed, indices=self.training_indices(len(self.dataset)))
         par = recipe.parallel  # sequences cut into equal parts: 2 per cp rank (load-balanced ring), tp under sp
         self.collate = self.dataset.collator((2 * par.cp if par.cp > 1 else 1) *
                                              (par.tp if par.sequence_parallel else 1))
+
+    def read_dataset(self, annotations: str):
+        """The SFT data set of a LLaMA-Factory file with the recipe's tokenizer and processors."""
+        from mm_data.vl import VLSFTDataset
+
+        data = self.recipe.data
+        image_processor, video_processor = self.processors(data)
+        return VLSFTDataset.from_file(
+            annotations, self.tokenizer, media_dir=data.media_dir, max_bad_fraction=data.max_bad_fraction,
+            image_processor=image_processor, video_processor=video_processor,
+            max_length=data.max_length, video_fps=data.video_fps, default_system=data.system)
+
+    def validation_source(self):
+        """The held-out part of the training set, or the LLaMA-Factory file at eval.path (its
+        media paths start at data.media_dir, else the file's folder)."""
+        if not self.recipe.eval.path:
+            return super().validation_source()
+        if getattr(self, "_validation_set", None) is None:
+            self._validation_set = self.read_dataset(self.recipe.eval.path)
+        return self._validation_set, None, None
+
+    @classmethod
+    def answer_kit(cls, recipe=None, folder: Optional[str] = None):
+        """(tokenizer, (image, video) processors, default system turn) to answer prompts with: a
+        run's (its recipe), or a Hugging Face folder's (its tokenizer, the pixel bounds of its
+        preprocessor_config.json, the default system turn)."""
+        if recipe is not None:
+            return vl_tokenizer(data_sources(recipe)[2]), cls.processors(recipe.data), recipe.data.system
+        import json
+
+        bounds, path = {}, os.path.join(folder, "preprocessor_config.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                config = json.load(f)
+            size = config.get("size") or {}
+            bounds = {"min_pixels": config.get("min_pixels") or size.get("shortest_edge"),
+                      "max_pixels": config.get("max_pixels") or size.get("longest_edge")}
+        data = VLDataSection(kind="llamafactory", path=folder, **{k: v for k, v in bounds.items() if v})
+        return vl_tokenizer(folder), cls.processors(data), data.system
+
+    def check_samples(self) -> None:
+        from mm_train import vl_samples
+
+        vl_samples.check(self.recipe)
+
+    def write_samples(self, chunks, out: str, writer: bool):
+        """Greedy answers to the eval prompts (mm_train.vl_samples)."""
+        from mm_train import vl_samples
+
+        e = self.recipe.eval
+        return vl_samples.write_answers(self, chunks[0], e.prompts, e.images, e.max_new_tokens, out, writer)
 
     def data_files(self):
         media = [p for c in self.dataset.conversations for p in c.images + c.videos + c.audios if "://" not in p]

@@ -1,0 +1,235 @@
+"""`mm-train generate`: what a trained model makes of a prompt, from the command line.
+
+    mm-train generate SOURCE --prompt TEXT [--image FILE] --out FILE
+                      [--frames N --height H --width W --steps S --guidance G --sampler NAME
+                       --negative-prompt TEXT --seed X] [--max-new-tokens N]
+                      [--nproc N --set parallel.tp=2 ...]
+
+SOURCE is one of
+- a training checkpoint (OUT/checkpoints/step_N): its recipe.json names the family, the encoders
+  (or the tiny ones), the tokenizer and processors, the diffusion settings; LoRA adapters are
+  applied; sizes, steps and guidance default to the recipe's eval section and training clips;
+- a diffusers pipeline folder (model_index.json with transformer/, vae/, text_encoder/,
+  tokenizer/ [, image_encoder/, image_processor/] and scheduler/ whose config gives the shift /
+  the SNR settings); sizes, steps and guidance default to the pipeline's own call defaults;
+- a Hugging Face VL folder (config.json, its tokenizer and preprocessor_config.json).
+
+Video models write the clip as an mp4 at --out and its frames as a contact sheet beside it
+(.png); the sampler is the one training samples with (mm_train.video_samples), so a checkpoint's
+clip equals the run's sample of the same prompt, seed and settings. VL models print the greedy
+answer and write it to --out. ``--nproc N`` starts msrun (N local workers) with the layout the
+``--set parallel.*`` values give (default: one process holds the whole model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Dict, Optional, Tuple
+
+from mm_train import families
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser("generate", help="a video or an answer from a checkpoint or a Hugging Face folder",
+                            description="Sample a video (text / image to video) or answer a prompt (VL) with a "
+                                        "training checkpoint, a diffusers pipeline folder or a Hugging Face folder.")
+    p.add_argument("source", help="OUT/checkpoints/step_N, a diffusers pipeline folder or a Hugging Face folder")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--image", help="the first frame (image to video) or the picture the prompt asks about")
+    p.add_argument("--out", help="the mp4 to write (video); the answer's text file (VL, optional)")
+    p.add_argument("--frames", type=int, help="frames of the clip (1 + 4k)")
+    p.add_argument("--height", type=int)
+    p.add_argument("--width", type=int)
+    p.add_argument("--steps", type=int, help="sampler steps")
+    p.add_argument("--guidance", type=float, help="classifier-free guidance scale")
+    p.add_argument("--sampler", help="one of the family's samplers (default its first; a wrong name lists them)")
+    p.add_argument("--negative-prompt", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="VL: the answer's length limit")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="parallel.KEY=VALUE",
+                   help="the layout, e.g. --set parallel.tp=2 (repeatable)")
+    p.add_argument("--nproc", type=int, default=1, help="local processes; > 1 starts msrun (default 1)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="with --nproc > 1: stop the workers after this long")
+
+
+# -- where the model and its companions are ---------------------------------------------------
+
+
+def _checkpoint_recipe(folder: str, overrides):
+    """The recipe a checkpoint recorded, its layout replaced by the one ``overrides`` give."""
+    from mm_train.recipe import build_recipe
+
+    with open(os.path.join(folder, "recipe.json")) as f:
+        values = json.load(f)
+    layout = [o for o in overrides if o.startswith("parallel.")]
+    if len(layout) != len(overrides):
+        raise ValueError("mm-train generate takes only --set parallel.KEY=VALUE (the layout to generate with)")
+    values["parallel"] = {}
+    return build_recipe(values, layout)
+
+
+def resolve_source(source: str, overrides) -> Tuple[families.FamilySpec, str, Optional[object]]:
+    """(the family, the model folder, the checkpoint's recipe or None) of SOURCE."""
+    if os.path.isfile(os.path.join(source, "recipe.json")) and os.path.isdir(os.path.join(source, "model")):
+        recipe = _checkpoint_recipe(source, overrides)
+        return recipe.family, os.path.join(source, "model"), recipe
+    if os.path.isfile(os.path.join(source, "model_index.json")):
+        folder = os.path.join(source, "transformer")
+        return families.family_of(folder), folder, None
+    if os.path.isfile(os.path.join(source, "config.json")):
+        return families.family_of(source), source, None
+    raise FileNotFoundError(f"{source} is neither a training checkpoint (recipe.json, model/), a diffusers pipeline "
+                            "folder (model_index.json) nor a model folder (config.json)")
+
+
+def _parallel(overrides):
+    from mm_parallel import ParallelConfig
+    from mm_train.recipe import parse_override
+
+    values = {}
+    for text in overrides:
+        section, key, value = parse_override(text)
+        if section != "parallel":
+            raise ValueError(f"--set {text}: generate takes only parallel.KEY=VALUE (the layout)")
+        values[key] = value
+    return ParallelConfig(**values)
+
+
+def load_model(spec, folder: str, topo, recipe=None, checkpoint: Optional[str] = None):
+    """The model chunks this rank holds (one per virtual pipeline stage), with the checkpoint's
+    LoRA adapters when its run trained some."""
+    from mm_train.families import resolve
+    from mm_train.task import plan_options
+
+    chunks = [spec.model_class(_config(folder)).from_pretrained(folder, topo, chunk=c) for c in range(topo.config.vpp)]
+    lora = recipe.model.lora if recipe is not None else None
+    if lora:
+        config = resolve(spec.lora_config, spec.extra)(**lora)
+        parallelize = resolve(spec.plan, spec.extra)
+        for chunk in chunks:
+            parallelize(chunk, **{**plan_options(recipe, config), "recompute": "none"})
+            chunk.load_adapter(os.path.join(checkpoint, "adapters"))
+    return chunks
+
+
+def _config(folder: str) -> dict:
+    with open(os.path.join(folder, "config.json")) as f:
+        return json.load(f)
+
+
+# -- video ------------------------------------------------------------------------------------
+
+
+def video_settings(args, sampler_class, recipe):
+    from mm_train import video_samples
+
+    base = video_samples.recipe_settings(recipe) if recipe is not None else \
+        video_samples.Settings(**{k: v for k, v in sampler_class.defaults.items()})
+    given = dict(num_frames=args.frames, height=args.height, width=args.width, steps=args.steps,
+                 guidance=args.guidance, sampler=args.sampler, negative_prompt=args.negative_prompt)
+    values = {**base.__dict__, **{k: v for k, v in given.items() if v is not None}, "seed": args.seed}
+    return video_samples.Settings(**values)
+
+
+def generate_video(args, spec, folder, recipe, topo, chunks) -> Dict:
+    from mm_train import samples, video_samples
+    from mm_train.families import resolve
+
+    sampler_class = resolve(spec.task_class().clip_sampler)
+    config = chunks[0].config
+    if recipe is not None:
+        sampler = video_samples.recipe_sampler(sampler_class, recipe, topo, config)
+    else:
+        sampler = video_samples.pipeline_sampler(sampler_class, os.path.dirname(folder), config,
+                                                 spec.sections["diffusion"])
+    settings = video_settings(args, sampler_class, recipe)
+    if not args.out:
+        raise ValueError("a video model writes an mp4: give --out FILE.mp4")
+    with samples.inference(chunks):
+        frames = video_samples.clip(sampler, lambda inputs, shape: samples.predict(chunks, topo, inputs, shape),
+                                    args.prompt, args.image, settings)
+    if topo.rank == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        samples.write_mp4(args.out, frames, settings.fps)
+        sheet = os.path.splitext(args.out)[0] + ".png"
+        samples.write_png(sheet, samples.contact_sheet(frames, scale=max(1, 128 // max(frames.shape[1:3]))))
+        print(f"mm-train: {frames.shape[0]} frames of {frames.shape[2]} x {frames.shape[1]} in {args.out} "
+              f"(contact sheet {sheet})", file=sys.stderr)
+    return {"frames": frames}
+
+
+# -- VL ---------------------------------------------------------------------------------------
+
+
+def generate_answer(args, spec, folder, recipe, topo, chunks) -> Dict:
+    from mm_train import samples, vl_samples
+
+    if recipe is not None:
+        vl_samples.check(recipe)
+    tokenizer, processors, system = spec.task_class().answer_kit(recipe, folder)
+    with samples.inference(chunks):
+        text = vl_samples.answer(chunks[0], tokenizer, processors, system, args.prompt, args.image,
+                                 args.max_new_tokens)
+    if topo.rank == 0:
+        print(text)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text + "\n")
+    return {"answer": text}
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def generate(args) -> Dict:
+    """Run on this rank (every rank of a launch runs it); returns what was made."""
+    import mm_parallel
+
+    spec, folder, recipe = resolve_source(args.source, args.overrides)
+    topo = mm_parallel.initialize(recipe.parallel if recipe is not None else _parallel(args.overrides))
+    chunks = load_model(spec, folder, topo, recipe, args.source)
+    if getattr(spec.task_class(), "clip_sampler", None):
+        return generate_video(args, spec, folder, recipe, topo, chunks)
+    if callable(getattr(spec.task_class(), "answer_kit", None)):
+        return generate_answer(args, spec, folder, recipe, topo, chunks)
+    raise ValueError(f"family {spec.name} has no generation")
+
+
+def run(args) -> int:
+    if args.nproc > 1 and "RANK_ID" not in os.environ:
+        return _launch(args)
+    generate(args)
+    return 0
+
+
+def _worker_argv(args):
+    argv = ["generate", args.source, "--prompt", args.prompt, "--seed", str(args.seed), "--nproc", str(args.nproc),
+            "--max-new-tokens", str(args.max_new_tokens)]
+    for flag in ("image", "out", "frames", "height", "width", "steps", "guidance", "sampler", "negative_prompt"):
+        value = getattr(args, flag)
+        if value is not None:
+            argv += [f"--{flag.replace('_', '-')}", str(value)]
+    for override in args.overrides:
+        argv += ["--set", override]
+    return argv
+
+
+def _launch(args) -> int:
+    from pathlib import Path
+
+    from mm_parallel.testing import DistributedRunError, launch
+    from mm_train.worker_output import LogRelay, report_failure
+
+    log_dir = Path(os.path.abspath(args.out or ".")).parent / "generate_logs"
+    for old in log_dir.glob("worker_*.log"):
+        old.unlink()
+    relay = LogRelay(log_dir / "worker_0.log")
+    try:
+        launch(Path(__file__).with_name("_worker.py"), args.nproc, _worker_argv(args), timeout=args.timeout,
+               log_dir=log_dir, tick=relay)
+    except DistributedRunError as error:
+        report_failure(log_dir, args.nproc, error)
+        return 1
+    return 0

@@ -1,0 +1,117 @@
+"""Samples to look at while training (``eval.sample_every``) and the pieces `mm-train generate` shares.
+
+Every ``eval.sample_every`` steps (and at the last step) the family's task draws one sample per
+prompt of ``eval.prompts`` with the weights of that step and rank 0 writes them under
+``OUT/samples/step_N/``: for video families an mp4 per prompt (PyAV, H.264) and a contact sheet
+PNG of its frames (mm_train.video_samples); for VL families a Markdown page of the greedy answers
+beside their pictures. With TensorBoard on, each contact sheet is also an image event.
+
+Every rank runs the model (its collectives need everyone): `predict` runs the whole model under
+tp / cp (the models gather their output), under pp the forward passes through the stages
+(`mm_parallel.pipeline.forward_only`) and the last stage broadcasts the prediction to the
+others; data-parallel replicas compute the same sample. The model runs with ``set_train(False)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+
+@contextlib.contextmanager
+def inference(chunks):
+    """The model chunks in inference mode (no dropout), back to training mode afterwards."""
+    for chunk in chunks:
+        chunk.set_train(False)
+    try:
+        yield
+    finally:
+        for chunk in chunks:
+            chunk.set_train(True)
+
+
+def predict(chunks, topo, inputs: Dict, shape: Sequence[int]) -> np.ndarray:
+    """The model's whole ``sample`` output for one micro-batch of forward keywords on every rank;
+    ``shape``: the output's shape (the latents'), which the other pipeline stages receive."""
+    import mindspore as ms
+
+    if topo.pp.size == 1:
+        return chunks[0](**inputs).sample.asnumpy()
+    from mm_parallel import comm, pipeline
+
+    last = chunks[-1]
+    outputs = pipeline.forward_only([c.pipeline_stage for c in chunks], [(inputs, inputs)],
+                                    lambda y, b: last.pipeline_sample(y, b), topo, with_batch=True)
+    mine = outputs[0] if outputs else ms.Tensor(np.zeros(tuple(shape), np.float32))
+    return comm.broadcast(mine.astype(ms.float32), topo.pp.ranks[-1], topo.pp).asnumpy()
+
+
+def write_mp4(path: str, frames: np.ndarray, fps: float) -> str:
+    """Frames (F, H, W, 3) uint8 as an H.264 mp4 (even sizes: odd ones are padded by one pixel)."""
+    import av
+
+    f, h, w, _ = frames.shape
+    padded = np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+    with av.open(path, "w") as container:
+        stream = container.add_stream("libx264", rate=max(1, int(round(fps))))
+        stream.width, stream.height, stream.pix_fmt = padded.shape[2], padded.shape[1], "yuv420p"
+        stream.options = {"crf": "18"}
+        for frame in padded:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")))
+        container.mux(stream.encode())
+    return path
+
+
+def contact_sheet(frames: np.ndarray, columns: int = 12, scale: int = 1) -> np.ndarray:
+    """Frames (F, H, W, 3) uint8 laid out in rows of ``columns`` (H', W', 3), each ``scale`` x larger
+    (tiny clips are otherwise too small to see), a 2-pixel grey gap between them."""
+    frames = frames.repeat(scale, 1).repeat(scale, 2) if scale > 1 else frames
+    f, h, w, _ = frames.shape
+    columns = min(columns, f)
+    rows = -(-f // columns)
+    sheet = np.full((rows * (h + 2) - 2, columns * (w + 2) - 2, 3), 128, np.uint8)
+    for i, frame in enumerate(frames):
+        r, c = divmod(i, columns)
+        sheet[r * (h + 2):r * (h + 2) + h, c * (w + 2):c * (w + 2) + w] = frame
+    return sheet
+
+
+def write_png(path: str, image: np.ndarray) -> str:
+    from PIL import Image
+
+    Image.fromarray(image).save(path)
+    return path
+
+
+def to_frames(video: np.ndarray) -> np.ndarray:
+    """A decoded clip (C, F, H, W) in [-1, 1] as (F, H, W, 3) uint8."""
+    return np.rint((np.clip(video, -1.0, 1.0).transpose(1, 2, 3, 0) + 1.0) * 127.5).astype(np.uint8)
+
+
+def check(task, recipe) -> None:
+    """Before the first step: the family draws samples, if the recipe asks for them."""
+    if recipe.eval.sample_every and not callable(getattr(task, "write_samples", None)):
+        raise ValueError(f"eval.sample_every: family {recipe.model.family} draws no samples; set it to 0")
+    if recipe.eval.sample_every and callable(getattr(task, "check_samples", None)):
+        task.check_samples()
+
+
+def folder(recipe, step: int) -> str:
+    return os.path.join(recipe.output_dir, "samples", f"step_{step}")
+
+
+def write(task, chunks, topo, step: int, board=None) -> List[str]:
+    """The samples of ``step`` (see the module docstring); returns the files rank 0 wrote,
+    relative to output_dir (empty elsewhere)."""
+    out = folder(task.recipe, step)
+    if topo.rank == 0:
+        os.makedirs(out, exist_ok=True)
+    with inference(chunks):
+        written = task.write_samples(chunks, out, writer=topo.rank == 0)
+    if board is not None:
+        for name, image in written.get("images", {}).items():
+            board.add_sample_image(name, image, step)
+    return [os.path.relpath(p, task.recipe.output_dir) for p in written.get("files", [])]
