@@ -15,7 +15,8 @@ the weights.
 computed as training computes a step's loss: a rank's micro-batch losses summed, under pp on the
 last stage (`mm_parallel.pipeline.forward_only`, given to every stage), then summed over dp
 with the micro-batch count; context- and tensor-parallel ranks share their micro-batches. The
-model runs without tape and with ``set_train(False)`` (no LoRA dropout), then back.
+loss is the model's own (a MoE model's includes its auxiliary loss, as in training). The model
+runs without tape and with ``set_train(False)`` (no LoRA dropout), then in its earlier mode.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def micro_batch_stream(task, dataset, keys, indices, prepare) -> Iterator[List[D
     if recipe.eval.max_batches:
         batches = batches[:recipe.eval.max_batches]
     held = len(dataset) if indices is None else len(indices)
-    if topo.rank == 0 and not getattr(task, "_validation_logged", False):
-        task._validation_logged = True
+    if topo.rank == 0 and not task.validation_described:
+        task.validation_described = True
         print(f"mm-train: validation on {len(batches) * size} of {held} held-out samples in {len(batches)} batches of "
               f"{size} ({held - len(batches) * size} left out: buckets smaller than a batch, or eval.max_batches)",
               file=sys.stderr, flush=True)
@@ -66,11 +67,10 @@ def validation_loss(chunks, task, topo) -> float:
     import mindspore as ms
 
     from mm_parallel import comm, pipeline
+    from mm_train.samples import inference
 
     total, count = 0.0, 0
-    for chunk in chunks:
-        chunk.set_train(False)
-    try:
+    with inference(chunks):
         for batches in task.validation_batches():
             count += len(batches)
             if topo.pp.size > 1:
@@ -81,9 +81,6 @@ def validation_loss(chunks, task, topo) -> float:
             else:
                 losses = [float(chunks[0](**b).loss.asnumpy()) for b in batches]
             total += sum(losses)
-    finally:
-        for chunk in chunks:
-            chunk.set_train(True)
     if topo.pp.size > 1:  # only the last stage has the losses
         total = float(comm.all_reduce(ms.Tensor(np.array([total], np.float32)), topo.pp).asnumpy()[0])
     if topo.dp.size > 1:

@@ -166,11 +166,9 @@ def generate_video(args, spec, folder, recipe, topo, chunks) -> Dict:
 def generate_answer(args, spec, folder, recipe, topo, chunks) -> Dict:
     from mm_train import samples, vl_samples
 
-    if recipe is not None:
-        vl_samples.check(recipe)
     tokenizer, processors, system = spec.task_class().answer_kit(recipe, folder)
     with samples.inference(chunks):
-        text = vl_samples.answer(chunks[0], tokenizer, processors, system, args.prompt, args.image,
+        text = vl_samples.answer(chunks, topo, tokenizer, processors, system, args.prompt, args.image,
                                  args.max_new_tokens)
     if topo.rank == 0:
         print(text)

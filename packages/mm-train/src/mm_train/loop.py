@@ -306,7 +306,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
                 row["val_loss"] = _finite(evaluation.validation_loss(chunks, task, topo))
                 bar.note(f"step {step + 1}: val_loss {row['val_loss']}")
             if evaluation.due(recipe.eval.sample_every, step + 1, recipe.train.steps):
-                with watchdog.paused():  # the others wait while rank 0 decodes and writes
+                with watchdog.paused():  # the others wait while rank 0 writes the files
                     row["samples"] = samples.write(task, chunks, topo, step + 1, board)
             metrics.append(row)
             if writer and ((step + 1) % recipe.train.log_every == 0 or "val_loss" in row or "samples" in row):

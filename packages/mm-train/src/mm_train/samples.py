@@ -9,7 +9,8 @@ beside their pictures. With TensorBoard on, each contact sheet is also an image 
 Every rank runs the model (its collectives need everyone): `predict` runs the whole model under
 tp / cp (the models gather their output), under pp the forward passes through the stages
 (`mm_parallel.pipeline.forward_only`) and the last stage broadcasts the prediction to the
-others; data-parallel replicas compute the same sample. The model runs with ``set_train(False)``.
+others; data-parallel replicas compute the same sample. The model runs with ``set_train(False)``
+(`inference`), then in the mode it was in.
 """
 
 from __future__ import annotations
@@ -23,14 +24,15 @@ import numpy as np
 
 @contextlib.contextmanager
 def inference(chunks):
-    """The model chunks in inference mode (no dropout), back to training mode afterwards."""
+    """The model chunks in inference mode (no dropout), back in the mode each was in afterwards."""
+    before = [chunk.training for chunk in chunks]
     for chunk in chunks:
         chunk.set_train(False)
     try:
         yield
     finally:
-        for chunk in chunks:
-            chunk.set_train(True)
+        for chunk, mode in zip(chunks, before):
+            chunk.set_train(mode)
 
 
 def predict(chunks, topo, inputs: Dict, shape: Sequence[int]) -> np.ndarray:
@@ -95,8 +97,6 @@ def check(task, recipe) -> None:
     """Before the first step: the family draws samples, if the recipe asks for them."""
     if recipe.eval.sample_every and not callable(getattr(task, "write_samples", None)):
         raise ValueError(f"eval.sample_every: family {recipe.model.family} draws no samples; set it to 0")
-    if recipe.eval.sample_every and callable(getattr(task, "check_samples", None)):
-        task.check_samples()
 
 
 def folder(recipe, step: int) -> str:

@@ -100,6 +100,7 @@ class FamilyTask:
     def __init__(self, recipe, topo):
         self.recipe, self.topo, self.spec = recipe, topo, recipe.family
         self.validation_skips: List[Tuple[str, str]] = []  # bad samples met by validation
+        self.validation_described = False  # the log has named the validation split's size
         self.model_json = self.config_json()  # read once: the model class and the family's task use it
         self.model_class = self.spec.model_class(self.model_json)
         self.parallelize = resolve(self.spec.plan, self.spec.extra)

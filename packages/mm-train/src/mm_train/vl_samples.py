@@ -3,11 +3,19 @@
 Each prompt of ``eval.prompts`` is one user turn (with ``eval.images``: its picture, an
 ``<image>`` placeholder put in front unless the prompt places it), encoded by the run's chat
 template and processors exactly as training data is (`mm_data.vl.VLSFTDataset`), ending in the
-assistant's header; the model continues it greedily for up to ``eval.max_new_tokens`` tokens
-(`generate`: a key / value cache, transformers' greedy search). Rank 0 writes
-``answers.md`` with each picture copied beside it. Greedy decoding with a cache runs the whole
-model on every rank: tp (logits gathered over the vocabulary) and dp; not pp, cp or sequence
-parallelism, whose one-token steps do not cut into their parts (`check` refuses them early).
+assistant's header; the model continues it greedily for up to ``eval.max_new_tokens`` tokens.
+Rank 0 writes ``answers.md`` with each picture copied beside it.
+
+Two decoders, one answer: where the whole model runs on every rank with whole sequences (tp, dp)
+the model's `generate` (a key / value cache, transformers' greedy search); under pp, cp or
+sequence parallelism, whose one-token steps do not cut into their parts, `greedy_by_reforward`:
+each new token from a whole forward pass over the sequence so far, right-padded to a length the
+layout can cut (causal attention keeps the pads from the real tokens), through the pipeline
+stages (`mm_parallel.pipeline.forward_only`), the logits at the last real token gathered over
+cp and the vocabulary, the token chosen on the last stage and broadcast. It costs one forward
+pass of the whole sequence per token — affordable every so many steps — and gives the
+cache's tokens (the positions of a new token are the last one's + 1 on every M-RoPE axis either
+way; tested under pp2, cp2 and tp2 against one process).
 """
 
 from __future__ import annotations
@@ -19,15 +27,6 @@ from typing import Dict, List, Optional
 import numpy as np
 
 IMAGE = "<image>"
-
-
-def check(recipe) -> None:
-    """The layouts greedy decoding runs under (module docstring)."""
-    par = recipe.parallel
-    if par.pp > 1 or par.cp > 1 or par.sequence_parallel:
-        raise ValueError("eval.sample_every for a VL model decodes with a key / value cache, which runs under tp and "
-                         "dp only; set eval.sample_every=0 under pp, cp or sequence parallelism (eval.every's "
-                         "validation loss runs under every layout) or answer afterwards with mm-train generate")
 
 
 def prompt_inputs(tokenizer, processors, system: Optional[str], prompt: str,
@@ -54,24 +53,82 @@ def prompt_inputs(tokenizer, processors, system: Optional[str], prompt: str,
     return batch
 
 
-def answer(model, tokenizer, processors, system: Optional[str], prompt: str, image: Optional[str],
+def _cache_decodes(topo) -> bool:
+    """Whether the model's cached `generate` runs under this layout (whole model and sequence)."""
+    return topo.pp.size == 1 and topo.cp.size == 1 and not (topo.config.sequence_parallel and topo.tp.size > 1)
+
+
+def _last_logits(y, position: int, topo) -> np.ndarray:
+    """The last stage's logits (split over cp along the sequence, over tp along the vocabulary)
+    at ``position`` of the whole sequence, whole."""
+    from mm_parallel import comm
+    from mm_parallel.context_parallel import gather_sequence
+
+    logits = y["logits"] if isinstance(y, dict) else y
+    if topo.cp.size > 1:
+        logits = gather_sequence(logits, 1, topo)
+    if topo.tp.size > 1:
+        logits = comm.all_gather(logits[:, position:position + 1], topo.tp, -1)
+        position = 0
+    return logits[0, position].asnumpy()
+
+
+def greedy_by_reforward(chunks, topo, inputs: Dict, max_new_tokens: int, eos, pad_id: int) -> np.ndarray:
+    """Greedy tokens after ``inputs`` (a batch of one) by a whole forward pass per token (module
+    docstring); the same on every rank."""
+    import mindspore as ms
+
+    from mm_parallel import comm, pipeline
+
+    par = topo.config
+    multiple = (2 * topo.cp.size if topo.cp.size > 1 else 1) * (topo.tp.size if par.sequence_parallel else 1)
+    ids, types, new = inputs["input_ids"], inputs.get("mm_token_type_ids"), []
+    media = {k: v for k, v in inputs.items() if k not in ("input_ids", "mm_token_type_ids", "attention_mask")}
+    for _ in range(max_new_tokens):
+        length = ids.shape[1]
+        pad = -length % multiple
+        batch = {**media, "input_ids": np.pad(ids, ((0, 0), (0, pad)), constant_values=pad_id)}
+        if types is not None:
+            batch["mm_token_type_ids"] = np.pad(types, ((0, 0), (0, pad)))
+        picked = pipeline.forward_only([c.pipeline_stage for c in chunks], [(batch, batch)],
+                                       lambda y, b: int(_last_logits(y, length - 1, topo).argmax()), topo,
+                                       with_batch=True)
+        token = ms.Tensor(np.array([picked[0] if picked else 0], np.int32))
+        token = int(comm.broadcast(token, topo.pp.ranks[-1], topo.pp).asnumpy()[0])
+        new.append(token)
+        if token in eos:
+            break
+        ids = np.concatenate([ids, [[token]]], 1)
+        if types is not None:
+            types = np.concatenate([types, [[0]]], 1)
+    return np.asarray(new, np.int64)
+
+
+def answer(chunks, topo, tokenizer, processors, system: Optional[str], prompt: str, image: Optional[str],
            max_new_tokens: int) -> str:
-    """The model's greedy answer to one prompt (with its picture)."""
+    """The model's greedy answer to one prompt (with its picture) under this layout."""
     inputs = prompt_inputs(tokenizer, processors, system, prompt, image)
-    ids = inputs.pop("input_ids")
-    tokens = model.generate(ids, max_new_tokens=max_new_tokens, **inputs)
-    return tokenizer.decode(tokens[0, ids.shape[1]:].tolist(), skip_special_tokens=True).strip()
+    ids = inputs["input_ids"]
+    if _cache_decodes(topo):
+        rest = {k: v for k, v in inputs.items() if k != "input_ids"}
+        new = chunks[0].generate(ids, max_new_tokens=max_new_tokens, **rest)[0, ids.shape[1]:]
+    else:  # the end tokens generate stops at
+        config = chunks[-1].config
+        eos = getattr(config.text_config, "eos_token_id", None) or getattr(config, "eos_token_id", None)
+        eos = set(np.atleast_1d(eos).tolist()) if eos is not None else set()
+        new = greedy_by_reforward(chunks, topo, inputs, max_new_tokens, eos, tokenizer.pad_token_id or 0)
+    return tokenizer.decode(new.tolist(), skip_special_tokens=True).strip()
 
 
-def write_answers(task, model, prompts: List[str], images: List[str], max_new_tokens: int, out: str,
+def write_answers(task, chunks, prompts: List[str], images: List[str], max_new_tokens: int, out: str,
                   writer: bool) -> Dict:
     """answers.md under ``out`` (``writer``: this rank writes); {"files": [...]}."""
     lines = ["# Answers", ""]
     files = []
     for index, prompt in enumerate(prompts):
         image = images[index] if images else None
-        text = answer(model, task.tokenizer, task.processors(task.recipe.data), task.recipe.data.system, prompt,
-                      image, max_new_tokens)
+        text = answer(chunks, task.topo, task.tokenizer, task.processors(task.recipe.data), task.recipe.data.system,
+                      prompt, image, max_new_tokens)
         lines += [f"## {index}. {prompt}", ""]
         if image and writer:
             copy = f"image_{index}{os.path.splitext(image)[1]}"

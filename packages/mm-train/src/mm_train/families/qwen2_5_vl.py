@@ -210,17 +210,12 @@ class VLTask(FamilyTask):
         data = VLDataSection(kind="llamafactory", path=folder, **{k: v for k, v in bounds.items() if v})
         return vl_tokenizer(folder), cls.processors(data), data.system
 
-    def check_samples(self) -> None:
-        from mm_train import vl_samples
-
-        vl_samples.check(self.recipe)
-
     def write_samples(self, chunks, out: str, writer: bool):
         """Greedy answers to the eval prompts (mm_train.vl_samples)."""
         from mm_train import vl_samples
 
         e = self.recipe.eval
-        return vl_samples.write_answers(self, chunks[0], e.prompts, e.images, e.max_new_tokens, out, writer)
+        return vl_samples.write_answers(self, chunks, e.prompts, e.images, e.max_new_tokens, out, writer)
 
     def data_files(self):
         media = [p for c in self.dataset.conversations for p in c.images + c.videos + c.audios if "://" not in p]
