@@ -185,6 +185,7 @@ def test_the_held_out_split_is_fixed_by_the_seed_and_never_trained_on():
     (["eval.fraction=0.1", "eval.path=x.json"], "keep one"),
     (["eval.prompts=[a, b]", "eval.images=[x.png]", "eval.sample_every=2"], "one per prompt"),
     (["eval.every=2", "eval.fraction=0.2", "eval.batch_size=6"], "eval.batch_size=6 is not a multiple"),
+    (["model.lora={r: 4, dropout: 0.05}"], "model.lora.dropout=0.05 is not supported yet"),
 ])
 def test_bad_eval_settings_are_refused_with_what_to_change(overrides, message):
     from mm_train.recipe import check_layout, load_recipe

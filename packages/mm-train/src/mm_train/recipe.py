@@ -52,6 +52,11 @@ class ModelSection:
     def __post_init__(self):
         if self.path is None and not self.config:
             raise ValueError("model needs a path (a Hugging Face folder) or an inline config")
+        if self.lora and self.lora.get("dropout"):
+            # the layers run outside MindSpore's training mode and the masks would differ between
+            # layouts (no model-parallel random state yet): refused rather than silently not applied
+            raise ValueError(f"model.lora.dropout={self.lora['dropout']} is not supported yet (adapter dropout is "
+                             "not applied in training); set it to 0")
 
 
 @dataclass
