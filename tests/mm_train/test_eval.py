@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from media import write_video
 from test_run import rows_of, sample_pixels, val_losses
 from train_runs import main_on_this_rank
 
@@ -139,13 +140,16 @@ def test_vl_validates_on_a_separate_file_and_answers_alike_in_the_run_and_under_
     data = tmp_path / "data"
     generate(str(data), 32)
     held_out, out, home = _vl_file(tmp_path, data), tmp_path / "run", {"MM_TRAIN_DATA": str(data)}
-    picture = data / "images" / "00003.png"
+    picture, clip = data / "images" / "00003.png", tmp_path / "clip.mp4"
+    write_video(str(clip), 8, 56, 56, 4)
     main_on_this_rank(["run", "--set", f"output_dir={out}", "--set", "train.steps=24", "--set", "data.samples=32",
                        "--set", "eval.every=12", "--set", f"eval.path={held_out}", "--set", "eval.sample_every=24",
-                       "--set", "eval.prompts=[<image>]", "--set", f"eval.images=[{picture}]", "--set",
-                       "eval.max_new_tokens=8", "--set", "checkpoint.every=24", "--no-progress"], home)
+                       "--set", "eval.prompts=[<image>, 'what happens?']", "--set", f"eval.images=[{picture}, '']",
+                       "--set", f"eval.videos=['', {clip}]", "--set", "eval.max_new_tokens=8", "--set",
+                       "checkpoint.every=24", "--no-progress"], home)
     assert list(val_losses(out)) == [12, 24]
     page = (out / "samples" / "step_24" / "answers.md").read_text()
+    assert "[clip.mp4](video_1.mp4)" in page and (out / "samples" / "step_24" / "video_1.mp4").exists()
     answers = {}
     for name, layout in (("one", []), ("tp2", ["parallel.tp=2"]), ("pp2", ["parallel.pp=2"]),
                          ("cp2", ["parallel.cp=2"]), ("tp2_sp", ["parallel.tp=2", "parallel.sequence_parallel=true"])):
@@ -186,6 +190,7 @@ def test_the_held_out_split_is_fixed_by_the_seed_and_never_trained_on():
     (["eval.prompts=[a, b]", "eval.images=[x.png]", "eval.sample_every=2"], "one per prompt"),
     (["eval.every=2", "eval.fraction=0.2", "eval.batch_size=6"], "eval.batch_size=6 is not a multiple"),
     (["model.lora={r: 4, dropout: 0.05}"], "model.lora.dropout=0.05 is not supported yet"),
+    (["eval.prompts=[what is it?]"], "not valid YAML .*quote text"),
 ])
 def test_bad_eval_settings_are_refused_with_what_to_change(overrides, message):
     from mm_train.recipe import check_layout, load_recipe
@@ -198,8 +203,8 @@ def test_bad_sample_requests_are_refused_with_what_to_change():
     from mm_train.video_samples import Settings
     from mm_train.vl_samples import prompt_inputs
 
-    with pytest.raises(ValueError, match="one picture .* per placeholder"):
-        prompt_inputs(None, (None, None), None, "<image> and <image>?", "one.png")
+    with pytest.raises(ValueError, match="2 <image> placeholders for 1 images: give one \\(--image / eval.images\\)"):
+        prompt_inputs(None, (None, None), None, "<image> and <image>?", {"images": ["one.png"]})
     with pytest.raises(ValueError, match="1 \\+ 4k"):
         Settings(num_frames=8, height=32, width=32)
     with pytest.raises(ValueError, match="use one of \\('ddim', 'dpm'\\)"):

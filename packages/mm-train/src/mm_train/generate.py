@@ -1,6 +1,6 @@
 """`mm-train generate`: what a trained model makes of a prompt, from the command line.
 
-    mm-train generate SOURCE --prompt TEXT [--image FILE] --out FILE
+    mm-train generate SOURCE --prompt TEXT [--image FILE | --video FILE] --out FILE
                       [--frames N --height H --width W --steps S --guidance G --sampler NAME
                        --negative-prompt TEXT --seed X] [--max-new-tokens N]
                       [--nproc N --set parallel.tp=2 ...]
@@ -38,6 +38,7 @@ def add_parser(commands) -> None:
     p.add_argument("source", help="OUT/checkpoints/step_N, a diffusers pipeline folder or a Hugging Face folder")
     p.add_argument("--prompt", required=True)
     p.add_argument("--image", help="the first frame (image to video) or the picture the prompt asks about")
+    p.add_argument("--video", help="VL: the clip the prompt asks about")
     p.add_argument("--out", help="the mp4 to write (video); the answer's text file (VL, optional)")
     p.add_argument("--frames", type=int, help="frames of the clip (1 + 4k)")
     p.add_argument("--height", type=int)
@@ -168,7 +169,8 @@ def generate_answer(args, spec, folder, recipe, topo, chunks) -> Dict:
 
     tokenizer, processors, system = spec.task_class().answer_kit(recipe, folder)
     with samples.inference(chunks):
-        text = vl_samples.answer(chunks, topo, tokenizer, processors, system, args.prompt, args.image,
+        media = {"images": [args.image] if args.image else [], "videos": [args.video] if args.video else []}
+        text = vl_samples.answer(chunks, topo, tokenizer, processors, system, args.prompt, media,
                                  args.max_new_tokens)
     if topo.rank == 0:
         print(text)
@@ -205,7 +207,8 @@ def run(args) -> int:
 def _worker_argv(args):
     argv = ["generate", args.source, "--prompt", args.prompt, "--seed", str(args.seed), "--nproc", str(args.nproc),
             "--max-new-tokens", str(args.max_new_tokens)]
-    for flag in ("image", "out", "frames", "height", "width", "steps", "guidance", "sampler", "negative_prompt"):
+    flags = ("image", "video", "out", "frames", "height", "width", "steps", "guidance", "sampler", "negative_prompt")
+    for flag in flags:
         value = getattr(args, flag)
         if value is not None:
             argv += [f"--{flag.replace('_', '-')}", str(value)]

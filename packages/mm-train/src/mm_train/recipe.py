@@ -154,7 +154,8 @@ class EvalSection:
     set (drawn by train.seed alone, never trained on) or the data at ``path`` (same data.kind as
     the training data) — in batches of ``batch_size`` samples (default micro_batch_size x dp),
     at most ``max_batches`` of them (0: all). Samples: every ``sample_every`` steps, one per prompt
-    of ``prompts`` (with ``images``: their first frames / pictures, one per prompt)."""
+    of ``prompts`` (with ``images``: their first frames / pictures, one per prompt; VL ``videos``:
+    a clip per prompt; "" where a prompt has none)."""
 
     every: int = 0  # steps between validation losses (0: none)
     fraction: float = 0.0  # share of the training set held out
@@ -165,6 +166,7 @@ class EvalSection:
     prompts: List[str] = field(default_factory=list)
     negative_prompt: str = ""  # classifier-free guidance's unconditional prompt
     images: List[str] = field(default_factory=list)
+    videos: List[str] = field(default_factory=list)  # VL: a clip per prompt
     num_frames: Optional[int] = None  # video samples (default: the training clips' shape)
     height: Optional[int] = None
     width: Optional[int] = None
@@ -187,9 +189,10 @@ class EvalSection:
             raise ValueError("eval.every needs a held-out split: eval.fraction (e.g. 0.05) or eval.path")
         if self.sample_every and not self.prompts:
             raise ValueError("eval.sample_every needs eval.prompts: the fixed prompts samples are drawn from")
-        if self.images and len(self.images) != len(self.prompts):
-            raise ValueError(f"eval.images gives {len(self.images)} pictures for {len(self.prompts)} prompts; "
-                             "give one per prompt")
+        for name in ("images", "videos"):
+            if getattr(self, name) and len(getattr(self, name)) != len(self.prompts):
+                raise ValueError(f"eval.{name} gives {len(getattr(self, name))} files for {len(self.prompts)} "
+                                 "prompts; give one per prompt")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"eval.batch_size must be >= 1, got {self.batch_size}")
 
@@ -299,7 +302,12 @@ def _default(cls, name: str):
 def parse_override(text: str):
     """'section.key=value' (or 'output_dir=value') -> (section or None, key, value read as YAML)."""
     path, _, raw = text.partition("=")
-    value = yaml.safe_load(raw) if raw != "" else ""
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as error:
+        first = str(error).splitlines()[0]
+        raise ValueError(f"--set {text!r}: the value is not valid YAML ({first}); quote text that holds "
+                         "YAML's punctuation, e.g. \"eval.prompts=['what is it?']\"") from None
     if isinstance(value, str):  # YAML 1.1 reads 1e6 (no dot) as a string; it is meant as a number
         try:
             value = float(value) if any(c in value.lower() for c in ".en") else int(value)

@@ -1,10 +1,11 @@
 """VL samples: greedy answers to fixed prompts (with their pictures), written as a Markdown page.
 
-Each prompt of ``eval.prompts`` is one user turn (with ``eval.images``: its picture, an
-``<image>`` placeholder put in front unless the prompt places it), encoded by the run's chat
+Each prompt of ``eval.prompts`` is one user turn (with ``eval.images`` / ``eval.videos``: its
+picture / clip, an ``<image>`` / ``<video>`` placeholder put in front unless the prompt places
+it), encoded by the run's chat
 template and processors exactly as training data is (`mm_data.vl.VLSFTDataset`), ending in the
 assistant's header; the model continues it greedily for up to ``eval.max_new_tokens`` tokens.
-Rank 0 writes ``answers.md`` with each picture copied beside it.
+Rank 0 writes ``answers.md`` with each picture / clip copied beside it.
 
 Two decoders, one answer: where the whole model runs on every rank with whole sequences (tp, dp)
 the model's `generate` (a key / value cache, transformers' greedy search); under pp, cp or
@@ -22,31 +23,41 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-IMAGE = "<image>"
+PLACEHOLDERS = {"images": "<image>", "videos": "<video>"}
+
+
+def with_placeholders(prompt: str, media: Dict[str, Sequence[str]]) -> str:
+    """The prompt with an ``<image>`` / ``<video>`` in front for each picture / clip it does not place
+    itself; a prompt placing more than it is given is an error."""
+    for kind, mark in PLACEHOLDERS.items():
+        given, placed = len(media.get(kind, ())), prompt.count(mark)
+        if placed > given:
+            raise ValueError(f"the prompt {prompt!r} has {placed} {mark} placeholders for {given} {kind}: give one "
+                             f"(--{kind[:-1]} / eval.{kind}) per placeholder")
+        prompt = mark * (given - placed) + prompt
+    return prompt
 
 
 def prompt_inputs(tokenizer, processors, system: Optional[str], prompt: str,
-                  image: Optional[str]) -> Dict[str, np.ndarray]:
-    """The forward keywords of one prompt (a batch of one), as a data set with this tokenizer, these
-    (image, video) processors and this default system turn encodes a user turn."""
+                  media: Dict[str, Sequence[str]]) -> Dict[str, np.ndarray]:
+    """The forward keywords of one prompt with its ``media`` ({"images": [...], "videos": [...]})
+    as a batch of one, as a data set with this tokenizer, these (image, video) processors and this
+    default system turn encodes a user turn."""
     from mm_data import BadSample
     from mm_data.vl import VLSFTDataset
     from mm_data.vl.conversation import Conversation
 
-    if image and IMAGE not in prompt:
-        prompt = IMAGE + prompt
-    if prompt.count(IMAGE) != (1 if image else 0):
-        raise ValueError(f"the prompt {prompt!r} has {prompt.count(IMAGE)} {IMAGE} placeholders for "
-                         f"{1 if image else 0} pictures: give one picture (--image / eval.images) per placeholder")
-    conversation = Conversation(turns=(("user", prompt),), images=(image,) if image else (), source=prompt)
+    prompt = with_placeholders(prompt, media)
+    conversation = Conversation(turns=(("user", prompt),), images=tuple(media.get("images", ())),
+                                videos=tuple(media.get("videos", ())), source=prompt)
     dataset = VLSFTDataset([conversation], tokenizer, *processors, default_system=system)
     try:
         sample = dataset.get(0)
-    except BadSample as error:  # e.g. a picture that cannot be read
+    except BadSample as error:  # e.g. a picture or a clip that cannot be read
         raise ValueError(f"the prompt cannot be encoded: {error.source}: {error.reason}") from None
     batch = dataset.collator()([sample])
     batch.pop("labels", None)
@@ -104,10 +115,10 @@ def greedy_by_reforward(chunks, topo, inputs: Dict, max_new_tokens: int, eos, pa
     return np.asarray(new, np.int64)
 
 
-def answer(chunks, topo, tokenizer, processors, system: Optional[str], prompt: str, image: Optional[str],
+def answer(chunks, topo, tokenizer, processors, system: Optional[str], prompt: str, media: Dict[str, Sequence[str]],
            max_new_tokens: int) -> str:
-    """The model's greedy answer to one prompt (with its picture) under this layout."""
-    inputs = prompt_inputs(tokenizer, processors, system, prompt, image)
+    """The model's greedy answer to one prompt (with its pictures / clips) under this layout."""
+    inputs = prompt_inputs(tokenizer, processors, system, prompt, media)
     ids = inputs["input_ids"]
     if _cache_decodes(topo):
         rest = {k: v for k, v in inputs.items() if k != "input_ids"}
@@ -120,21 +131,24 @@ def answer(chunks, topo, tokenizer, processors, system: Optional[str], prompt: s
     return tokenizer.decode(new.tolist(), skip_special_tokens=True).strip()
 
 
-def write_answers(task, chunks, prompts: List[str], images: List[str], max_new_tokens: int, out: str,
-                  writer: bool) -> Dict:
-    """answers.md under ``out`` (``writer``: this rank writes); {"files": [...]}."""
-    lines = ["# Answers", ""]
-    files = []
+def write_answers(task, chunks, prompts: List[str], images: List[str], videos: List[str], max_new_tokens: int,
+                  out: str, writer: bool) -> Dict:
+    """answers.md under ``out`` (``writer``: this rank writes), each prompt's picture or clip copied
+    beside it; {"files": [...]}."""
+    lines, files = ["# Answers", ""], []
     for index, prompt in enumerate(prompts):
-        image = images[index] if images else None
+        media = {"images": [images[index]] if images and images[index] else [],  # "": this prompt has none
+                 "videos": [videos[index]] if videos and videos[index] else []}
         text = answer(chunks, task.topo, task.tokenizer, task.processors(task.recipe.data), task.recipe.data.system,
-                      prompt, image, max_new_tokens)
+                      prompt, media, max_new_tokens)
         lines += [f"## {index}. {prompt}", ""]
-        if image and writer:
-            copy = f"image_{index}{os.path.splitext(image)[1]}"
-            shutil.copyfile(image, os.path.join(out, copy))
-            files.append(os.path.join(out, copy))
-            lines += [f"![{os.path.basename(image)}]({copy})", ""]
+        for kind, path in ((k, p) for k, paths in media.items() for p in paths):
+            copy = f"{kind[:-1]}_{index}{os.path.splitext(path)[1]}"
+            if writer:
+                shutil.copyfile(path, os.path.join(out, copy))
+                files.append(os.path.join(out, copy))
+            lines += [f"![{os.path.basename(path)}]({copy})" if kind == "images" else f"[{os.path.basename(path)}]"
+                      f"({copy})", ""]
         lines += ["> " + (text.replace("\n", "\n> ") or "(no answer)"), ""]
     if writer:
         with open(os.path.join(out, "answers.md"), "w") as f:

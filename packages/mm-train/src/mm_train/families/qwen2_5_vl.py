@@ -215,7 +215,7 @@ class VLTask(FamilyTask):
         from mm_train import vl_samples
 
         e = self.recipe.eval
-        return vl_samples.write_answers(self, chunks, e.prompts, e.images, e.max_new_tokens, out, writer)
+        return vl_samples.write_answers(self, chunks, e.prompts, e.images, e.videos, e.max_new_tokens, out, writer)
 
     def data_files(self):
         media = [p for c in self.dataset.conversations for p in c.images + c.videos + c.audios if "://" not in p]
