@@ -302,12 +302,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
             routing = _routing_metrics(chunks) if moe else {}
             if routing:
                 row["moe"] = routing
-            if evaluation.due(recipe.eval.every, step + 1, recipe.train.steps):
-                row["val_loss"] = _finite(evaluation.validation_loss(chunks, task, topo))
-                bar.note(f"step {step + 1}: val_loss {row['val_loss']}")
-            if evaluation.due(recipe.eval.sample_every, step + 1, recipe.train.steps):
-                with watchdog.paused():  # the others wait while rank 0 writes the files
-                    row["samples"] = samples.write(task, chunks, topo, step + 1, board)
+            row.update(_evaluate(recipe, task, chunks, topo, step + 1, bar, board, watchdog))
             metrics.append(row)
             if writer and ((step + 1) % recipe.train.log_every == 0 or "val_loss" in row or "samples" in row):
                 log.write(json.dumps(row) + "\n")
@@ -338,6 +333,25 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
         with open(os.path.join(out, "metrics.jsonl")) as f:
             _loss_curve([json.loads(line) for line in f if line.strip()], os.path.join(out, "loss.png"))
     return metrics
+
+
+def _evaluate(recipe, task, chunks, topo, step: int, bar, board, watchdog) -> Dict:
+    """What step ``step`` adds to its metrics row: the validation loss every eval.every steps
+    (``val_loss``), the sample files every eval.sample_every steps (``samples``); each noted with
+    its time on the progress output."""
+    added = {}
+    if evaluation.due(recipe.eval.every, step, recipe.train.steps):
+        began = time.perf_counter()
+        added["val_loss"] = _finite(evaluation.validation_loss(chunks, task, topo))
+        shown = "nan" if added["val_loss"] is None else f"{added['val_loss']:.4f}"
+        bar.note(f"step {step}: val_loss {shown} ({time.perf_counter() - began:.1f} s)")
+    if evaluation.due(recipe.eval.sample_every, step, recipe.train.steps):
+        began = time.perf_counter()
+        with watchdog.paused():  # the others wait while rank 0 writes the files
+            added["samples"] = samples.write(task, chunks, topo, step, board)
+        bar.note(f"step {step}: {len(recipe.eval.prompts)} samples in {samples.folder(recipe, step)} "
+                 f"({time.perf_counter() - began:.1f} s)")
+    return added
 
 
 BAD_SAMPLES = "bad_samples.jsonl"
