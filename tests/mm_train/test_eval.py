@@ -143,7 +143,8 @@ def test_vl_validates_on_a_separate_file_and_answers_alike_in_the_run_and_under_
                                                                                           run_distributed):
     """24 steps (enough for the tiny model to start a caption) validated on another file; the
     run's answer equals `generate` on its checkpoint on one process (the cached decoding) and
-    under tp2, pp2, Ulysses cp2 and tp2 + sp (whole passes per token but under tp2)."""
+    under tp2, pp2, Ulysses cp2 and tp2 + sp (whole passes per token but under tp2), and on the
+    checkpoint converted to a Hugging Face folder."""
     from mm_train.tiny_data import generate
 
     data = tmp_path / "data"
@@ -173,6 +174,12 @@ def test_vl_validates_on_a_separate_file_and_answers_alike_in_the_run_and_under_
         answers[name] = printed.read_text().strip()
     assert len(answers["one"].split()) >= 2 and f"> {answers['one']}" in page.splitlines(), (answers, page)
     assert set(answers.values()) == {answers["one"]}, answers
+    # the checkpoint as a standalone Hugging Face folder (its tokenizer, chat template, processor configs)
+    folder, printed = tmp_path / "hf", tmp_path / "hf.txt"
+    main_on_this_rank(["convert", "checkpoint", str(out / "checkpoints" / "step_24"), str(folder)], home)
+    main_on_this_rank(["generate", str(folder), "--prompt", "<image>", "--image", str(picture), "--max-new-tokens",
+                       "8", "--out", str(printed)], home)
+    assert printed.read_text().strip() == answers["one"]
 
 
 def test_the_held_out_split_is_fixed_by_the_seed_and_never_trained_on():
