@@ -29,6 +29,16 @@ import numpy as np
 VALIDATION_STEP = 1 << 40  # the step of validation's draws: one no run reaches
 
 
+def training_split(recipe, num_samples: int):
+    """(the indices training may draw, the held-out indices): (None, None) — everything trained
+    on — unless eval.fraction holds some out (`mm_data.held_out_split`)."""
+    if not recipe.eval.fraction:
+        return None, None
+    from mm_data import held_out_split
+
+    return held_out_split(num_samples, recipe.eval.fraction, recipe.train.seed)
+
+
 def batch_size(recipe, dp: int) -> int:
     """Samples per validation batch: eval.batch_size, else one micro-batch per data-parallel rank
     (recipe.check_layout refuses a size that does not cut into whole micro-batches)."""

@@ -64,11 +64,8 @@ def _checkpoint_recipe(folder: str, overrides):
 
     with open(os.path.join(folder, "recipe.json")) as f:
         values = json.load(f)
-    layout = [o for o in overrides if o.startswith("parallel.")]
-    if len(layout) != len(overrides):
-        raise ValueError("mm-train generate takes only --set parallel.KEY=VALUE (the layout to generate with)")
-    values["parallel"] = {}
-    return build_recipe(values, layout)
+    values["parallel"] = _layout(overrides)
+    return build_recipe(values)
 
 
 def resolve_source(source: str, overrides) -> Tuple[families.FamilySpec, str, Optional[object]]:
@@ -85,8 +82,8 @@ def resolve_source(source: str, overrides) -> Tuple[families.FamilySpec, str, Op
                             "folder (model_index.json) nor a model folder (config.json)")
 
 
-def _parallel(overrides):
-    from mm_parallel import ParallelConfig
+def _layout(overrides) -> dict:
+    """The parallel section the ``--set parallel.KEY=VALUE`` values give (nothing else is taken)."""
     from mm_train.recipe import parse_override
 
     values = {}
@@ -95,7 +92,7 @@ def _parallel(overrides):
         if section != "parallel":
             raise ValueError(f"--set {text}: generate takes only parallel.KEY=VALUE (the layout)")
         values[key] = value
-    return ParallelConfig(**values)
+    return values
 
 
 def load_model(spec, folder: str, topo, recipe=None, checkpoint: Optional[str] = None):
@@ -188,7 +185,8 @@ def generate(args) -> Dict:
     import mm_parallel
 
     spec, folder, recipe = resolve_source(args.source, args.overrides)
-    topo = mm_parallel.initialize(recipe.parallel if recipe is not None else _parallel(args.overrides))
+    layout = recipe.parallel if recipe is not None else mm_parallel.ParallelConfig(**_layout(args.overrides))
+    topo = mm_parallel.initialize(layout)
     chunks = load_model(spec, folder, topo, recipe, args.source)
     if getattr(spec.task_class(), "clip_sampler", None):
         return generate_video(args, spec, folder, recipe, topo, chunks)

@@ -126,11 +126,9 @@ class FamilyTask:
 
     def training_indices(self, num_samples: int):
         """The samples training may draw: all (None) unless eval.fraction holds some out."""
-        if not self.recipe.eval.fraction:
-            return None
-        from mm_data import held_out_split
+        from mm_train.evaluation import training_split
 
-        train, self.held_out = held_out_split(num_samples, self.recipe.eval.fraction, self.recipe.train.seed)
+        train, self.held_out = training_split(self.recipe, num_samples)
         return train
 
     def validation_source(self):

@@ -213,6 +213,7 @@ class WanTrainData:
 
     def __init__(self, recipe: Recipe, topo, i2v: bool):
         from mm_data import BucketBatchSampler, FeatureDataset
+        from mm_train.evaluation import training_split
 
         self.recipe, self.topo = recipe, topo
         data, train = recipe.data, recipe.train
@@ -238,13 +239,8 @@ class WanTrainData:
             if data.caption_dropout and self.null_embeds is None:
                 raise ValueError(f"data.caption_dropout needs the empty caption's embedding {null}; "
                                  "rebuild the cache with mm-train (it writes one)")
-        self.held_out = None
-        if recipe.eval.fraction:  # held out for validation (mm_train.evaluation), never trained on
-            from mm_data import held_out_split
-
-            indices, self.held_out = held_out_split(len(self.dataset), recipe.eval.fraction, train.seed)
-        else:
-            indices = None
+        # eval.fraction: held out for validation (mm_train.evaluation), never trained on
+        indices, self.held_out = training_split(recipe, len(self.dataset))
         self.sampler = BucketBatchSampler(len(self.dataset), train.global_batch_size, topo.dp.rank, topo.dp.size,
                                           keys=self.dataset.keys, seed=train.seed, indices=indices)
         self.schedule = self.make_schedule()

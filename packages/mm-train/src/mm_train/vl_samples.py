@@ -136,11 +136,12 @@ def write_answers(task, chunks, prompts: List[str], images: List[str], videos: L
     """answers.md under ``out`` (``writer``: this rank writes), each prompt's picture or clip copied
     beside it; {"files": [...]}."""
     lines, files = ["# Answers", ""], []
+    processors = task.processors(task.recipe.data)
     for index, prompt in enumerate(prompts):
         media = {"images": [images[index]] if images and images[index] else [],  # "": this prompt has none
                  "videos": [videos[index]] if videos and videos[index] else []}
-        text = answer(chunks, task.topo, task.tokenizer, task.processors(task.recipe.data), task.recipe.data.system,
-                      prompt, media, max_new_tokens)
+        text = answer(chunks, task.topo, task.tokenizer, processors, task.recipe.data.system, prompt, media,
+                      max_new_tokens)
         lines += [f"## {index}. {prompt}", ""]
         for kind, path in ((k, p) for k, paths in media.items() for p in paths):
             copy = f"{kind[:-1]}_{index}{os.path.splitext(path)[1]}"
