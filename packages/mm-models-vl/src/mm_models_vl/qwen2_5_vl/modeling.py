@@ -42,14 +42,6 @@ class CausalLMOutput:
     aux_loss: Optional[Tensor] = None  # MoE models: the load-balancing loss (output_router_logits)
 
 
-_PLAN_KEYS = ("input_ids", "attention_mask", "position_ids", "labels", "image_grid_thw", "video_grid_thw",
-              "mm_token_type_ids", "second_per_grid_ts")
-
-
-def _plan_args(batch: dict) -> dict:
-    return {k: batch[k] for k in _PLAN_KEYS if k in batch}
-
-
 def hf_config(config, class_name: str = "Qwen2_5_VLConfig"):
     """transformers' config class ``class_name`` from a config object, a dict or a folder holding config.json."""
     import transformers
@@ -169,6 +161,10 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
     layer_prefix = "model.language_model.layers."
     hf_config_name = "Qwen2_5_VLConfig"  # transformers' config class
     base_model_class = Qwen2_5_VLModel
+    # the micro-batch keys a pipeline stage's sequence plan / first stage's embeddings read
+    plan_keys = ("input_ids", "attention_mask", "position_ids", "labels", "image_grid_thw", "video_grid_thw",
+                 "mm_token_type_ids", "second_per_grid_ts")
+    embed_keys = ("input_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 
     def __init__(self, config, topology: Optional[Topology] = None, chunk: int = 0, pipeline_num_layers=None):
         super().__init__()
@@ -294,20 +290,23 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
         return CausalLMOutput(loss=loss, logits=logits, past_key_values=cache, rope_deltas=plan.rope_deltas,
                               aux_loss=aux_loss)
 
+    def plan_args(self, batch: dict) -> dict:
+        """The sequence plan's keywords from a micro-batch's forward keywords."""
+        return {k: batch[k] for k in self.plan_keys if k in batch}
+
     def pipeline_stage(self, x, batch: dict):
         """This virtual stage's forward for mm_parallel.pipeline (``with_batch=True``): ``batch`` is
         the micro-batch's forward keywords, ``x`` the previous stage's output (ignored on the first).
         Returns hidden states, or on the last stage the logits (split on the vocabulary under tp)."""
-        plan = self.sequence_plan(**_plan_args(batch))
+        plan = self.sequence_plan(**self.plan_args(batch))
         if self.is_first:
-            x = self.embed(batch["input_ids"], batch.get("pixel_values"), batch.get("image_grid_thw"),
-                           batch.get("pixel_values_videos"), batch.get("video_grid_thw"))
+            x = self.embed(**{k: batch.get(k) for k in self.embed_keys})
         x = self.model.language_model(x, plan.cos, plan.sin, plan.key_padding_mask)
         return self.lm_head(x) if self.is_last else x
 
     def pipeline_loss(self, logits, batch: dict):
         """The last stage's loss of a micro-batch (the schedule averages over micro-batches)."""
-        plan = self.sequence_plan(**_plan_args(batch))
+        plan = self.sequence_plan(**self.plan_args(batch))
         return self.loss(logits, plan.targets, plan.count)
 
     def loss(self, logits, targets, count: int):
@@ -315,6 +314,13 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
         ForCausalLMLoss); under cp the ranks' parts are summed (ParallelModel.reduce_loss_over_cp)."""
         loss = vocab_parallel_cross_entropy(logits, targets, self.topology.tp, reduction="sum") / max(count, 1)
         return self.reduce_loss_over_cp(loss)
+
+    def prompt_positions(self, ids: np.ndarray, inputs: dict) -> np.ndarray:
+        """(3, batch, seq) positions of a prompt given with ``inputs`` (generate's keywords)."""
+        positions, _ = self.model.position_ids(
+            ids, host(inputs.get("attention_mask")), inputs.get("image_grid_thw"), inputs.get("video_grid_thw"),
+            inputs.get("second_per_grid_ts"), inputs.get("mm_token_type_ids"))
+        return positions
 
     def generate(self, input_ids, max_new_tokens: int = 20, eos_token_id=None, **inputs) -> np.ndarray:
         """Greedy decoding with a key/value cache; returns prompt + new tokens, as transformers' generate.
@@ -332,9 +338,7 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
                 getattr(self.config, "eos_token_id", None)
         eos = eos_token_id
         eos = set(np.atleast_1d(eos).tolist()) if eos is not None else set()
-        positions, _ = self.model.position_ids(
-            ids, mask, inputs.get("image_grid_thw"), inputs.get("video_grid_thw"), inputs.get("second_per_grid_ts"),
-            inputs.get("mm_token_type_ids"))
+        positions = self.prompt_positions(ids, inputs)
         out = self(ids, position_ids=positions, use_cache=True, **inputs)
         cache, last, tokens = out.past_key_values, positions[:, :, -1:], ids
         done = np.zeros(ids.shape[0], bool)

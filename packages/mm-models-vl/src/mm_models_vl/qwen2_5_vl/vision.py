@@ -49,11 +49,13 @@ class Qwen2_5_VLVisionAttention(nn.Cell):
 
 
 class Qwen2_5_VLVisionBlock(nn.Cell):
+    attention_class = Qwen2_5_VLVisionAttention  # (config) -> the block's self-attention
+
     def __init__(self, config):
         super().__init__()
         self.norm1 = RMSNorm(config.hidden_size, eps=1e-6)
         self.norm2 = RMSNorm(config.hidden_size, eps=1e-6)
-        self.attn = Qwen2_5_VLVisionAttention(config)
+        self.attn = self.attention_class(config)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act, bias=True,
                             tensor_parallel=False)
 
@@ -84,6 +86,8 @@ def _segments(bounds: np.ndarray) -> Tensor:
 class Qwen2_5_VisionTransformerPretrainedModel(nn.Cell):
     """pixel_values (num_patches, C*T*P*P) and grid_thw (n, 3) -> (num_patches / merge^2, out_hidden_size)."""
 
+    block_class = Qwen2_5_VLVisionBlock  # (config) -> one transformer block
+
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -95,7 +99,7 @@ class Qwen2_5_VisionTransformerPretrainedModel(nn.Cell):
             raise ValueError(f"the vision tower supports axial rotary only, config has {rope.get('rope_type')!r}")
         self.theta = rope.get("rope_theta", 10000.0)
         self.patch_embed = Qwen2_5_VisionPatchEmbed(config)
-        self.blocks = nn.CellList([Qwen2_5_VLVisionBlock(config) for _ in range(config.depth)])
+        self.blocks = nn.CellList([self.block_class(config) for _ in range(config.depth)])
         self.merger = Qwen2_5_VLPatchMerger(config.out_hidden_size, config.hidden_size, self.merge)
         self.fullatt_block_indexes = set(config.fullatt_block_indexes)
 

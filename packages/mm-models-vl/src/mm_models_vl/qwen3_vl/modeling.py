@@ -28,7 +28,6 @@ from mindspore import Tensor, ops
 from mm_models_vl.qwen2_5_vl.modeling import (
     Qwen2_5_VLForConditionalGeneration,
     Qwen2_5_VLModel,
-    _plan_args,
     place_rows,
 )
 from mm_models_vl.qwen3_vl import positions as pos
@@ -145,7 +144,7 @@ class Qwen3VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
         """This virtual stage's forward for mm_parallel.pipeline (``with_batch=True``): a dict of
         ``hidden`` (``logits`` on the last stage, split on the vocabulary under tp), the DeepStack
         levels later stages add and the MoE statistics so far."""
-        plan = self.sequence_plan(**_plan_args(batch))
+        plan = self.sequence_plan(**self.plan_args(batch))
         if self.is_first:
             hidden, deepstack = self.embed(batch["input_ids"], batch.get("pixel_values"), batch.get("image_grid_thw"),
                                            batch.get("pixel_values_videos"), batch.get("video_grid_thw"))
@@ -167,7 +166,7 @@ class Qwen3VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
     def pipeline_loss(self, out: Dict, batch: dict):
         """The last stage's loss of a micro-batch: cross entropy, plus the weighted load-balancing
         loss when the config sets output_router_logits."""
-        plan = self.sequence_plan(**_plan_args(batch))
+        plan = self.sequence_plan(**self.plan_args(batch))
         loss = self.loss(out["logits"], plan.targets, plan.count)
         aux = self._router_loss(_stage_stats(out), self._wants_router_loss(None))
         return loss if aux is None else loss + self.config.text_config.router_aux_loss_coef * aux
