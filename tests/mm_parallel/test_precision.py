@@ -43,13 +43,13 @@ def test_bf16_rounding_equals_round_to_nearest_even():
 
 
 def test_emulated_bf16_linear_rounds_operands_results_and_gradients():
-    from mm_parallel.tensor_parallel import _linear
+    from mm_parallel.tensor_parallel import linear
 
     rng = np.random.default_rng(1)
     x = rng.standard_normal((6, 32)).astype(np.float32)
     w = Parameter(Tensor(rng.standard_normal((16, 32)).astype(np.float32)).astype(ms.bfloat16), name="w")
     w_values = w.astype(ms.float32).asnumpy()
-    out = _linear(Tensor(x), w, None)
+    out = linear(Tensor(x), w, None)
     assert out.dtype == ms.float32  # emulated: float32 storage
     want = numpy_bf16((numpy_bf16(x).astype(np.float64) @ w_values.T.astype(np.float64)).astype(np.float32))
     got = out.asnumpy()
@@ -59,7 +59,7 @@ def test_emulated_bf16_linear_rounds_operands_results_and_gradients():
     np.testing.assert_array_equal(got, numpy_bf16(got))
 
     dy = rng.standard_normal((6, 16)).astype(np.float32)
-    dx, (dw,) = ms.grad(lambda t: (_linear(t, w, None) * Tensor(dy)).sum(), 0, [w])(Tensor(x))
+    dx, (dw,) = ms.grad(lambda t: (linear(t, w, None) * Tensor(dy)).sum(), 0, [w])(Tensor(x))
     assert dw.dtype == ms.bfloat16  # a parameter's gradient comes back in its own dtype
     rounded_dy = numpy_bf16(dy)
     np.testing.assert_allclose(dx.asnumpy(), numpy_bf16(rounded_dy @ w_values), rtol=2 ** -7)
@@ -67,11 +67,11 @@ def test_emulated_bf16_linear_rounds_operands_results_and_gradients():
 
 
 def test_fp32_path_is_unchanged_by_the_policy():
-    from mm_parallel.tensor_parallel import _linear
+    from mm_parallel.tensor_parallel import linear
 
     rng = np.random.default_rng(2)
     x, w = rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((3, 8)).astype(np.float32)
-    out = _linear(Tensor(x), Parameter(Tensor(w), name="w"), None).asnumpy()
+    out = linear(Tensor(x), Parameter(Tensor(w), name="w"), None).asnumpy()
     # fp32 within the dot product's rounding (8 terms: 8 x 2^-24 x sum|x w| ~ 3e-6; the kernel's
     # summation order varies from run to run, a 1e-6 tolerance failed once); bf16 would be off by ~1e-2
     np.testing.assert_allclose(out, x @ w.T, rtol=1e-5, atol=8 * 2.0 ** -24 * (np.abs(x) @ np.abs(w).T).max())

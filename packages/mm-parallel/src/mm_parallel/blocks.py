@@ -20,7 +20,7 @@ from mm_parallel import ops as kernels
 from mm_parallel.ops.device import as_type, ones, tiled_to
 from mm_parallel.ops.norms import in_input_dtype
 from mm_parallel.sharding import split
-from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _linear, new_parameter
+from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, linear, new_parameter
 from mm_parallel.topology import Topology, get_topology
 
 _ACTIVATIONS = {
@@ -49,7 +49,7 @@ class Linear(nn.Cell):
         self.bias = new_parameter((out_features,), "bias", None, None, zeros=True) if bias else None
 
     def construct(self, x):
-        return _linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class PatchConv(nn.Cell):
@@ -70,7 +70,7 @@ class PatchConv(nn.Cell):
 
     def construct(self, patches):
         weight = self.weight.reshape(self.weight.shape[0], -1)
-        return _linear(patches, weight, self.bias)
+        return linear(patches, weight, self.bias)
 
 
 def patchify(x, kernel):

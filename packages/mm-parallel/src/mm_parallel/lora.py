@@ -31,7 +31,7 @@ from mm_parallel import census, comm, mappings
 from mm_parallel.precision import keep_in_fp32
 from mm_parallel.sequence_parallel import mark_sequence_parallel
 from mm_parallel.sharding import sharding_of, split
-from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _linear, init_rng, shard, unshard
+from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, init_rng, linear, shard, unshard
 from mm_parallel.topology import get_topology
 
 
@@ -47,7 +47,7 @@ class LoraConfig:
 
 def _mm(x, w):
     """x w^T over the last dim: the projection the parallel linears use, without bias."""
-    return _linear(x, w, None)
+    return linear(x, w, None)
 
 
 class LoraLinear(nn.Cell):

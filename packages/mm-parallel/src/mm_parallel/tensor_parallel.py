@@ -73,7 +73,7 @@ class _BiasAdd(nn.Cell):
 _bias_add = _BiasAdd()
 
 
-def _linear(x, weight, bias):
+def linear(x, weight, bias):
     """x W^T + b computed in W's dtype (mm_parallel.ops.low_precision: emulated on CPU for bf16 / fp16)."""
     x, w = low_precision.matmul_operands(x, weight)
     out = _matmul_nt(x.reshape(-1, x.shape[-1]), w)
@@ -171,7 +171,7 @@ class ColumnParallelLinear(_TensorParallel):
             x = mappings.gather_from_sequence(x, self.group, self.seq_dim)
         else:
             x = mappings.copy_to_region(x, self.group)
-        y = _linear(x, self.weight, self.bias)
+        y = linear(x, self.weight, self.bias)
         return mappings.gather_from_region(y, self.group, -1) if self.gather_output else y
 
 
@@ -194,7 +194,7 @@ class RowParallelLinear(_TensorParallel):
     def construct(self, x):
         if not self.input_is_parallel:
             x = mappings.scatter_to_region(x, self.group, -1)
-        y = _linear(x, self.weight, None)
+        y = linear(x, self.weight, None)
         if self.sequence_parallel:
             y = mappings.reduce_scatter_to_sequence(y, self.group, self.seq_dim)
         else:

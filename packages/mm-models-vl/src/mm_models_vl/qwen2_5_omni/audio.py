@@ -32,7 +32,7 @@ from mindspore import Tensor, nn, ops
 from mm_parallel import ops as kernels
 from mm_parallel.blocks import LayerNorm, Linear, activation
 from mm_parallel.ops.device import tiled_to
-from mm_parallel.tensor_parallel import _linear, new_parameter
+from mm_parallel.tensor_parallel import linear, new_parameter
 
 
 def output_lengths(frames) -> np.ndarray:
@@ -111,7 +111,7 @@ class Conv1d(nn.Cell):
         taps = [x[:, j // s:j // s + length, j % s] for j in range(k)]
         windows = ops.concat(taps, -1)  # (n, length, kernel * in), kernel-major
         weight = self.weight.transpose(0, 2, 1).reshape(self.weight.shape[0], -1)
-        return _linear(windows, weight, self.bias)
+        return linear(windows, weight, self.bias)
 
 
 class Qwen2_5OmniAudioAttention(nn.Cell):
