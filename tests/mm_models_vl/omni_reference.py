@@ -86,7 +86,7 @@ def interleaved(grid, frames: int, second_per_grid: float, config) -> list:
     return ids + [AUDIO_END, END]
 
 
-def _audio_placeholder(frames: int) -> list:
+def audio_placeholder(frames: int) -> list:
     return [AUDIO_START] + [AUDIO] * audio_tokens(frames) + [AUDIO_END]
 
 
@@ -117,7 +117,7 @@ def sample(kind: str, rng: np.random.Generator, config=None) -> dict:
         ids += text(9)
     if kind in ("audio", "image_audio_video"):
         audios.append(37)
-        ids += _audio_placeholder(37) + text(2)
+        ids += audio_placeholder(37) + text(2)
     if kind in ("image", "image_audio_video"):
         images.append((1, 8, 12))
         ids += _vision_placeholder(IMAGE, images[-1]) + text(4)
@@ -152,7 +152,7 @@ def padded_pair(rng: np.random.Generator, frames=(37, 22), image: bool = True) -
     grids = [(1, 4, 4), (1, 8, 4)]
     rows = []
     for i, n in enumerate(frames):
-        row = rng.integers(3, 240, 2).tolist() + _audio_placeholder(n)
+        row = rng.integers(3, 240, 2).tolist() + audio_placeholder(n)
         if image:
             row += _vision_placeholder(IMAGE, grids[i])
         rows.append(row + rng.integers(3, 240, 3 + 2 * i).tolist())

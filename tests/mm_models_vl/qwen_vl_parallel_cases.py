@@ -54,7 +54,8 @@ def model_class(path):
         model_type = json.load(f)["model_type"]
     return getattr(mm_models_vl, {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
                                   "qwen3_vl": "Qwen3VLForConditionalGeneration",
-                                  "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration"}[model_type])
+                                  "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
+                                  "qwen2_5_omni_thinker": "Qwen2_5OmniThinkerForConditionalGeneration"}[model_type])
 
 
 def build(path, topo, case):

@@ -1,0 +1,65 @@
+"""The Qwen2.5-Omni thinker under a layout vs one process, inside one msrun launch.
+
+Every case loads the thinker checkpoint with from_pretrained under its topology (the builder of
+qwen_vl_parallel_cases picks the class by config.json), applies the plan (recompute, LoRA with
+PEFT adapters from ``adapters/``, freezing) and runs two DistributedOptimizer steps on two samples
+of audio + image + text, compared with one process by mm_parallel.testing.equivalence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from omni_reference import AUDIO, AUDIO_END, AUDIO_START, END, IMAGE, START, audio_tokens, features, with_labels
+from qwen_vl_parallel_cases import build, sample_part
+from qwen_vl_parallel_cases import spec as vl_spec
+from qwen_vl_reference import PATCH_DIM, merged
+
+IMAGE_GRID, FRAMES = (1, 4, 8), 30  # 8 image tokens, 7 audio tokens
+
+
+def batch(seed: int = 0):
+    """Two samples of one structure (same audio length and image grid), length 32 (divisible by
+    2 x cp x tp for every layout here)."""
+    rng = np.random.default_rng(seed)
+    rows = [rng.integers(3, 240, 3).tolist() + [AUDIO_START] + [AUDIO] * audio_tokens(FRAMES) + [AUDIO_END]
+            + rng.integers(3, 240, 2).tolist() + [START] + [IMAGE] * merged(IMAGE_GRID) + [END]
+            + rng.integers(3, 240, 8).tolist() for _ in range(2)]
+    inputs = {"input_ids": np.array(rows, np.int64), **features([FRAMES, FRAMES], rng),
+              "pixel_values": rng.standard_normal((2 * int(np.prod(IMAGE_GRID)), PATCH_DIM)).astype(np.float32),
+              "image_grid_thw": np.array([IMAGE_GRID] * 2, np.int64)}
+    inputs["attention_mask"] = np.ones_like(inputs["input_ids"])
+    assert inputs["input_ids"].shape[1] == 32
+    return with_labels(inputs)
+
+
+def omni_part(inputs, index: int, parts: int):
+    """Part ``index`` of ``parts`` equal slices of the samples, their images and their audios (one each)."""
+    out = sample_part({k: v for k, v in inputs.items() if k not in ("input_features", "feature_attention_mask")},
+                      index, parts)
+    per = inputs["input_ids"].shape[0] // parts
+    for key in ("input_features", "feature_attention_mask"):
+        out[key] = inputs[key][index * per:(index + 1) * per]
+    return out
+
+
+def spec():
+    from mm_parallel.testing.equivalence import ModelSpec
+
+    return ModelSpec(build=build, split=omni_part, samples=lambda b: b["input_ids"].shape[0], save=vl_spec().save)
+
+
+def run_parallel_cases(path, cases):
+    """cases: {name: {"layout": ParallelConfig kwargs, "recompute", "lora", "freeze", "checkpoint":
+    sub-folder of path}} -> mm_parallel.testing.equivalence.run_cases' results."""
+    from mm_parallel.testing.equivalence import run_cases
+
+    return run_cases(spec(), path, cases, batch(),
+                     reference_key=lambda case: (bool(case.get("lora")), tuple(case.get("freeze", ()))))
+
+
+def save_under_layouts(path, out, layouts):
+    """layouts: {name: (ParallelConfig kwargs, checkpoint sub-folder)} -> {name: [problems]}
+    (mm_parallel.testing.equivalence.save_under_layouts)."""
+    from mm_parallel.testing.equivalence import save_under_layouts as save_all
+
+    return save_all(spec(), path, out, layouts)

@@ -1,0 +1,62 @@
+"""The Qwen2.5-Omni thinker loaded with from_pretrained under a layout trains like one process: two
+DistributedOptimizer steps, losses, first-step gathered gradients (audio and vision towers
+included) and final parameters (rel-err <= 1e-4; losses rtol 1e-5), on samples with an audio and
+an image. See omni_parallel_cases.py."""
+
+import pytest
+import torch  # noqa: F401  (the parity reference: required, see tests/conftest.py)
+from omni_parallel_cases import run_parallel_cases
+from omni_reference import write_reference
+from qwen_vl_reference import LORA_TARGETS
+
+from mm_parallel.testing.equivalence import check_results
+
+pytestmark = pytest.mark.distributed
+
+DEEP = "deep"  # a 4-layer checkpoint, for pp2 x vpp2
+
+TWO = {
+    "tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}},
+    "ulysses2": {"layout": {"cp": 2}},
+    "ring2": {"layout": {"cp": 2, "cp_algo": "ring"}},
+    "dp2_zero1": {"layout": {"zero_stage": 1}},
+    "pp2": {"layout": {"pp": 2}},
+    "pp2_vpp2": {"layout": {"pp": 2, "vpp": 2}, "checkpoint": DEEP},
+    "lora_tp2": {"layout": {"tp": 2}, "lora": True},
+    "tp2_sp_recompute_full": {"layout": {"tp": 2, "sequence_parallel": True}, "recompute": "full"},
+    "tp2_frozen_audio_vision": {"layout": {"tp": 2}, "freeze": ("audio", "vision")},
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    from torch_reference import write_peft_adapters
+
+    root = tmp_path_factory.mktemp("omni_parallel")
+    write_peft_adapters(root / "adapters", write_reference(root), LORA_TARGETS)
+    write_peft_adapters(root / DEEP / "adapters", write_reference(root / DEEP, num_hidden_layers=4), LORA_TARGETS)
+    return root
+
+
+def test_two_process_layouts_equal_single_process(run_distributed, checkpoints):
+    check_results(run_distributed(run_parallel_cases, nproc=2, timeout=600, path=str(checkpoints), cases=TWO), TWO)
+
+
+def test_save_under_layouts_gives_the_original_checkpoint(run_distributed, checkpoints, tmp_path):
+    """save_pretrained under tp2 / pp2 x vpp2 writes the thinker that was loaded (one file, or one
+    per virtual stage plus an index) and transformers' thinker class loads it; the adapters, audio
+    encoder's included, round-trip in PEFT names."""
+    from omni_parallel_cases import save_under_layouts
+    from transformers import Qwen2_5OmniThinkerForConditionalGeneration as Reference
+
+    from mm_parallel.testing.equivalence import saved_folder_problems
+
+    layouts = {"tp2": ({"tp": 2}, ""), "pp2_vpp2": ({"pp": 2, "vpp": 2}, DEEP)}
+    results = run_distributed(save_under_layouts, nproc=2, timeout=300, path=str(checkpoints), out=str(tmp_path),
+                              layouts=layouts)
+    assert all(not problems for result in results for problems in result.values()), results
+    for name, (layout, folder) in layouts.items():
+        stages = layout.get("pp", 1) * layout.get("vpp", 1)
+        assert not saved_folder_problems(str(checkpoints / folder), str(tmp_path / name), stages,
+                                         "model.safetensors"), name
+        Reference.from_pretrained(str(tmp_path / name))  # loads without missing or unexpected keys
