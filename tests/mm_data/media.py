@@ -95,3 +95,51 @@ def write_image(path: str, height: int, width: int, seed: int = 0, mode: str = "
     rng = np.random.default_rng(seed)
     Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).convert(mode).save(path)
     return path
+
+
+def tone(seconds: float, rate: int, freq: float = 440.0, amplitude: float = 0.5) -> np.ndarray:
+    """A sine of ``freq`` Hz, float32."""
+    t = np.arange(int(round(rate * seconds))) / rate
+    return (amplitude * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+_SAMPLE_SCALES = {"s16": (np.int16, 32767), "s16p": (np.int16, 32767), "s32p": (np.int32, 2 ** 31 - 1),
+                  "fltp": (np.float32, 1), "flt": (np.float32, 1)}
+
+
+def write_audio(path: str, wave: np.ndarray, rate: int, codec: str = "pcm_s16le", channels: int = 2,
+                container_format: str = None, video_frames: int = 0) -> str:
+    """``wave`` (mono, float in [-1, 1]) written with PyAV as ``codec`` in ``channels`` equal
+    channels; with ``video_frames`` the file also holds a small MPEG-4 video track first."""
+    import av
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with av.open(path, "w", format=container_format) as container:
+        video = None
+        if video_frames:
+            video = container.add_stream("mpeg4", rate=10)
+            video.width, video.height, video.pix_fmt = 32, 32, "yuv420p"
+        stream = container.add_stream(codec, rate=rate)
+        stream.layout = "stereo" if channels == 2 else "mono"
+        sample_format = stream.codec_context.format.name
+        dtype, scale = _SAMPLE_SCALES[sample_format]
+        size, data = stream.codec_context.frame_size or 1024, np.stack([wave] * channels)
+        for start in range(0, data.shape[1], size):
+            chunk = (data[:, start:start + size] * scale).astype(dtype)
+            if not sample_format.endswith("p"):  # packed: channels interleaved in one plane
+                chunk = chunk.T.reshape(1, -1)
+            frame = av.AudioFrame.from_ndarray(chunk, format=sample_format, layout=stream.layout.name)
+            frame.sample_rate, frame.pts = rate, start
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+        for i in range(video_frames):
+            picture = av.VideoFrame.from_ndarray(frame_pattern(i, 32, 32), format="rgb24")
+            picture.pts = i
+            for packet in video.encode(picture):
+                container.mux(packet)
+        if video is not None:
+            for packet in video.encode(None):
+                container.mux(packet)
+    return path

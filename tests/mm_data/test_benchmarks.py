@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("script, args", [
     ("data_vl.py", ["--images", "3", "--videos", "1", "--frames", "4", "--runs", "1"]),
     ("data_video.py", ["--videos", "1", "--seconds", "3", "--clips", "3", "--runs", "1"]),
+    ("data_audio.py", ["--clips", "2", "--max-seconds", "4", "--runs", "1"]),
 ])
 def test_benchmark_runs(script, args):
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script)] + args, capture_output=True,

@@ -1,0 +1,92 @@
+"""Audio files (wav, flac, mp3, m4a / aac, ogg, ...) and the audio track of videos through PyAV,
+as 16 kHz mono float32 in [-1, 1] (what Whisper features and Qwen2.5-Omni expect).
+
+FFmpeg's resampler converts the sample format and rate as frames come out of the decoder (it is
+flushed at the end, so the last milliseconds are kept); channels are then averaged, as librosa's
+``load(mono=True)`` (what Qwen's own loading code calls) does. FFmpeg's own downmix would not do:
+it mixes stereo as (L + R) / sqrt(2), 1.41x louder than the mean. A missing, empty, unreadable or truncated file, a file without an
+audio stream, one that decodes to no samples or to less than 90 % of the duration its header
+declares (a cut file: FFmpeg decodes what is there; for WAV, whose duration FFmpeg derives from
+the file size, the RIFF data chunk's declared size is checked instead) is a `BadSample`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from mm_data.errors import BadSample
+
+
+def load_audio(path: str, sampling_rate: int = 16000, max_seconds: float = None) -> np.ndarray:
+    """The first audio stream of ``path`` as a (samples,) float32 array at ``sampling_rate`` Hz, mono;
+    with ``max_seconds`` decoding stops once that much is read (the rest would be cut anyway)."""
+    import av
+
+    if not os.path.isfile(path):
+        raise BadSample(path, "file not found")
+    if os.path.getsize(path) == 0:
+        raise BadSample(path, "empty file")
+    missing = _wav_bytes_missing(path)
+    if missing:
+        raise BadSample(path, f"truncated: its WAV data chunk lacks {missing} of the bytes its header declares")
+    limit = None if max_seconds is None else int(max_seconds * sampling_rate)
+    try:
+        container = av.open(path, metadata_errors="ignore")
+    except Exception as error:  # PyAV raises many FFmpeg error classes; all mean "unreadable"
+        raise BadSample(path, f"cannot open: {error}") from None
+    try:
+        if not container.streams.audio:
+            raise BadSample(path, "no audio stream")
+        stream = container.streams.audio[0]
+        declared = _declared_seconds(container, stream)
+        resampler = av.AudioResampler(format="fltp", rate=sampling_rate)  # the stream's own channel layout
+        pieces, read = [], 0
+        for frame in container.decode(stream):
+            for out in resampler.resample(frame):
+                pieces.append(out.to_ndarray().mean(0))
+                read += pieces[-1].size
+            if limit is not None and read >= limit:
+                break
+        else:
+            pieces += [out.to_ndarray().mean(0) for out in resampler.resample(None)]
+    except BadSample:
+        raise
+    except Exception as error:  # a corrupt or truncated stream
+        raise BadSample(path, f"cannot decode audio: {error}") from None
+    finally:
+        container.close()
+    samples = np.concatenate(pieces).astype(np.float32, copy=False) if pieces else np.zeros(0, np.float32)
+    if samples.size == 0:
+        raise BadSample(path, "the audio stream holds no samples")
+    seconds = samples.size / sampling_rate
+    if declared and (limit is None or samples.size < limit) and seconds < 0.9 * declared:
+        raise BadSample(path, f"truncated: the header declares {declared:.2f} s, {seconds:.2f} s decode")
+    return samples[:limit] if limit is not None else samples
+
+
+def _declared_seconds(container, stream):
+    """The duration the stream (else the container) header declares, in seconds, or None."""
+    if stream.duration is not None and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    return container.duration / 1_000_000 if container.duration else None
+
+
+def _wav_bytes_missing(path: str) -> int:
+    """For a RIFF / WAVE file, how many bytes of its data chunk are missing (0 if whole or not WAV)."""
+    import struct
+
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        header = f.read(12)
+        if header[:4] != b"RIFF" or header[8:12] != b"WAVE":
+            return 0
+        offset = 12
+        while offset + 8 <= size:
+            f.seek(offset)
+            chunk, length = struct.unpack("<4sI", f.read(8))
+            if chunk == b"data":
+                return max(0, offset + 8 + length - size) if length != 0xFFFFFFFF else 0  # streamed: unknown
+            offset += 8 + length + (length & 1)
+    return 0
