@@ -4,10 +4,12 @@ as 16 kHz mono float32 in [-1, 1] (what Whisper features and Qwen2.5-Omni expect
 FFmpeg's resampler converts the sample format and rate as frames come out of the decoder (it is
 flushed at the end, so the last milliseconds are kept); channels are then averaged, as librosa's
 ``load(mono=True)`` (what Qwen's own loading code calls) does. FFmpeg's own downmix would not do:
-it mixes stereo as (L + R) / sqrt(2), 1.41x louder than the mean. A missing, empty, unreadable or truncated file, a file without an
-audio stream, one that decodes to no samples or to less than 90 % of the duration its header
-declares (a cut file: FFmpeg decodes what is there; for WAV, whose duration FFmpeg derives from
-the file size, the RIFF data chunk's declared size is checked instead) is a `BadSample`.
+it mixes stereo as (L + R) / sqrt(2), 1.41x louder than the mean.
+
+A missing, empty or unreadable file, a file without an audio stream, one that decodes to no
+samples or to less than 90 % of the duration its header declares (a cut file: FFmpeg decodes what
+is there; for WAV, whose duration FFmpeg derives from the file size, the RIFF data chunk's declared
+size is checked instead) is a `BadSample`.
 """
 
 from __future__ import annotations
