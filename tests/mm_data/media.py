@@ -73,8 +73,12 @@ QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>
                 "<|video_pad|>"]
 
 
-def qwen_tokenizer(folder: str, texts, vocab_size: int = 300):
-    """A tiny byte-level BPE tokenizer with Qwen2-VL's special tokens (pad = <|endoftext|>)."""
+OMNI_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_bos|>", "<|vision_eos|>", "<|IMAGE|>",
+                "<|VIDEO|>", "<|audio_bos|>", "<|audio_eos|>", "<|AUDIO|>"]
+
+
+def qwen_tokenizer(folder: str, texts, vocab_size: int = 300, special=QWEN_SPECIAL):
+    """A tiny byte-level BPE tokenizer with Qwen2-VL's (or ``special``) special tokens (pad = <|endoftext|>)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -82,7 +86,7 @@ def qwen_tokenizer(folder: str, texts, vocab_size: int = 300):
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.train_from_iterator(list(texts) * 4, trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=QWEN_SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        vocab_size=vocab_size, special_tokens=list(special), initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     os.makedirs(folder, exist_ok=True)
     tokenizer.save(os.path.join(folder, "tokenizer.json"))
     return PreTrainedTokenizerFast(tokenizer_file=os.path.join(folder, "tokenizer.json"), pad_token="<|endoftext|>",

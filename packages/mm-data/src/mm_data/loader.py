@@ -36,7 +36,8 @@ class Collator:
     Padding values by field name (``labels`` pads with -100, the ignored label; everything else 0
     unless ``pad_values`` says otherwise); strings are gathered into lists. Fields named in
     ``concatenate`` (image patches and grids: each sample has its own number) are joined along
-    the first axis over the samples that have them. ``pad_to_multiple_of`` pads the last axis of
+    the first axis over the samples that have them, their other axes padded to the longest (audio
+    features: each audio its own number of frames). ``pad_to_multiple_of`` pads the last axis of
     the ``sequence_fields`` further, to a multiple (context / sequence parallelism cut sequences
     into equal parts).
     """
@@ -51,8 +52,12 @@ class Collator:
         batch = {}
         keys = list(dict.fromkeys(key for sample in samples for key in sample))
         for key in keys:
-            if key in self.concatenate:
-                batch[key] = np.concatenate([np.asarray(sample[key]) for sample in samples if key in sample])
+            if key in self.concatenate:  # other axes padded to the longest (audio features: frames)
+                parts = [np.asarray(sample[key]) for sample in samples if key in sample]
+                widest = tuple(max(sizes) for sizes in zip(*(a.shape[1:] for a in parts)))
+                fill = self.pad_values.get(key, 0)
+                batch[key] = np.concatenate([np.pad(a, [(0, 0)] + [(0, w - n) for w, n in zip(widest, a.shape[1:])],
+                                                    constant_values=fill) for a in parts])
                 continue
             if any(key not in sample for sample in samples):
                 raise ValueError(f"field {key!r} is missing from some samples of the batch; name it in "

@@ -19,7 +19,7 @@ from mm_data.errors import BadInputLog, BadSample
 from mm_data.video.decode import probe, read_frames
 from mm_data.vl.conversation import Conversation, read_conversations
 from mm_data.vl.image_processor import Qwen2VLImageProcessor, smart_resize
-from mm_data.vl.template import QwenChatTemplate
+from mm_data.vl.template import QWEN_MEDIA, QwenChatTemplate
 from mm_data.vl.video_processor import Qwen2VLVideoProcessor
 
 # fields holding media patches: batches concatenate them along the first axis instead of stacking
@@ -41,13 +41,15 @@ def load_image(path: str):
 class VLSFTDataset:
     """See the module docstring."""
 
+    media = QWEN_MEDIA  # the chat template's media tokens
+
     def __init__(self, conversations: Sequence[Conversation], tokenizer, image_processor=None, video_processor=None,
                  max_length: Optional[int] = None, video_fps: float = 2.0,
                  default_system: Optional[str] = "You are a helpful assistant.",
                  bad_input: Optional[BadInputLog] = None):
         self.conversations = list(conversations)
         # default_system None or "": no system turn unless the data has one
-        self.template = QwenChatTemplate(tokenizer, default_system)
+        self.template = QwenChatTemplate(tokenizer, default_system, media=self.media)
         self.image_processor = image_processor or Qwen2VLImageProcessor()
         self.video_processor = video_processor or Qwen2VLVideoProcessor()
         self.max_length, self.video_fps = max_length, video_fps
@@ -80,7 +82,20 @@ class VLSFTDataset:
     def get(self, index: int, epoch: int = 0) -> Dict[str, np.ndarray]:
         conversation = self.conversations[index]
         if conversation.audios:
-            raise BadSample(conversation.source, "audio inputs are not supported by this data set yet")
+            raise BadSample(conversation.source, "audio inputs need the Qwen2.5-Omni data set (mm_data.vl.omni)")
+        sample, image_tokens, video_tokens, timestamps = self.vision(conversation)
+        if conversation.videos and not timestamps:  # Qwen2.5-VL: time enters the temporal positions
+            sample["second_per_grid_ts"] = sample.pop("video_seconds_per_grid")
+        sample.pop("video_seconds_per_grid", None)
+        tokens = self.template.encode(conversation, image_tokens, video_tokens, max_length=self.max_length,
+                                      video_timestamps=timestamps)
+        sample.update(tokens)
+        sample["attention_mask"] = np.ones_like(tokens["input_ids"])
+        return sample
+
+    def vision(self, conversation: Conversation):
+        """(the processors' outputs with ``video_seconds_per_grid``, image pad counts, video pad
+        counts, each video's timestamps when its processor writes them) of a conversation."""
         sample: Dict[str, np.ndarray] = {}
         merge = self.image_processor.merge_size ** 2
         image_tokens: List[int] = []
@@ -95,6 +110,7 @@ class VLSFTDataset:
             sample.update(images)
             image_tokens = [int(np.prod(grid)) // merge for grid in images["image_grid_thw"]]
         video_tokens: List[int] = []
+        timestamps: List[List[float]] = []
         if conversation.videos:
             decoded = [self._video(path) for path in conversation.videos]
             try:
@@ -103,15 +119,10 @@ class VLSFTDataset:
                 raise BadSample(conversation.source, f"video not processable: {error}") from None
             sample.update(videos)
             timestamps = [stamps for _, _, stamps in decoded if stamps is not None]
-            if not timestamps:  # Qwen2.5-VL: time enters the temporal positions
-                sample["second_per_grid_ts"] = np.array([seconds for _, seconds, _ in decoded], np.float32)
+            sample["video_seconds_per_grid"] = np.array([seconds for _, seconds, _ in decoded], np.float32)
             merge_v = self.video_processor.merge_size ** 2
             video_tokens = [int(np.prod(grid)) // merge_v for grid in videos["video_grid_thw"]]
-        tokens = self.template.encode(conversation, image_tokens, video_tokens, max_length=self.max_length,
-                                      video_timestamps=timestamps if conversation.videos else ())
-        sample.update(tokens)
-        sample["attention_mask"] = np.ones_like(tokens["input_ids"])
-        return sample
+        return sample, image_tokens, video_tokens, timestamps
 
     def __getitem__(self, index: int) -> Dict[str, np.ndarray]:
         return self.get(index)

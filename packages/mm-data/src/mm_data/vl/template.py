@@ -12,13 +12,18 @@ of each assistant reply with its ``<|im_end|>\\n`` (every turn trains, as LLaMA-
 -100 elsewhere. Text between placeholders is tokenised piece by piece and the media ids are
 inserted directly; special tokens split a tokenizer's input anyway, so the ids equal tokenising
 the expanded string whole (tested), without building strings of thousands of pad tokens.
+
+Qwen2.5-Omni names the same ids differently (``media=OMNI_MEDIA``): ``<|vision_bos|>``,
+``<|IMAGE|>`` / ``<|VIDEO|>``, ``<|vision_eos|>``, ``<|audio_bos|>`` ``<|AUDIO|>`` ``<|audio_eos|>``;
+a video with its own audio (``video_runs``) is ``<|vision_bos|><|audio_bos|>`` then its video and
+audio pads in the runs given (mm_data.vl.omni.video_audio_runs) then ``<|audio_eos|><|vision_eos|>``.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -27,24 +32,28 @@ from mm_data.vl.conversation import Conversation
 
 IGNORE_INDEX = -100
 _PLACEHOLDER = re.compile(r"(<image>|<video>|<audio>)")
-_MEDIA = {"<image>": ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),
-          "<video>": ("<|vision_start|>", "<|video_pad|>", "<|vision_end|>"),
-          "<audio>": ("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")}
-TOKEN_TYPES = {"<|image_pad|>": 1, "<|video_pad|>": 2}  # mm_token_type_ids: 0 text, 1 image, 2 video
+QWEN_MEDIA = {"<image>": ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),
+              "<video>": ("<|vision_start|>", "<|video_pad|>", "<|vision_end|>"),
+              "<audio>": ("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")}
+OMNI_MEDIA = {"<image>": ("<|vision_bos|>", "<|IMAGE|>", "<|vision_eos|>"),
+              "<video>": ("<|vision_bos|>", "<|VIDEO|>", "<|vision_eos|>"),
+              "<audio>": ("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>")}
+TOKEN_TYPES = {"<image>": 1, "<video>": 2}  # mm_token_type_ids of the pads: 0 text, 1 image, 2 video
 
 
 class QwenChatTemplate:
     """See the module docstring. ``tokenizer``: a transformers tokenizer knowing Qwen's special tokens."""
 
-    def __init__(self, tokenizer, default_system: Optional[str] = "You are a helpful assistant."):
-        self.tokenizer, self.default_system = tokenizer, default_system
+    def __init__(self, tokenizer, default_system: Optional[str] = "You are a helpful assistant.",
+                 media: Dict[str, Tuple[str, str, str]] = QWEN_MEDIA):
+        self.tokenizer, self.default_system, self.media = tokenizer, default_system, media
         self.ids: Dict[str, int] = {}
-        for token in {"<|im_start|>", "<|im_end|>"} | {t for group in _MEDIA.values() for t in group}:
+        for token in {"<|im_start|>", "<|im_end|>"} | {t for group in media.values() for t in group}:
             token_id = tokenizer.convert_tokens_to_ids(token)
             if token_id is not None and token_id != getattr(tokenizer, "unk_token_id", None):
                 self.ids[token] = token_id
-        missing = [t for t in ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-                               "<|video_pad|>") if t not in self.ids]
+        required = dict.fromkeys(("<|im_start|>", "<|im_end|>", *media["<image>"], *media["<video>"]))
+        missing = [t for t in required if t not in self.ids]
         if missing:
             raise ValueError(f"the tokenizer lacks Qwen's special tokens {missing}; use the model's own tokenizer")
 
@@ -52,15 +61,20 @@ class QwenChatTemplate:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
     def _expand(self, text: str, counts: Dict[str, List[int]], used: Dict[str, int], source: str,
-                timestamps: Sequence[Sequence[float]] = ()) -> List[int]:
+                timestamps: Sequence[Sequence[float]] = (), video_runs: Sequence = ()) -> List[int]:
         ids, pending = [], ""  # text is tokenised in the runs between special tokens, as a whole string is
         for piece in _PLACEHOLDER.split(text):
-            if piece not in _MEDIA:
+            if piece not in self.media:
                 pending += piece
                 continue
-            start, pad, end = _MEDIA[piece]
+            start, pad, end = self.media[piece]
             if pad not in self.ids:
                 raise BadSample(source, f"{piece} needs the token {pad}, which this tokenizer lacks")
+            if piece == "<video>" and video_runs:  # Qwen2.5-Omni: the video interleaved with its audio
+                ids += self._text(pending) + [self.ids[start]] + self._video_with_audio(video_runs[used[piece]], source)
+                ids.append(self.ids[end])
+                used[piece], pending = used[piece] + 1, ""
+                continue
             n = counts[piece][used[piece]]
             seconds = timestamps[used[piece]] if piece == "<video>" and timestamps else None
             used[piece] += 1
@@ -72,13 +86,23 @@ class QwenChatTemplate:
                 pending = ""
         return ids + self._text(pending)
 
+    def _video_with_audio(self, runs, source: str) -> List[int]:
+        """``<|audio_bos|>`` + the runs of video and audio pads + ``<|audio_eos|>``."""
+        audio_start, audio_pad, audio_end = self.media["<audio>"]
+        if audio_pad not in self.ids:
+            raise BadSample(source, f"a video with its audio needs the token {audio_pad}, which this tokenizer lacks")
+        pads = {"video": self.ids[self.media["<video>"][1]], "audio": self.ids[audio_pad]}
+        return [self.ids[audio_start]] + [pads[kind] for kind, n in runs for _ in range(n)] + [self.ids[audio_end]]
+
     def encode(self, conversation: Conversation, image_tokens: Sequence[int] = (), video_tokens: Sequence[int] = (),
                audio_tokens: Sequence[int] = (), max_length: Optional[int] = None,
-               video_timestamps: Sequence[Sequence[float]] = ()) -> Dict[str, np.ndarray]:
+               video_timestamps: Sequence[Sequence[float]] = (), video_runs: Sequence = ()) -> Dict[str, np.ndarray]:
         """``input_ids``, ``labels`` and ``mm_token_type_ids`` of ``conversation``; ``*_tokens`` is the
         number of pad tokens of each image / video / audio, in placeholder order. With
         ``video_timestamps`` (Qwen3-VL: the seconds of each video's temporal patches) a video is one
-        ``<t seconds><|vision_start|>pads<|vision_end|>`` group per temporal patch."""
+        ``<t seconds><|vision_start|>pads<|vision_end|>`` group per temporal patch. With
+        ``video_runs`` (Qwen2.5-Omni, a video with its audio) video i is its ("video" | "audio",
+        count) runs, and its audio is not an ``<audio>`` placeholder of the text."""
         counts = {"<image>": list(image_tokens), "<video>": list(video_tokens), "<audio>": list(audio_tokens)}
         used = {key: 0 for key in counts}
         start, end, newline = self.ids["<|im_start|>"], self.ids["<|im_end|>"], self._text("\n")
@@ -91,40 +115,46 @@ class QwenChatTemplate:
 
         system = conversation.system if conversation.system is not None else self.default_system
         source = conversation.source
+
+        def expand(text: str) -> List[int]:
+            return self._expand(text, counts, used, source, video_timestamps, video_runs)
+
         if system:  # None or "": no system turn
-            add([start] + self._text("system\n") + self._expand(system, counts, used, source, video_timestamps)
-                + [end] + newline, False)
+            add([start] + self._text("system\n") + expand(system) + [end] + newline, False)
         for role, text in conversation.turns:
             if role == "user":
-                add([start] + self._text("user\n") + self._expand(text, counts, used, source, video_timestamps) + [end]
-                    + newline + [start] + self._text("assistant\n"), False)
+                add([start] + self._text("user\n") + expand(text) + [end] + newline + [start]
+                    + self._text("assistant\n"), False)
             else:
-                add(self._expand(text, counts, used, source, video_timestamps) + [end] + newline, True)
+                add(expand(text) + [end] + newline, True)
+        if video_runs:
+            counts["<video>"] = list(video_runs)
         for key, values in counts.items():
             if used[key] != len(values):
                 raise BadSample(source, f"{used[key]} {key} placeholders but {len(values)} media token counts")
         if max_length is not None and len(ids) > max_length:
-            media = {self.ids[_MEDIA[key][1]] for key in _MEDIA if _MEDIA[key][1] in self.ids}
+            media = {self.ids[pad] for _, pad, _ in self.media.values() if pad in self.ids}
             if any(token in media for token in ids[max_length:]):
                 raise BadSample(source, f"{len(ids)} tokens, more than max_length={max_length}, and the cut would "
                                         f"split its media; raise max_length or lower the media resolution")
             ids, labels = ids[:max_length], labels[:max_length]
         types = np.zeros(len(ids), np.int64)
-        for token, kind in TOKEN_TYPES.items():
-            types[np.asarray(ids) == self.ids[token]] = kind
+        for piece, kind in TOKEN_TYPES.items():
+            types[np.asarray(ids) == self.ids[self.media[piece][1]]] = kind
         return {"input_ids": np.asarray(ids, np.int64), "labels": np.asarray(labels, np.int64),
                 "mm_token_type_ids": types}
 
     def jinja(self) -> str:
         """This format as a Hugging Face chat template (tokenizer_config's ``chat_template``), for
-        messages whose content is a string or a list of {"type": "text" | "image" | "video"} items:
-        each image / video is written as ``<|vision_start|><|image_pad|><|vision_end|>`` (one pad;
-        the processor expands it to the media's tokens, as transformers' Qwen processors do), the
-        default system turn is this template's, ``add_generation_prompt`` opens the assistant turn.
-        Tokenised after that expansion it gives `encode`'s ids (tested)."""
+        messages whose content is a string or a list of {"type": "text" | "image" | "video" |
+        "audio"} items: each medium is written as its start, one pad and its end token (e.g.
+        ``<|vision_start|><|image_pad|><|vision_end|>``; the processor expands the pad to the
+        medium's tokens, as transformers' Qwen processors do), the default system turn is this
+        template's, ``add_generation_prompt`` opens the assistant turn. Tokenised after that
+        expansion it gives `encode`'s ids (tested)."""
         system = json.dumps(self.default_system or "")
-        media = "".join(f'{{%- elif item.type == "{kind}" or "{kind}" in item -%}}<|vision_start|><|{kind}_pad|>'
-                        f"<|vision_end|>" for kind in ("image", "video"))
+        media = "".join(f'{{%- elif item.type == "{kind}" or "{kind}" in item -%}}' + "".join(self.media[f"<{kind}>"])
+                        for kind in ("image", "video", "audio") if self.media[f"<{kind}>"][1] in self.ids)
         return (f"{{%- set default_system = {system} -%}}"
                 '{%- if messages and messages[0].role != "system" and default_system -%}'
                 "<|im_start|>system{{ '\\n' }}{{ default_system }}<|im_end|>{{ '\\n' }}{%- endif -%}"
