@@ -123,6 +123,12 @@ class Qwen2_5OmniThinkerForConditionalGeneration(Qwen2_5_VLForConditionalGenerat
         disk = disk_name(name.replace("model.audio_tower.", "audio_tower.", 1))
         return tuple(dict.fromkeys((disk, "thinker." + disk, name)))
 
+    def flops(self, batch: dict) -> float:
+        """Forward FLOPs per sample of a micro-batch (mm_models_vl.qwen2_5_omni.flops)."""
+        from mm_models_vl.qwen2_5_omni.flops import batch_flops
+
+        return batch_flops(self.config, batch)
+
     # -- host side ---------------------------------------------------------------------------
 
     def sequence_plan(self, input_ids, attention_mask=None, position_ids=None, labels=None, image_grid_thw=None,
