@@ -17,9 +17,10 @@ from qwen_vl_reference import PATCH_DIM, merged
 IMAGE_GRID, FRAMES = (1, 4, 8), 30  # 8 image tokens, 7 audio tokens
 
 
-def batch(seed: int = 0):
+def batch(seed: int = 0, padded: bool = False):
     """Two samples of one structure (same audio length and image grid), length 32 (divisible by
-    2 x cp x tp for every layout here)."""
+    2 x cp x tp for every layout here). ``padded``: the second row ends in 3 pads (the collator's
+    right padding; for cp cases, whose ranks all see both rows)."""
     rng = np.random.default_rng(seed)
     rows = [rng.integers(3, 240, 3).tolist() + [AUDIO_START] + [AUDIO] * audio_tokens(FRAMES) + [AUDIO_END]
             + rng.integers(3, 240, 2).tolist() + [START] + [IMAGE] * merged(IMAGE_GRID) + [END]
@@ -28,6 +29,8 @@ def batch(seed: int = 0):
               "pixel_values": rng.standard_normal((2 * int(np.prod(IMAGE_GRID)), PATCH_DIM)).astype(np.float32),
               "image_grid_thw": np.array([IMAGE_GRID] * 2, np.int64)}
     inputs["attention_mask"] = np.ones_like(inputs["input_ids"])
+    if padded:
+        inputs["input_ids"][1, -3:], inputs["attention_mask"][1, -3:] = 0, 0
     assert inputs["input_ids"].shape[1] == 32
     return with_labels(inputs)
 
@@ -50,11 +53,18 @@ def spec():
 
 def run_parallel_cases(path, cases):
     """cases: {name: {"layout": ParallelConfig kwargs, "recompute", "lora", "freeze", "checkpoint":
-    sub-folder of path}} -> mm_parallel.testing.equivalence.run_cases' results."""
+    sub-folder of path, "padded": the right-padded batch}} -> mm_parallel.testing.equivalence.run_cases'
+    results."""
     from mm_parallel.testing.equivalence import run_cases
 
-    return run_cases(spec(), path, cases, batch(),
-                     reference_key=lambda case: (bool(case.get("lora")), tuple(case.get("freeze", ()))))
+    results = {}
+    for padded in (False, True):
+        group = {name: case for name, case in cases.items() if bool(case.get("padded")) == padded}
+        if group:
+            results.update(run_cases(spec(), path, group, batch(padded=padded),
+                                     reference_key=lambda case: (bool(case.get("lora")),
+                                                                 tuple(case.get("freeze", ())))))
+    return results
 
 
 def save_under_layouts(path, out, layouts):

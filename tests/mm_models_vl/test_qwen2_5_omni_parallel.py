@@ -25,6 +25,9 @@ TWO = {
     "lora_tp2": {"layout": {"tp": 2}, "lora": True},
     "tp2_sp_recompute_full": {"layout": {"tp": 2, "sequence_parallel": True}, "recompute": "full"},
     "tp2_frozen_audio_vision": {"layout": {"tp": 2}, "freeze": ("audio", "vision")},
+    # a right-padded row: its mask sets the positions, then causal attention under cp does without it
+    "ulysses2_padded": {"layout": {"cp": 2}, "padded": True},
+    "ring2_padded": {"layout": {"cp": 2, "cp_algo": "ring"}, "padded": True},
 }
 
 
