@@ -98,7 +98,8 @@ SHIPPED = {"qwen2_5_vl_tiny.yaml": [1, 2], "qwen2_5_vl_tiny_lora.yaml": [1, 2], 
            "qwen3_vl_30b_a3b_sft.yaml": [16, 32], "cogvideox_t2v_tiny.yaml": [1, 2],
            "cogvideox_i2v_tiny.yaml": [1, 2], "cogvideox1_5_t2v_tiny.yaml": [1, 2],
            "cogvideox1_5_i2v_tiny.yaml": [1, 2], "cogvideox_5b_t2v.yaml": [8, 16],
-           "cogvideox1_5_5b_i2v.yaml": [8, 16], "cogvideox1_5_5b_t2v_lora.yaml": [8]}
+           "cogvideox1_5_5b_i2v.yaml": [8, 16], "cogvideox1_5_5b_t2v_lora.yaml": [8],
+           "qwen2_5_omni_tiny.yaml": [1, 2], "qwen2_5_omni_7b_sft.yaml": [8, 16]}
 
 
 @pytest.mark.parametrize("name, worlds", sorted(SHIPPED.items()))

@@ -48,13 +48,17 @@ def pixel_bounds(data) -> Dict[str, int]:
     return {k: v for k, v in (("min_pixels", data.min_pixels), ("max_pixels", data.max_pixels)) if v}
 
 
+# data.kind of a built-in set -> the module that generates it (generate, default_folder)
+BUILTIN_SETS = {"tiny_vl": "mm_train.tiny_data", "tiny_omni": "mm_train.tiny_omni"}
+
+
 def data_sources(recipe):
     """(the built-in set's folder or None, the annotation file, the tokenizer's folder or file)."""
-    data = recipe.data
-    if data.kind == "tiny_vl":
-        from mm_train.tiny_data import default_folder
+    import importlib
 
-        folder = data.path or default_folder()
+    data = recipe.data
+    if data.kind in BUILTIN_SETS:
+        folder = data.path or importlib.import_module(BUILTIN_SETS[data.kind]).default_folder()
         return folder, os.path.join(folder, "data.json"), os.path.join(folder, "tokenizer.json")
     return None, data.path, data.tokenizer or recipe.model.path
 
@@ -70,23 +74,26 @@ def write_processing_files(recipe, out: str) -> list:
     (`mm-train convert checkpoint`). Returns the files written."""
     import json
 
-    from mm_data.vl import QwenChatTemplate
+    from mm_data.vl import QwenChatTemplate, template
 
     _, _, tokenizer_path = data_sources(recipe)
     if not tokenizer_path or not os.path.exists(tokenizer_path):
         raise FileNotFoundError(f"the tokenizer this run trained with is not at {tokenizer_path}; set data.tokenizer "
                                 "(or model.path) to it")
     before = set(os.listdir(out))
-    tokenizer = vl_tokenizer(tokenizer_path)
-    tokenizer.chat_template = QwenChatTemplate(tokenizer, recipe.data.system).jinja()
-    tokenizer.save_pretrained(out)
     task = recipe.family.task_class()
+    tokenizer = vl_tokenizer(tokenizer_path)
+    media = getattr(template, task.chat_media)
+    tokenizer.chat_template = QwenChatTemplate(tokenizer, recipe.data.system, media=media).jinja()
+    tokenizer.save_pretrained(out)
     image, video = task.processors(recipe.data)
     kinds = {"preprocessor_config.json": (image, "image_processor_type", "Qwen2VLImageProcessor"),
              "video_preprocessor_config.json": (video, "video_processor_type", type(video).__name__)}
     for name, (processor, key, kind) in kinds.items():
+        extra = task.audio_settings() if name == "preprocessor_config.json" else {}  # Omni: one file, both
         with open(os.path.join(out, name), "w") as f:
-            json.dump({**processor.to_dict(), key: kind, "processor_class": task.processor_class}, f, indent=2)
+            json.dump({**processor.to_dict(), key: kind, **extra, "processor_class": task.processor_class}, f,
+                      indent=2)
     return sorted(set(os.listdir(out)) - before)
 
 
@@ -98,7 +105,7 @@ def preflight(recipe, config: dict) -> List[str]:
     from mm_train.preflight import attention_rules, layer_rules, require_divisible, require_exists
 
     par, problems, data = recipe.parallel, [], recipe.data
-    if data.kind != "tiny_vl":
+    if data.kind not in BUILTIN_SETS:
         require_exists(problems, "data.path", data.path, "a LLaMA-Factory JSON / JSONL file")
         require_exists(problems, "data.media_dir", data.media_dir, "the folder the media paths start in", True)
         if not (data.tokenizer or recipe.model.path):
@@ -142,6 +149,12 @@ class VLTask(FamilyTask):
     config_class = "Qwen2_5_VLConfig"
     processor_class = "Qwen2_5_VLProcessor"  # what a saved folder's preprocessor_config.json names
     processor_options: Dict = {}  # patch size, mean / std ... of both processors (defaults: Qwen2-VL's)
+    chat_media = "QWEN_MEDIA"  # the chat template's media tokens (a name in mm_data.vl.template)
+
+    @staticmethod
+    def audio_settings() -> Dict:
+        """What preprocessor_config.json holds beside the image processor's (Omni: its feature extractor)."""
+        return {}
 
     @classmethod
     def processors(cls, data):
@@ -152,14 +165,14 @@ class VLTask(FamilyTask):
         return Qwen2VLImageProcessor(**options), Qwen2VLVideoProcessor(**options)
 
     def __init__(self, recipe, topo):
+        import importlib
+
         from mm_data import BucketBatchSampler
 
         super().__init__(recipe, topo)
         data, train = recipe.data, recipe.train
-        if data.kind == "tiny_vl":
-            from mm_train.tiny_data import generate
-
-            # the set exists before anyone reads it
+        if data.kind in BUILTIN_SETS:  # the set exists before anyone reads it
+            generate = importlib.import_module(BUILTIN_SETS[data.kind]).generate
             once_on_rank_zero(topo, lambda: generate(data_sources(recipe)[0], data.samples))
         _, annotations, tokenizer_path = data_sources(recipe)
         self.annotations = annotations

@@ -1,0 +1,134 @@
+"""The Qwen2.5-Omni family: SFT of the thinker (text out) on LLaMA-Factory data with audio.
+
+Trains as Qwen2.5-VL does (`VLTask`: the sampler, the padding every layout can cut, the
+resumable stream, held-out validation) on mm-data's `OmniSFTDataset`: images, videos and audios
+(`<audio>` placeholders, 16 kHz Whisper features), with ``data.use_audio_in_video`` each video's
+own audio track interleaved with it. The interleaving's clock (position_id_per_seconds,
+seconds_per_chunk) is the model's, read from its config. The model is the thinker alone: a
+thinker folder, or the whole Qwen2.5-Omni folder as published (its talker and token2wav are
+never read), or an inline thinker config for the tiny recipe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List
+
+from mm_train.families import BuiltinRecipe, FamilySpec, register
+from mm_train.families.qwen2_5_vl import VLDataSection, VLTask
+from mm_train.families.qwen2_5_vl import preflight as vl_preflight
+
+OMNI_TOKENS = {"image_token_index": "<|IMAGE|>", "video_token_index": "<|VIDEO|>", "audio_token_index": "<|AUDIO|>",
+               "vision_start_token_id": "<|vision_bos|>", "vision_end_token_id": "<|vision_eos|>",
+               "audio_start_token_id": "<|audio_bos|>", "audio_end_token_id": "<|audio_eos|>"}
+WHOLE_MODEL = "qwen2_5_omni"  # a published folder's config.json: the thinker's under thinker_config
+
+
+@dataclass
+class OmniDataSection(VLDataSection):
+    """data.kind tiny_omni (the built-in set of pictures and sounds) or llamafactory; the default
+    system turn is Qwen2.5-Omni's."""
+
+    kind: str = "tiny_omni"
+    samples: int = 192  # tiny_omni only
+    system: str = ("You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
+                   "auditory and visual inputs, as well as generating text and speech.")
+    use_audio_in_video: bool = False  # each video brings its own audio track, interleaved with it
+
+
+def thinker_json(config: dict) -> dict:
+    """The thinker's part of a config.json (a whole Qwen2.5-Omni's thinker_config, else itself)."""
+    return config.get("thinker_config", config) if config.get("model_type") == WHOLE_MODEL else config
+
+
+def preflight(recipe, config: dict) -> List[str]:
+    """Qwen2.5-VL's checks (mm_train.families.qwen2_5_vl.preflight) on the thinker's config."""
+    return vl_preflight(recipe, thinker_json(config))
+
+
+class OmniTask(VLTask):
+    """See the module docstring and mm_train.families.qwen2_5_vl.VLTask."""
+
+    config_class = "Qwen2_5OmniThinkerConfig"
+    processor_class = "Qwen2_5OmniProcessor"
+    chat_media = "OMNI_MEDIA"
+
+    @staticmethod
+    def audio_settings() -> Dict:
+        """The Whisper feature extractor's settings: the hub folder's preprocessor_config.json holds
+        them beside the image processor's."""
+        from mm_data.audio import WhisperFeatureExtractor
+
+        return WhisperFeatureExtractor().to_dict()
+
+    def read_dataset(self, annotations: str):
+        """The Omni SFT data set of a LLaMA-Factory file with the recipe's tokenizer and processors,
+        interleaving videos and their audio on the model's clock."""
+        from mm_data.vl import OmniSFTDataset
+
+        data = self.recipe.data
+        thinker = thinker_json(self.model_json)
+        image_processor, video_processor = self.processors(data)
+        return OmniSFTDataset.from_file(
+            annotations, self.tokenizer, media_dir=data.media_dir, max_bad_fraction=data.max_bad_fraction,
+            image_processor=image_processor, video_processor=video_processor, max_length=data.max_length,
+            video_fps=data.video_fps, default_system=data.system, use_audio_in_video=data.use_audio_in_video,
+            position_id_per_seconds=thinker.get("position_id_per_seconds", 25),
+            seconds_per_chunk=thinker.get("seconds_per_chunk", 2))
+
+    def token_ids(self) -> dict:
+        """Vocabulary size (rounded up to 64) and Qwen2.5-Omni's special-token ids, for an inline config."""
+        ids = {name: self.tokenizer.convert_tokens_to_ids(token) for name, token in OMNI_TOKENS.items()}
+        ids["vocab_size"] = -(-len(self.tokenizer) // 64) * 64
+        ids["pad_token_id"] = self.tokenizer.pad_token_id
+        ids["eos_token_id"] = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        return ids
+
+    def inline_config(self):
+        """The recipe's inline thinker config with the tokenizer's vocabulary and special tokens."""
+        import transformers
+
+        values = dict(self.recipe.model.config)
+        ids = self.token_ids()
+        values["text_config"] = {**values.get("text_config", {}), "vocab_size": ids["vocab_size"],
+                                 "pad_token_id": ids["pad_token_id"], "eos_token_id": ids["eos_token_id"],
+                                 "bos_token_id": ids["eos_token_id"]}
+        media = {name: ids[name] for name in OMNI_TOKENS}
+        return getattr(transformers, self.config_class)(**values, **media, pad_token_id=ids["pad_token_id"])
+
+    def model_inputs(self, batch: Dict) -> Dict:
+        """The batch with the run's use_audio_in_video (the model takes the attention mask under cp:
+        TMRoPE needs it; see Qwen2_5OmniThinkerForConditionalGeneration)."""
+        return {**batch, "use_audio_in_video": bool(self.recipe.data.use_audio_in_video)}
+
+
+def workload(recipe, config):
+    """Qwen2.5-VL's planner shapes on the thinker's config (the audio tower, which runs once per
+    audio on the first stage, is not counted)."""
+    from mm_train.families.qwen2_5_vl import workload as vl_workload
+
+    return vl_workload(recipe, config)
+
+
+SPEC = register(FamilySpec(
+    name="qwen2_5_omni",
+    description="Qwen2.5-Omni thinker (3B / 7B): SFT on images, videos and audio, LoRA",
+    models={"qwen2_5_omni_thinker": "mm_models_vl:Qwen2_5OmniThinkerForConditionalGeneration",
+            WHOLE_MODEL: "mm_models_vl:Qwen2_5OmniThinkerForConditionalGeneration"},
+    task="mm_train.families.qwen2_5_omni:OmniTask",
+    data_sections={"tiny_omni": OmniDataSection, "llamafactory": OmniDataSection},
+    plan="mm_models_vl.qwen2_5_omni.parallel_plan:parallelize",
+    lora_config="mm_models_vl.qwen2_5_omni.parallel_plan:LoraConfig",
+    extra="vl",
+    processing="mm_train.families.qwen2_5_vl:write_processing_files",
+    preflight="mm_train.families.qwen2_5_omni:preflight",
+    workload="mm_train.families.qwen2_5_omni:workload",
+    recipes=(
+        BuiltinRecipe("qwen2_5_omni_tiny", "qwen2_5_omni_tiny.yaml",
+                      "a tiny random Qwen2.5-Omni thinker captions generated pictures and sounds (about a minute)",
+                      "1-2 CPU processes"),
+        BuiltinRecipe("qwen2_5_omni_7b_sft", "qwen2_5_omni_7b_sft.yaml",
+                      "Qwen2.5-Omni-7B thinker SFT on LLaMA-Factory data with audio (PP2 ZeRO-1, bf16)",
+                      "1 x 8 Ascend NPUs"),
+    ),
+))

@@ -1,0 +1,33 @@
+"""The built-in Qwen2.5-Omni recipe trains through `mm-train run qwen2_5_omni_tiny` on generated
+pictures and sounds (the real audio path: WAV decoding, resampling, Whisper features), its loss
+falls, the saved thinker loads in transformers; under Ulysses cp2 (right-padded micro-batches) and
+pp2 the first steps' losses equal the single process's."""
+
+import json
+
+import pytest
+from train_runs import train
+
+pytestmark = pytest.mark.distributed
+
+
+def losses(out):
+    return [json.loads(line)["loss"] for line in open(out / "metrics.jsonl")]
+
+
+def test_qwen2_5_omni_tiny_trains_and_layouts_equal_one_process(tmp_path, run_distributed):
+    import transformers
+
+    short = ["--set", "data.samples=48", "--no-progress"]
+    data = tmp_path / "data"
+    train(run_distributed, "qwen2_5_omni_tiny", *short, "--set", "train.steps=60", "--set", "checkpoint.every=60",
+          "--set", "optim.decay_steps=60", "--set", f"output_dir={tmp_path / 'one'}", data=data)
+    single = losses(tmp_path / "one")
+    assert single[-1] < 0.5 * single[0], single
+    folder = tmp_path / "one" / "checkpoints" / "step_60" / "model"
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "qwen2_5_omni_thinker"
+    transformers.Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(str(folder))
+    for name, layout in {"cp2": ["--set", "parallel.cp=2"], "pp2": ["--set", "parallel.pp=2"]}.items():
+        train(run_distributed, "qwen2_5_omni_tiny", *short, *layout, "--set", "train.steps=3",
+              "--set", "optim.decay_steps=60", "--set", f"output_dir={tmp_path / name}", nproc=2, data=data)
+        assert losses(tmp_path / name) == pytest.approx(single[:3], rel=1e-4), name
