@@ -11,8 +11,8 @@ never read), or an inline thinker config for the tiny recipe.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, List
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
 
 from mm_train.families import BuiltinRecipe, FamilySpec, register
 from mm_train.families.qwen2_5_vl import VLDataSection, VLTask
@@ -24,6 +24,12 @@ OMNI_TOKENS = {"image_token_index": "<|IMAGE|>", "video_token_index": "<|VIDEO|>
 WHOLE_MODEL = "qwen2_5_omni"  # a published folder's config.json: the thinker's under thinker_config
 
 
+def _omni_system() -> str:
+    from mm_data.vl import OMNI_SYSTEM
+
+    return OMNI_SYSTEM
+
+
 @dataclass
 class OmniDataSection(VLDataSection):
     """data.kind tiny_omni (the built-in set of pictures and sounds) or llamafactory; the default
@@ -31,8 +37,7 @@ class OmniDataSection(VLDataSection):
 
     kind: str = "tiny_omni"
     samples: int = 192  # tiny_omni only
-    system: str = ("You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
-                   "auditory and visual inputs, as well as generating text and speech.")
+    system: Optional[str] = field(default_factory=_omni_system)
     use_audio_in_video: bool = False  # each video brings its own audio track, interleaved with it
 
 
@@ -52,6 +57,7 @@ class OmniTask(VLTask):
     config_class = "Qwen2_5OmniThinkerConfig"
     processor_class = "Qwen2_5OmniProcessor"
     chat_media = "OMNI_MEDIA"
+    media_tokens = OMNI_TOKENS
 
     @staticmethod
     def audio_settings() -> Dict:
@@ -76,38 +82,10 @@ class OmniTask(VLTask):
             position_id_per_seconds=thinker.get("position_id_per_seconds", 25),
             seconds_per_chunk=thinker.get("seconds_per_chunk", 2))
 
-    def token_ids(self) -> dict:
-        """Vocabulary size (rounded up to 64) and Qwen2.5-Omni's special-token ids, for an inline config."""
-        ids = {name: self.tokenizer.convert_tokens_to_ids(token) for name, token in OMNI_TOKENS.items()}
-        ids["vocab_size"] = -(-len(self.tokenizer) // 64) * 64
-        ids["pad_token_id"] = self.tokenizer.pad_token_id
-        ids["eos_token_id"] = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        return ids
-
-    def inline_config(self):
-        """The recipe's inline thinker config with the tokenizer's vocabulary and special tokens."""
-        import transformers
-
-        values = dict(self.recipe.model.config)
-        ids = self.token_ids()
-        values["text_config"] = {**values.get("text_config", {}), "vocab_size": ids["vocab_size"],
-                                 "pad_token_id": ids["pad_token_id"], "eos_token_id": ids["eos_token_id"],
-                                 "bos_token_id": ids["eos_token_id"]}
-        media = {name: ids[name] for name in OMNI_TOKENS}
-        return getattr(transformers, self.config_class)(**values, **media, pad_token_id=ids["pad_token_id"])
-
     def model_inputs(self, batch: Dict) -> Dict:
         """The batch with the run's use_audio_in_video (the model takes the attention mask under cp:
         TMRoPE needs it; see Qwen2_5OmniThinkerForConditionalGeneration)."""
         return {**batch, "use_audio_in_video": bool(self.recipe.data.use_audio_in_video)}
-
-
-def workload(recipe, config):
-    """Qwen2.5-VL's planner shapes on the thinker's config (the audio tower, which runs once per
-    audio on the first stage, is not counted)."""
-    from mm_train.families.qwen2_5_vl import workload as vl_workload
-
-    return vl_workload(recipe, config)
 
 
 SPEC = register(FamilySpec(
@@ -122,7 +100,7 @@ SPEC = register(FamilySpec(
     extra="vl",
     processing="mm_train.families.qwen2_5_vl:write_processing_files",
     preflight="mm_train.families.qwen2_5_omni:preflight",
-    workload="mm_train.families.qwen2_5_omni:workload",
+    workload="mm_train.families.qwen2_5_vl:workload",  # the audio tower (first stage, once per audio) not counted
     recipes=(
         BuiltinRecipe("qwen2_5_omni_tiny", "qwen2_5_omni_tiny.yaml",
                       "a tiny random Qwen2.5-Omni thinker captions generated pictures and sounds (about a minute)",

@@ -150,6 +150,8 @@ class VLTask(FamilyTask):
     processor_class = "Qwen2_5_VLProcessor"  # what a saved folder's preprocessor_config.json names
     processor_options: Dict = {}  # patch size, mean / std ... of both processors (defaults: Qwen2-VL's)
     chat_media = "QWEN_MEDIA"  # the chat template's media tokens (a name in mm_data.vl.template)
+    media_tokens = dict(zip(("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"),
+                            QWEN_TOKENS))  # an inline config's token-id fields and their tokens
 
     @staticmethod
     def audio_settings() -> Dict:
@@ -237,8 +239,7 @@ class VLTask(FamilyTask):
     def token_ids(self) -> dict:
         """Vocabulary size (rounded up to 64, so any tp up to 64 divides it) and special-token ids
         for an inline model config."""
-        ids = {name: self.tokenizer.convert_tokens_to_ids(token) for name, token in zip(
-            ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"), QWEN_TOKENS)}
+        ids = {name: self.tokenizer.convert_tokens_to_ids(token) for name, token in self.media_tokens.items()}
         ids["vocab_size"] = -(-len(self.tokenizer) // 64) * 64
         ids["pad_token_id"] = self.tokenizer.pad_token_id
         ids["eos_token_id"] = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -253,7 +254,7 @@ class VLTask(FamilyTask):
         values["text_config"] = {**values.get("text_config", {}), "vocab_size": ids["vocab_size"],
                                  "pad_token_id": ids["pad_token_id"], "eos_token_id": ids["eos_token_id"],
                                  "bos_token_id": ids["eos_token_id"]}
-        media = {k: v for k, v in ids.items() if k.endswith("token_id") and k not in ("pad_token_id", "eos_token_id")}
+        media = {name: ids[name] for name in self.media_tokens}
         config_class = getattr(transformers, self.config_class)
         return config_class(**values, **media, bos_token_id=ids["eos_token_id"], eos_token_id=ids["eos_token_id"],
                             pad_token_id=ids["pad_token_id"])
