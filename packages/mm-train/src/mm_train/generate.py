@@ -1,6 +1,6 @@
 """`mm-train generate`: what a trained model makes of a prompt, from the command line.
 
-    mm-train generate SOURCE --prompt TEXT [--image FILE | --video FILE] --out FILE
+    mm-train generate SOURCE --prompt TEXT [--image FILE | --video FILE | --audio FILE] --out FILE
                       [--frames N --height H --width W --steps S --guidance G --sampler NAME
                        --negative-prompt TEXT --seed X] [--max-new-tokens N]
                       [--nproc N --set parallel.tp=2 ...]
@@ -39,6 +39,7 @@ def add_parser(commands) -> None:
     p.add_argument("--prompt", required=True)
     p.add_argument("--image", help="the first frame (image to video) or the picture the prompt asks about")
     p.add_argument("--video", help="VL: the clip the prompt asks about")
+    p.add_argument("--audio", help="models that hear: the sound the prompt asks about")
     p.add_argument("--out", help="the mp4 to write (video); the answer's text file (VL, optional)")
     p.add_argument("--frames", type=int, help="frames of the clip (1 + 4k)")
     p.add_argument("--height", type=int)
@@ -166,9 +167,10 @@ def generate_answer(args, spec, folder, recipe, topo, chunks) -> Dict:
 
     tokenizer, processors, system = spec.task_class().answer_kit(recipe, folder)
     with samples.inference(chunks):
-        media = {"images": [args.image] if args.image else [], "videos": [args.video] if args.video else []}
+        media = {kind: [path] if path else [] for kind, path in
+                 (("images", args.image), ("videos", args.video), ("audios", args.audio))}
         text = vl_samples.answer(chunks, topo, tokenizer, processors, system, args.prompt, media,
-                                 args.max_new_tokens)
+                                 args.max_new_tokens, spec.task_class().answer_dataset)
     if topo.rank == 0:
         print(text)
         if args.out:

@@ -155,7 +155,7 @@ class EvalSection:
     the training data) — in batches of ``batch_size`` samples (default micro_batch_size x dp),
     at most ``max_batches`` of them (0: all). Samples: every ``sample_every`` steps, one per prompt
     of ``prompts`` (with ``images``: their first frames / pictures, one per prompt; VL ``videos``:
-    a clip per prompt; "" where a prompt has none)."""
+    a clip per prompt; ``audios`` (models that hear): a sound per prompt; "" where a prompt has none)."""
 
     every: int = 0  # steps between validation losses (0: none)
     fraction: float = 0.0  # share of the training set held out
@@ -167,6 +167,7 @@ class EvalSection:
     negative_prompt: str = ""  # classifier-free guidance's unconditional prompt
     images: List[str] = field(default_factory=list)
     videos: List[str] = field(default_factory=list)  # VL: a clip per prompt
+    audios: List[str] = field(default_factory=list)  # models that hear: a sound per prompt
     num_frames: Optional[int] = None  # video samples (default: the training clips' shape)
     height: Optional[int] = None
     width: Optional[int] = None
@@ -189,7 +190,7 @@ class EvalSection:
             raise ValueError("eval.every needs a held-out split: eval.fraction (e.g. 0.05) or eval.path")
         if self.sample_every and not self.prompts:
             raise ValueError("eval.sample_every needs eval.prompts: the fixed prompts samples are drawn from")
-        for name in ("images", "videos"):
+        for name in ("images", "videos", "audios"):
             if getattr(self, name) and len(getattr(self, name)) != len(self.prompts):
                 raise ValueError(f"eval.{name} gives {len(getattr(self, name))} files for {len(self.prompts)} "
                                  "prompts; give one per prompt")

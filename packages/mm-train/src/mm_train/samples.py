@@ -60,11 +60,27 @@ def write_mp4(path: str, frames: np.ndarray, fps: float) -> str:
     with av.open(path, "w") as container:
         stream = container.add_stream("libx264", rate=max(1, int(round(fps))))
         stream.width, stream.height, stream.pix_fmt = padded.shape[2], padded.shape[1], "yuv420p"
-        stream.options = {"crf": "18"}
+        # one thread: x264's output depends on its thread count, which it takes from the CPUs it sees
+        stream.options = {"crf": "18", "threads": "1"}
         for frame in padded:
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")))
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(yuv420p(frame), format="yuv420p")))
         container.mux(stream.encode())
     return path
+
+
+def yuv420p(rgb: np.ndarray) -> np.ndarray:
+    """(H, W, 3) uint8 RGB (even sizes) as the (H * 3 / 2, W) planes of limited-range BT.601 4:2:0,
+    in numpy: swscale's own conversion was seen to vary between calls on equal frames (a run's
+    sample and `generate`'s clip of the same frames encoded differently, once in a few runs)."""
+    x = rgb.astype(np.float64)
+    r, g, b = x[..., 0], x[..., 1], x[..., 2]
+    y = 16 + (65.481 * r + 128.553 * g + 24.966 * b) / 255
+    u = 128 + (-37.797 * r - 74.203 * g + 112.0 * b) / 255
+    v = 128 + (112.0 * r - 93.786 * g - 18.214 * b) / 255
+    h, w = y.shape
+    quarter = lambda c: c.reshape(h // 2, 2, w // 2, 2).mean((1, 3))  # noqa: E731
+    planes = [np.clip(np.round(c), 0, 255).astype(np.uint8).reshape(-1) for c in (y, quarter(u), quarter(v))]
+    return np.concatenate(planes).reshape(h * 3 // 2, w)  # PyAV's layout: the three planes end to end
 
 
 def contact_sheet(frames: np.ndarray, columns: int = 12, scale: int = 1) -> np.ndarray:

@@ -1,17 +1,18 @@
 """VL samples: greedy answers to fixed prompts (with their pictures), written as a Markdown page.
 
-Each prompt of ``eval.prompts`` is one user turn (with ``eval.images`` / ``eval.videos``: its
-picture / clip, an ``<image>`` / ``<video>`` placeholder put in front unless the prompt places
-it), encoded by the run's chat
-template and processors exactly as training data is (`mm_data.vl.VLSFTDataset`), ending in the
-assistant's header; the model continues it greedily for up to ``eval.max_new_tokens`` tokens.
-Rank 0 writes ``answers.md`` with each picture / clip copied beside it.
+Each prompt of ``eval.prompts`` is one user turn (with ``eval.images`` / ``eval.videos`` /
+``eval.audios``: its picture / clip / sound, an ``<image>`` / ``<video>`` / ``<audio>``
+placeholder put in front unless the prompt places it), encoded by the run's chat template and
+processors exactly as training data is (the family's data set: `mm_data.vl.VLSFTDataset`, or
+`OmniSFTDataset` for Qwen2.5-Omni), ending in the assistant's header; the model continues it
+greedily for up to ``eval.max_new_tokens`` tokens. Rank 0 writes ``answers.md`` with each
+picture / clip / sound copied beside it.
 
 Two decoders, one answer: where the whole model runs on every rank with whole sequences (tp, dp)
 the model's `generate` (a key / value cache, transformers' greedy search); under pp, cp or
 sequence parallelism, whose one-token steps do not cut into their parts, `greedy_by_reforward`:
 each new token from a whole forward pass over the sequence so far, right-padded to a length the
-layout can cut (causal attention keeps the pads from the real tokens), through the pipeline
+layout can cut (its mask marks the pads; causal attention keeps them from the real tokens), through the pipeline
 stages (`mm_parallel.pipeline.forward_only`), the logits at the last real token gathered over
 cp and the vocabulary, the token chosen on the last stage and broadcast. It costs one forward
 pass of the whole sequence per token — affordable every so many steps — and gives the
@@ -27,12 +28,12 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-PLACEHOLDERS = {"images": "<image>", "videos": "<video>"}
+PLACEHOLDERS = {"images": "<image>", "videos": "<video>", "audios": "<audio>"}
 
 
 def with_placeholders(prompt: str, media: Dict[str, Sequence[str]]) -> str:
-    """The prompt with an ``<image>`` / ``<video>`` in front for each picture / clip it does not place
-    itself; a prompt placing more than it is given is an error."""
+    """The prompt with an ``<image>`` / ``<video>`` / ``<audio>`` in front for each picture / clip /
+    sound it does not place itself; a prompt placing more than it is given is an error."""
     for kind, mark in PLACEHOLDERS.items():
         given, placed = len(media.get(kind, ())), prompt.count(mark)
         if placed > given:
@@ -42,19 +43,18 @@ def with_placeholders(prompt: str, media: Dict[str, Sequence[str]]) -> str:
     return prompt
 
 
-def prompt_inputs(tokenizer, processors, system: Optional[str], prompt: str,
-                  media: Dict[str, Sequence[str]]) -> Dict[str, np.ndarray]:
-    """The forward keywords of one prompt with its ``media`` ({"images": [...], "videos": [...]})
-    as a batch of one, as a data set with this tokenizer, these (image, video) processors and this
-    default system turn encodes a user turn."""
-    from mm_data import BadSample
-    from mm_data.vl import VLSFTDataset
+def prompt_inputs(tokenizer, processors, system: Optional[str], prompt: str, media: Dict[str, Sequence[str]],
+                  dataset_class: str = "VLSFTDataset") -> Dict[str, np.ndarray]:
+    """The forward keywords of one prompt with its ``media`` ({"images": [...], "videos": [...],
+    "audios": [...]}) as a batch of one, as the data set ``dataset_class`` (of mm_data.vl) with this
+    tokenizer, these (image, video) processors and this default system turn encodes a user turn."""
+    from mm_data import BadSample, vl
     from mm_data.vl.conversation import Conversation
 
     prompt = with_placeholders(prompt, media)
-    conversation = Conversation(turns=(("user", prompt),), images=tuple(media.get("images", ())),
-                                videos=tuple(media.get("videos", ())), source=prompt)
-    dataset = VLSFTDataset([conversation], tokenizer, *processors, default_system=system)
+    conversation = Conversation(turns=(("user", prompt),), source=prompt,
+                                **{kind: tuple(media.get(kind, ())) for kind in PLACEHOLDERS})
+    dataset = getattr(vl, dataset_class)([conversation], tokenizer, *processors, default_system=system)
     try:
         sample = dataset.get(0)
     except BadSample as error:  # e.g. a picture or a clip that cannot be read
@@ -98,7 +98,8 @@ def greedy_by_reforward(chunks, topo, inputs: Dict, max_new_tokens: int, eos, pa
     for _ in range(max_new_tokens):
         length = ids.shape[1]
         pad = -length % multiple
-        batch = {**media, "input_ids": np.pad(ids, ((0, 0), (0, pad)), constant_values=pad_id)}
+        batch = {**media, "input_ids": np.pad(ids, ((0, 0), (0, pad)), constant_values=pad_id),
+                 "attention_mask": np.pad(np.ones_like(ids), ((0, 0), (0, pad)))}  # the positions read it
         if types is not None:
             batch["mm_token_type_ids"] = np.pad(types, ((0, 0), (0, pad)))
         picked = pipeline.forward_only([c.pipeline_stage for c in chunks], [(batch, batch)],
@@ -116,9 +117,9 @@ def greedy_by_reforward(chunks, topo, inputs: Dict, max_new_tokens: int, eos, pa
 
 
 def answer(chunks, topo, tokenizer, processors, system: Optional[str], prompt: str, media: Dict[str, Sequence[str]],
-           max_new_tokens: int) -> str:
-    """The model's greedy answer to one prompt (with its pictures / clips) under this layout."""
-    inputs = prompt_inputs(tokenizer, processors, system, prompt, media)
+           max_new_tokens: int, dataset_class: str = "VLSFTDataset") -> str:
+    """The model's greedy answer to one prompt (with its pictures / clips / sounds) under this layout."""
+    inputs = prompt_inputs(tokenizer, processors, system, prompt, media, dataset_class)
     ids = inputs["input_ids"]
     if _cache_decodes(topo):
         rest = {k: v for k, v in inputs.items() if k != "input_ids"}
@@ -131,17 +132,17 @@ def answer(chunks, topo, tokenizer, processors, system: Optional[str], prompt: s
     return tokenizer.decode(new.tolist(), skip_special_tokens=True).strip()
 
 
-def write_answers(task, chunks, prompts: List[str], images: List[str], videos: List[str], max_new_tokens: int,
+def write_answers(task, chunks, prompts: List[str], media_files: Dict[str, List[str]], max_new_tokens: int,
                   out: str, writer: bool) -> Dict:
-    """answers.md under ``out`` (``writer``: this rank writes), each prompt's picture or clip copied
-    beside it; {"files": [...]}."""
+    """answers.md under ``out`` (``writer``: this rank writes), each prompt's picture, clip or sound
+    ({"images": [one per prompt or ""], "videos": ..., "audios": ...}) copied beside it; {"files": [...]}."""
     lines, files = ["# Answers", ""], []
     processors = task.processors(task.recipe.data)
     for index, prompt in enumerate(prompts):
-        media = {"images": [images[index]] if images and images[index] else [],  # "": this prompt has none
-                 "videos": [videos[index]] if videos and videos[index] else []}
+        media = {kind: [paths[index]] if paths and paths[index] else []  # "": this prompt has none
+                 for kind, paths in media_files.items()}
         text = answer(chunks, task.topo, task.tokenizer, processors, task.recipe.data.system, prompt, media,
-                      max_new_tokens)
+                      max_new_tokens, task.answer_dataset)
         lines += [f"## {index}. {prompt}", ""]
         for kind, path in ((k, p) for k, paths in media.items() for p in paths):
             copy = f"{kind[:-1]}_{index}{os.path.splitext(path)[1]}"

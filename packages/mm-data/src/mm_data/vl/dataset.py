@@ -42,6 +42,7 @@ class VLSFTDataset:
     """See the module docstring."""
 
     media = QWEN_MEDIA  # the chat template's media tokens
+    media_fields = MEDIA_FIELDS  # joined along the first axis by the collator, not stacked
 
     def __init__(self, conversations: Sequence[Conversation], tokenizer, image_processor=None, video_processor=None,
                  max_length: Optional[int] = None, video_fps: float = 2.0,
@@ -83,10 +84,9 @@ class VLSFTDataset:
         conversation = self.conversations[index]
         if conversation.audios:
             raise BadSample(conversation.source, "audio inputs need the Qwen2.5-Omni data set (mm_data.vl.omni)")
-        sample, image_tokens, video_tokens, timestamps = self.vision(conversation)
+        sample, image_tokens, video_tokens, timestamps, seconds = self.vision(conversation)
         if conversation.videos and not timestamps:  # Qwen2.5-VL: time enters the temporal positions
-            sample["second_per_grid_ts"] = sample.pop("video_seconds_per_grid")
-        sample.pop("video_seconds_per_grid", None)
+            sample["second_per_grid_ts"] = seconds
         tokens = self.template.encode(conversation, image_tokens, video_tokens, max_length=self.max_length,
                                       video_timestamps=timestamps)
         sample.update(tokens)
@@ -94,8 +94,8 @@ class VLSFTDataset:
         return sample
 
     def vision(self, conversation: Conversation):
-        """(the processors' outputs with ``video_seconds_per_grid``, image pad counts, video pad
-        counts, each video's timestamps when its processor writes them) of a conversation."""
+        """(the processors' outputs, image pad counts, video pad counts, each video's timestamps when
+        its processor writes them, each video's seconds per temporal patch) of a conversation."""
         sample: Dict[str, np.ndarray] = {}
         merge = self.image_processor.merge_size ** 2
         image_tokens: List[int] = []
@@ -111,6 +111,7 @@ class VLSFTDataset:
             image_tokens = [int(np.prod(grid)) // merge for grid in images["image_grid_thw"]]
         video_tokens: List[int] = []
         timestamps: List[List[float]] = []
+        seconds = None
         if conversation.videos:
             decoded = [self._video(path) for path in conversation.videos]
             try:
@@ -119,10 +120,10 @@ class VLSFTDataset:
                 raise BadSample(conversation.source, f"video not processable: {error}") from None
             sample.update(videos)
             timestamps = [stamps for _, _, stamps in decoded if stamps is not None]
-            sample["video_seconds_per_grid"] = np.array([seconds for _, seconds, _ in decoded], np.float32)
+            seconds = np.array([per_grid for _, per_grid, _ in decoded], np.float32)
             merge_v = self.video_processor.merge_size ** 2
             video_tokens = [int(np.prod(grid)) // merge_v for grid in videos["video_grid_thw"]]
-        return sample, image_tokens, video_tokens, timestamps
+        return sample, image_tokens, video_tokens, timestamps, seconds
 
     def __getitem__(self, index: int) -> Dict[str, np.ndarray]:
         return self.get(index)
@@ -133,7 +134,7 @@ class VLSFTDataset:
         from mm_data.loader import Collator
 
         pad_id = getattr(self.template.tokenizer, "pad_token_id", None) or 0
-        return Collator(pad_values={"input_ids": pad_id}, concatenate=MEDIA_FIELDS,
+        return Collator(pad_values={"input_ids": pad_id}, concatenate=self.media_fields,
                         pad_to_multiple_of=pad_to_multiple_of)
 
     def length(self, index: int) -> int:

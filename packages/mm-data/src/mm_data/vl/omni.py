@@ -77,6 +77,7 @@ class OmniSFTDataset(VLSFTDataset):
     (default: Qwen2.5-Omni's 128-bin Whisper features) and the interleaving settings."""
 
     media = OMNI_MEDIA  # the chat template's media tokens
+    media_fields = OMNI_FIELDS  # audio features too: padded to the batch's longest audio, joined
 
     def __init__(self, conversations: Sequence[Conversation], tokenizer, image_processor=None, video_processor=None,
                  audio_processor: Optional[WhisperFeatureExtractor] = None, use_audio_in_video: bool = False,
@@ -93,7 +94,7 @@ class OmniSFTDataset(VLSFTDataset):
         and, under use_audio_in_video, each <video>'s own track."""
         audios, videos, sources = iter(conversation.audios), iter(conversation.videos), []
         texts = [conversation.system or ""] + [text for _, text in conversation.turns]
-        for placeholder in _MEDIA_PLACEHOLDER.findall("".join(texts)):
+        for placeholder in (found for text in texts for found in _MEDIA_PLACEHOLDER.findall(text)):
             if placeholder == "<audio>":
                 sources.append(("audio", next(audios)))
             else:
@@ -104,9 +105,9 @@ class OmniSFTDataset(VLSFTDataset):
 
     def get(self, index: int, epoch: int = 0) -> Dict[str, np.ndarray]:
         conversation = self.conversations[index]
-        sample, image_tokens, video_tokens, _ = self.vision(conversation)
+        sample, image_tokens, video_tokens, _, seconds = self.vision(conversation)
         if conversation.videos:
-            sample["video_second_per_grid"] = sample.pop("video_seconds_per_grid")
+            sample["video_second_per_grid"] = seconds
         sources = self.audio_sources(conversation)
         pads: List[int] = []
         if sources:
@@ -128,15 +129,6 @@ class OmniSFTDataset(VLSFTDataset):
         sample.update(tokens)
         sample["attention_mask"] = np.ones_like(tokens["input_ids"])
         return sample
-
-    def collator(self, pad_to_multiple_of: int = 1):
-        """Pads token fields (to a multiple of ``pad_to_multiple_of``), concatenates media fields
-        (audio features padded to the batch's longest audio)."""
-        from mm_data.loader import Collator
-
-        pad_id = getattr(self.template.tokenizer, "pad_token_id", None) or 0
-        return Collator(pad_values={"input_ids": pad_id}, concatenate=OMNI_FIELDS,
-                        pad_to_multiple_of=pad_to_multiple_of)
 
     def length(self, index: int) -> int:
         """Tokens of sample ``index`` (its media decoded: audio lengths need the decoded samples)."""

@@ -17,8 +17,8 @@ and its checkpoint names.
 As in transformers, the 3-D positions need ``attention_mask``: transformers silently falls back to
 1-D positions without it; here images, videos or audio without it are an error that says so.
 Under context parallelism a right-padded mask (the collator's) sets the positions and is then
-dropped: causal attention keeps every real token off the pads at the end, whose labels are -100,
-so the real tokens' outputs equal the masked run's.
+dropped (Qwen2.5-VL's sequence plan): causal attention keeps every real token off the pads at the
+end, whose labels are -100, so the real tokens' outputs equal the masked run's.
 
 Checkpoints: a thinker folder as transformers writes it (``model.*``, ``visual.*``,
 ``audio_tower.*``, ``lm_head.*``), or the whole Qwen2.5-Omni folder as published, whose thinker
@@ -71,14 +71,6 @@ def audio_inputs(input_features, feature_attention_mask):
                          f"feature_attention_mask (audios, frames), got {mask.shape}")
     keep = mask.astype(bool)
     return np.ascontiguousarray(features.transpose(0, 2, 1)[keep].T), keep.sum(-1)
-
-
-def _right_padded(mask) -> bool:
-    """A (batch, seq) mask whose rows are ones then zeros (the collator's right padding)."""
-    if mask is None:
-        return False
-    mask = np.asarray(mask).astype(bool)
-    return bool(np.all(mask[:, :-1] >= mask[:, 1:]))
 
 
 class Qwen2_5OmniThinkerModel(Qwen2_5_VLModel):
@@ -150,8 +142,6 @@ class Qwen2_5OmniThinkerForConditionalGeneration(Qwen2_5_VLForConditionalGenerat
             position_ids, rope_deltas = self.tmrope_positions(host(input_ids, np.int64), attention_mask,
                                                               image_grid_thw, video_grid_thw, feature_attention_mask,
                                                               video_second_per_grid, use_audio_in_video)
-        if split and self.topology.cp.size > 1 and _right_padded(host(attention_mask)):
-            attention_mask = None  # positions are set; causal attention keeps real tokens off the end pads
         return super().sequence_plan(input_ids, attention_mask, position_ids, labels, past_length=past_length,
                                      rope_deltas=rope_deltas, split=split)
 

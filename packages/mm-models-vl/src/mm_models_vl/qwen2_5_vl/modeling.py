@@ -9,6 +9,10 @@ read on the host, where the M-RoPE positions and the vision layout are computed.
 One difference by design: without ``mm_token_type_ids`` transformers silently falls back to 1-D
 positions for images and videos; here the types are derived from the placeholder tokens (what the
 processor would have written), so M-RoPE is never lost.
+
+Under context parallelism a right-padded ``attention_mask`` (a collator's) sets the positions and
+is then dropped: causal attention keeps every real token off the pads at the end (whose labels are
+-100), so real tokens' outputs equal the masked single-process run's. Other padding raises.
 """
 
 from __future__ import annotations
@@ -150,6 +154,12 @@ class SequencePlan:
     token_mask: Optional[np.ndarray] = None  # the attention mask of this rank's tokens (MoE statistics)
 
 
+def right_padded(mask) -> bool:
+    """A (batch, seq) mask whose rows are ones then zeros (the collator's right padding)."""
+    mask = np.asarray(mask).astype(bool)
+    return bool(np.all(mask[:, :-1] >= mask[:, 1:]))
+
+
 class Qwen2_5_VLForConditionalGeneration(ParallelModel):
     """Qwen2.5-VL with its language-model head; see the module docstring.
 
@@ -231,8 +241,10 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
             targets, count = Tensor(shifted.astype(np.int32)), int((shifted != -100).sum())
         topo = self.topology
         if split and topo.cp.size > 1:
+            if key_padding_mask is not None and right_padded(mask):
+                key_padding_mask = None  # positions are set; causal attention keeps real tokens off the end pads
             if key_padding_mask is not None or past_length:
-                raise ValueError("with cp > 1 give full (packed, unpadded) sequences and no key/value cache")
+                raise ValueError("with cp > 1 give full or right-padded sequences and no key/value cache")
             cos, sin = split_sequence(cos, 1, topo), split_sequence(sin, 1, topo)
             targets = None if targets is None else split_sequence(targets, 1, topo)
         token_mask = None

@@ -58,6 +58,8 @@ class OmniTask(VLTask):
     processor_class = "Qwen2_5OmniProcessor"
     chat_media = "OMNI_MEDIA"
     media_tokens = OMNI_TOKENS
+    answer_dataset = "OmniSFTDataset"
+    data_section = OmniDataSection
 
     @staticmethod
     def audio_settings() -> Dict:

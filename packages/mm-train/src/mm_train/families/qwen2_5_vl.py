@@ -150,6 +150,8 @@ class VLTask(FamilyTask):
     processor_class = "Qwen2_5_VLProcessor"  # what a saved folder's preprocessor_config.json names
     processor_options: Dict = {}  # patch size, mean / std ... of both processors (defaults: Qwen2-VL's)
     chat_media = "QWEN_MEDIA"  # the chat template's media tokens (a name in mm_data.vl.template)
+    answer_dataset = "VLSFTDataset"  # what encodes prompts for answers (a name in mm_data.vl)
+    data_section = VLDataSection  # a Hugging Face folder's answers use its defaults
     media_tokens = dict(zip(("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"),
                             QWEN_TOKENS))  # an inline config's token-id fields and their tokens
 
@@ -222,7 +224,7 @@ class VLTask(FamilyTask):
             size = config.get("size") or {}
             bounds = {"min_pixels": config.get("min_pixels") or size.get("shortest_edge"),
                       "max_pixels": config.get("max_pixels") or size.get("longest_edge")}
-        data = VLDataSection(kind="llamafactory", path=folder, **{k: v for k, v in bounds.items() if v})
+        data = cls.data_section(kind="llamafactory", path=folder, **{k: v for k, v in bounds.items() if v})
         return vl_tokenizer(folder), cls.processors(data), data.system
 
     def write_samples(self, chunks, out: str, writer: bool):
@@ -230,7 +232,8 @@ class VLTask(FamilyTask):
         from mm_train import vl_samples
 
         e = self.recipe.eval
-        return vl_samples.write_answers(self, chunks, e.prompts, e.images, e.videos, e.max_new_tokens, out, writer)
+        media = {"images": e.images, "videos": e.videos, "audios": e.audios}
+        return vl_samples.write_answers(self, chunks, e.prompts, media, e.max_new_tokens, out, writer)
 
     def data_files(self):
         media = [p for c in self.dataset.conversations for p in c.images + c.videos + c.audios if "://" not in p]
