@@ -60,8 +60,11 @@ def write_mp4(path: str, frames: np.ndarray, fps: float) -> str:
     with av.open(path, "w") as container:
         stream = container.add_stream("libx264", rate=max(1, int(round(fps))))
         stream.width, stream.height, stream.pix_fmt = padded.shape[2], padded.shape[1], "yuv420p"
-        # one thread: x264's output depends on its thread count, which it takes from the CPUs it sees
-        stream.options = {"crf": "18", "threads": "1"}
+        # x264's float decisions (CRF rate control, adaptive quantisation, macroblock tree, psy) follow the
+        # process's floating-point state, which other codecs change (measured: after a libopus encode in
+        # the same process, equal frames encoded differently); a constant QP without them, on one
+        # thread, makes equal frames the same file
+        stream.options = {"qp": "18", "threads": "1", "aq-mode": "0", "mbtree": "0", "psy": "0"}
         for frame in padded:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(yuv420p(frame), format="yuv420p")))
         container.mux(stream.encode())
@@ -70,8 +73,7 @@ def write_mp4(path: str, frames: np.ndarray, fps: float) -> str:
 
 def yuv420p(rgb: np.ndarray) -> np.ndarray:
     """(H, W, 3) uint8 RGB (even sizes) as the (H * 3 / 2, W) planes of limited-range BT.601 4:2:0,
-    in numpy: swscale's own conversion was seen to vary between calls on equal frames (a run's
-    sample and `generate`'s clip of the same frames encoded differently, once in a few runs)."""
+    in numpy: our arithmetic, whatever the process's floating-point state."""
     x = rgb.astype(np.float64)
     r, g, b = x[..., 0], x[..., 1], x[..., 2]
     y = 16 + (65.481 * r + 128.553 * g + 24.966 * b) / 255
