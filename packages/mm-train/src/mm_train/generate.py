@@ -170,7 +170,7 @@ def generate_answer(args, spec, folder, recipe, topo, chunks) -> Dict:
         media = {kind: [path] if path else [] for kind, path in
                  (("images", args.image), ("videos", args.video), ("audios", args.audio))}
         text = vl_samples.answer(chunks, topo, tokenizer, processors, system, args.prompt, media,
-                                 args.max_new_tokens, spec.task_class().answer_dataset)
+                                 args.max_new_tokens, spec.task_class().dataset_class)
     if topo.rank == 0:
         print(text)
         if args.out:

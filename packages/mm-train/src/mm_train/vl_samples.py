@@ -142,7 +142,7 @@ def write_answers(task, chunks, prompts: List[str], media_files: Dict[str, List[
         media = {kind: [paths[index]] if paths and paths[index] else []  # "": this prompt has none
                  for kind, paths in media_files.items()}
         text = answer(chunks, task.topo, task.tokenizer, processors, task.recipe.data.system, prompt, media,
-                      max_new_tokens, task.answer_dataset)
+                      max_new_tokens, task.dataset_class)
         lines += [f"## {index}. {prompt}", ""]
         for kind, path in ((k, p) for k, paths in media.items() for p in paths):
             copy = f"{kind[:-1]}_{index}{os.path.splitext(path)[1]}"

@@ -58,7 +58,7 @@ class OmniTask(VLTask):
     processor_class = "Qwen2_5OmniProcessor"
     chat_media = "OMNI_MEDIA"
     media_tokens = OMNI_TOKENS
-    answer_dataset = "OmniSFTDataset"
+    dataset_class = "OmniSFTDataset"
     data_section = OmniDataSection
 
     @staticmethod
@@ -69,20 +69,12 @@ class OmniTask(VLTask):
 
         return WhisperFeatureExtractor().to_dict()
 
-    def read_dataset(self, annotations: str):
-        """The Omni SFT data set of a LLaMA-Factory file with the recipe's tokenizer and processors,
-        interleaving videos and their audio on the model's clock."""
-        from mm_data.vl import OmniSFTDataset
-
-        data = self.recipe.data
+    def dataset_options(self) -> Dict:
+        """Videos interleaved with their audio on the model's clock (its config's)."""
         thinker = thinker_json(self.model_json)
-        image_processor, video_processor = self.processors(data)
-        return OmniSFTDataset.from_file(
-            annotations, self.tokenizer, media_dir=data.media_dir, max_bad_fraction=data.max_bad_fraction,
-            image_processor=image_processor, video_processor=video_processor, max_length=data.max_length,
-            video_fps=data.video_fps, default_system=data.system, use_audio_in_video=data.use_audio_in_video,
-            position_id_per_seconds=thinker.get("position_id_per_seconds", 25),
-            seconds_per_chunk=thinker.get("seconds_per_chunk", 2))
+        return dict(use_audio_in_video=self.recipe.data.use_audio_in_video,
+                    position_id_per_seconds=thinker.get("position_id_per_seconds", 25),
+                    seconds_per_chunk=thinker.get("seconds_per_chunk", 2))
 
     def model_inputs(self, batch: Dict) -> Dict:
         """The batch with the run's use_audio_in_video (the model takes the attention mask under cp:

@@ -150,7 +150,7 @@ class VLTask(FamilyTask):
     processor_class = "Qwen2_5_VLProcessor"  # what a saved folder's preprocessor_config.json names
     processor_options: Dict = {}  # patch size, mean / std ... of both processors (defaults: Qwen2-VL's)
     chat_media = "QWEN_MEDIA"  # the chat template's media tokens (a name in mm_data.vl.template)
-    answer_dataset = "VLSFTDataset"  # what encodes prompts for answers (a name in mm_data.vl)
+    dataset_class = "VLSFTDataset"  # what encodes training samples and prompts (a name in mm_data.vl)
     data_section = VLDataSection  # a Hugging Face folder's answers use its defaults
     media_tokens = dict(zip(("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"),
                             QWEN_TOKENS))  # an inline config's token-id fields and their tokens
@@ -189,15 +189,21 @@ class VLTask(FamilyTask):
                                              (par.tp if par.sequence_parallel else 1))
 
     def read_dataset(self, annotations: str):
-        """The SFT data set of a LLaMA-Factory file with the recipe's tokenizer and processors."""
-        from mm_data.vl import VLSFTDataset
+        """The SFT data set (``dataset_class``) of a LLaMA-Factory file with the recipe's tokenizer and
+        processors, plus the family's ``dataset_options()``."""
+        from mm_data import vl
 
         data = self.recipe.data
         image_processor, video_processor = self.processors(data)
-        return VLSFTDataset.from_file(
+        return getattr(vl, self.dataset_class).from_file(
             annotations, self.tokenizer, media_dir=data.media_dir, max_bad_fraction=data.max_bad_fraction,
             image_processor=image_processor, video_processor=video_processor,
-            max_length=data.max_length, video_fps=data.video_fps, default_system=data.system)
+            max_length=data.max_length, video_fps=data.video_fps, default_system=data.system,
+            **self.dataset_options())
+
+    def dataset_options(self) -> Dict:
+        """What the family's data set takes beyond VLSFTDataset's arguments."""
+        return {}
 
     def validation_source(self):
         """The held-out part of the training set, or the LLaMA-Factory file at eval.path (its
