@@ -10,6 +10,7 @@ import pytest
 from wan_parallel_cases import run_parallel_cases
 from wan_reference import write_adapters, write_reference
 
+from mm_parallel.testing.device_path import calls_made, on_stand_ins
 from mm_parallel.testing.equivalence import BF16_TOLERANCE, check_results
 
 pytestmark = pytest.mark.distributed
@@ -38,6 +39,9 @@ TWO = {
 TWO.update({f"bf16_{name}": {"layout": TWO[name]["layout"], "precision": "bf16", "tolerance": BF16_TOLERANCE}
             for name in ("tp2_sp", "pp2", "ulysses2", "ring2", "dp2_zero1")})
 
+# the Ascend path (fused kernels, native HCCL backend) on its CPU stand-ins against the CPU path
+TWO.update(on_stand_ins(TWO, ("tp2_sp", "ulysses2", "ring2", "pp2", "dp2_zero1")))
+
 FOUR = {
     "hybrid2x2": {"layout": {"cp": 4, "cp_algo": "hybrid", "ulysses_degree": 2}},
     "tp2_ulysses2": {"layout": {"tp": 2, "cp": 2}},
@@ -48,6 +52,18 @@ FOUR = {
     "i2v_ring2_tp2_sp": {"layout": {"cp": 2, "cp_algo": "ring", "tp": 2, "sequence_parallel": True},
                          "checkpoint": I2V},
 }
+FOUR.update(on_stand_ins(FOUR, ("tp2_ulysses2", "pp2_dp2_zero1")))
+
+FUSED = ("flash_attention_score", "rms_norm", "rotary_position_embedding")
+HCCL = {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "batch_isend_irecv"}
+
+
+def check_stand_in_calls(results, cases):
+    """Every stand-in case went through the fused kernels; together they used every HCCL call."""
+    made = calls_made(results, cases)
+    for name, calls in made.items():
+        assert set(FUSED) <= set(calls), (name, calls)
+    return set().union(*made.values())
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +75,24 @@ def checkpoints(tmp_path_factory):
     return root
 
 
+def test_one_process_on_the_ascend_path_equals_the_cpu_path(checkpoints):
+    """The fused kernels (on their stand-ins) in one process, without launching: fp32, rel 1e-5."""
+    cases = {"ascend": {"layout": {}, "device": "ascend_stand_ins", "tolerance": {"rel": 1e-5}}}
+    results = [run_parallel_cases(str(checkpoints), cases)]
+    check_results(results, cases)
+    check_stand_in_calls(results, cases)
+
+
 def test_two_process_layouts_equal_single_process(run_distributed, checkpoints):
-    check_results(run_distributed(run_parallel_cases, nproc=2, timeout=600, path=str(checkpoints), cases=TWO), TWO)
+    results = run_distributed(run_parallel_cases, nproc=2, timeout=600, path=str(checkpoints), cases=TWO)
+    check_results(results, TWO)
+    assert HCCL <= check_stand_in_calls(results, TWO)
 
 
 def test_four_process_layouts_equal_single_process(run_distributed, checkpoints):
-    check_results(run_distributed(run_parallel_cases, nproc=4, timeout=900, path=str(checkpoints), cases=FOUR), FOUR)
+    results = run_distributed(run_parallel_cases, nproc=4, timeout=900, path=str(checkpoints), cases=FOUR)
+    check_results(results, FOUR)
+    check_stand_in_calls(results, FOUR)
 
 
 def test_save_under_layouts_gives_the_original_checkpoint(run_distributed, checkpoints, tmp_path):

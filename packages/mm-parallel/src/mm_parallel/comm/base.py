@@ -47,13 +47,17 @@ class Backend:
             if self._world_size is not None and ranks == tuple(range(self._world_size)):
                 self._names[ranks] = GlobalComm.WORLD_COMM_GROUP
             else:
-                name = dist.new_group(list(ranks), backend=self.name)
+                name = self.new_group(dist, list(ranks))
                 if not name:  # MindSpore logs the failure as a warning and returns "", which names no group
                     raise RuntimeError(f"creating the {self.name} communication group of ranks {list(ranks)} failed "
                                        "(MindSpore's warning above says why); every member must create it at the "
                                        "same point, with the world initialised")
                 self._names[ranks] = name
         return self._names[ranks]
+
+    def new_group(self, dist, ranks):
+        """The communicator of ``ranks`` from ``dist`` (mindspore.mint.distributed), "" on failure."""
+        return dist.new_group(ranks, backend=self.name)
 
     @staticmethod
     def pair(a: int, b: int) -> Group:

@@ -1,8 +1,9 @@
 """Native backend (Ascend, HCCL): every collective is the library's own.
 
 HCCL's tensor collectives work on dimension 0 of a contiguous tensor, so other dimensions are
-moved to the front and back. Not exercised on CPU (mccl lacks these kernels); the CPU backend
-is the tested reference for the semantics, and both are reached through the same public layer.
+moved to the front and back. MindSpore's CPU collectives lack these calls; on CPU the backend
+runs against documented-semantics stand-ins of them (mm_parallel.testing.hccl), and the CPU
+backend is the reference its results are compared with.
 """
 
 from __future__ import annotations
@@ -21,34 +22,42 @@ def _from_front(x, dim):
 
 
 class NativeBackend(Backend):
+    """``calls``: the module (or namespace) whose functions are called, mindspore.mint.distributed
+    unless given (mm_parallel.testing passes its stand-ins)."""
+
     name = "hccl"
 
-    def all_reduce(self, x, group, op):
-        import mindspore.mint.distributed as dist
+    def __init__(self, calls=None):
+        super().__init__()
+        if calls is None:
+            import mindspore.mint.distributed as calls
+        self.dist = calls
 
+    def new_group(self, dist, ranks):
+        return self.dist.new_group(ranks, backend=self.name)
+
+    def all_reduce(self, x, group, op):
+        dist = self.dist
         out = x.copy()
         dist.all_reduce(out, op=op, group=self.group_name(group))
         return out
 
     def all_gather(self, x, group, dim):
-        import mindspore.mint.distributed as dist
-
+        dist = self.dist
         front = _to_front(x, dim)
         out = ops.zeros((front.shape[0] * group.size,) + front.shape[1:], x.dtype)
         dist.all_gather_into_tensor(out, front, group=self.group_name(group))
         return _from_front(out, dim)
 
     def reduce_scatter(self, x, group, dim, op):
-        import mindspore.mint.distributed as dist
-
+        dist = self.dist
         front = _to_front(x, dim)
         out = ops.zeros((front.shape[0] // group.size,) + front.shape[1:], x.dtype)
         dist.reduce_scatter_tensor(out, front, op=op, group=self.group_name(group))
         return _from_front(out, dim)
 
     def all_to_all(self, x, group, scatter_dim, gather_dim):
-        import mindspore.mint.distributed as dist
-
+        dist = self.dist
         # all_to_all_single sends the i-th dim-0 chunk to rank i and stacks what arrives on dim 0.
         front = _to_front(x, scatter_dim)
         out = ops.zeros(front.shape, x.dtype)
@@ -57,52 +66,49 @@ class NativeBackend(Backend):
         return ops.concat(pieces, gather_dim)
 
     def all_to_all_v(self, x, group, send_sizes, recv_sizes, all_sizes=None):
-        import mindspore.mint.distributed as dist
-
+        dist = self.dist
         out = ops.zeros((sum(recv_sizes),) + tuple(x.shape[1:]), x.dtype)
         dist.all_to_all_single(out, x.contiguous(), output_split_sizes=list(recv_sizes),
                                input_split_sizes=list(send_sizes), group=self.group_name(group))
         return out
 
     def broadcast(self, x, src, group):
-        import mindspore.mint.distributed as dist
-
+        dist = self.dist
         out = x.copy()
         dist.broadcast(out, src=src, group=self.group_name(group))
         return out
 
     def barrier(self, group):
-        import mindspore.mint.distributed as dist
-
+        dist = self.dist
         dist.barrier(group=self.group_name(group))
 
     def send(self, x, dst, me):
-        import mindspore.mint.distributed as dist
-
+        dist = self.dist
         dist.send(x.contiguous(), dst=dst)
 
     def recv(self, shape, dtype, src, me):
-        import mindspore.mint.distributed as dist
-
+        dist = self.dist
         out = ops.zeros(shape, dtype)
         dist.recv(out, src=src)
         return out
 
     def exchange(self, x, peer, me, recv_shape):
-        return self._isend_irecv(x, peer, peer, recv_shape)
+        return self._isend_irecv(x, peer, peer, recv_shape, None)
 
     def send_recv(self, x, dst, src, group, recv_shape):
-        return self._isend_irecv(x, dst, src, recv_shape)
+        return self._isend_irecv(x, dst, src, recv_shape, group)
 
     def ring_shift(self, x, group, offset):
         n, me = group.size, group.rank
-        return self._isend_irecv(x, group.ranks[(me + offset) % n], group.ranks[(me - offset) % n], x.shape)
+        return self._isend_irecv(x, group.ranks[(me + offset) % n], group.ranks[(me - offset) % n], x.shape, group)
 
-    def _isend_irecv(self, x, dst, src, recv_shape):
-        import mindspore.mint.distributed as dist
-
+    def _isend_irecv(self, x, dst, src, recv_shape, group):
+        """One isend and one irecv in a batch; peers are global ranks, ``group`` (None: the world)
+        the communicator every P2POp of the batch must share."""
+        dist = self.dist
         out = ops.zeros(tuple(recv_shape), x.dtype)
-        ops_list = [dist.P2POp(dist.isend, x.contiguous(), dst), dist.P2POp(dist.irecv, out, src)]
+        name = None if group is None else self.group_name(group)
+        ops_list = [dist.P2POp(dist.isend, x.contiguous(), dst, name), dist.P2POp(dist.irecv, out, src, name)]
         for work in dist.batch_isend_irecv(ops_list):
             work.wait()
         return out

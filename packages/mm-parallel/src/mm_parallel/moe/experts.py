@@ -28,6 +28,7 @@ from mindspore import Tensor, nn, ops
 
 from mm_parallel import census, mappings
 from mm_parallel.blocks import activation
+from mm_parallel.ops.activations import silu, swiglu
 from mm_parallel.ops.device import use_fused, with_zero_row
 from mm_parallel.ops.grouped_matmul import grouped_matmul
 from mm_parallel.ops.low_precision import LOW, matmul_operands, to_compute
@@ -129,8 +130,13 @@ class GroupedExperts(nn.Cell):
         x = ops.gather(tokens, Tensor(rows.astype(np.int32)), 0)
         if self.tp_group is not None:
             x = mappings.copy_to_region(x, self.tp_group)
-        gate, up = ops.chunk(grouped_matmul(x, self.gate_up_proj.astype(x.dtype), counts), 2, -1)
-        y = grouped_matmul(self.act(gate) * up, self.down_proj.astype(x.dtype), counts)
+        gate_up = grouped_matmul(x, self.gate_up_proj.astype(x.dtype), counts)
+        if self.act is silu:  # the fused swiglu kernel: gate and up are the two halves
+            hidden = swiglu(gate_up)
+        else:
+            gate, up = ops.chunk(gate_up, 2, -1)
+            hidden = self.act(gate) * up
+        y = grouped_matmul(hidden, self.down_proj.astype(x.dtype), counts)
         if self.tp_group is not None:
             y = mappings.reduce_from_region(y, self.tp_group)
         padded = np.full(self.local * width + 1, rows.size, np.int64)  # padding and the last row: zeros

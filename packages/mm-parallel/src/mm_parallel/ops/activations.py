@@ -46,11 +46,16 @@ def silu(x):
 
 
 def swiglu(gate, up=None):
-    """silu(gate) * up. With one tensor, its last dim holds [gate | up] (Megatron's fused layout)."""
+    """silu(gate) * up. With one tensor, its last dim holds [gate | up] (Megatron's fused layout).
+
+    On Ascend the fused swiglu kernel computes it; given gate and up apart (two column-parallel
+    projections) they are joined along the last dim for it (one copy of the activation)."""
     if up is None:
         if gate.shape[-1] % 2:
             raise ValueError(f"swiglu of one tensor needs an even last dim, got {tuple(gate.shape)}")
         if use_fused():
             return ops.swiglu(gate, -1)
         gate, up = ops.chunk(gate, 2, -1)
+    elif use_fused():
+        return ops.swiglu(ops.concat([gate, up], -1), -1)
     return ops.silu(gate) * up

@@ -29,6 +29,9 @@ from mindspore import Tensor, nn, ops
 from mm_parallel.ops.device import as_type, host_array, ones, tiled_to, use_fused
 from mm_parallel.ops.low_precision import LOW, compute_dtype, rounded, to_compute
 
+# The dtypes flash_attention_score takes (its MindSpore 2.7 page): float32 goes to the reference
+# path. A list, so the CPU stand-ins (mm_parallel.testing) can widen it to run models in float32.
+FLASH_ATTENTION_DTYPES = [ms.float16, ms.bfloat16]
 _MASKED = -1e30
 _TINY = 1e-30
 _matmul_nt = ops.BatchMatMul(transpose_b=True)
@@ -117,10 +120,9 @@ def attention(
             raise ValueError("segment_ids alone need q_len == k_len; pass kv_segment_ids for the keys")
         kv_segment_ids = segment_ids
     scale = head_dim ** -0.5 if scale is None else scale
+    if use_fused() and not return_lse and bias is None and q.dtype in FLASH_ATTENTION_DTYPES:
+        return fused_attention(q, k, v, scale, causal, key_padding_mask, segment_ids, kv_segment_ids)
     mask = _allowed(batch, q_len, k_len, causal, key_padding_mask, segment_ids, kv_segment_ids)
-
-    if use_fused() and not return_lse and bias is None:
-        return _fused(q, k, v, mask, scale)
 
     dtype = q.dtype
     # Grouped-query attention without copies of the keys and values: the query heads kv head j
@@ -166,11 +168,11 @@ def _rows_may_be_empty(causal, q_len, k_len, key_padding_mask, segment_ids) -> b
     return key_padding_mask is not None or segment_ids is not None or (causal and q_len > k_len)
 
 
-def _fused(q, k, v, mask, scale):
-    """Ascend flash_attention_score (BSND layout); its attn_mask marks pairs to drop with 1."""
-    drop = None
-    if mask is not None:
-        drop = Tensor(np.broadcast_to(~mask, (q.shape[0], 1, q.shape[1], k.shape[1])).astype(np.uint8))
-    return ops.flash_attention_score(
-        q, k, v, q.shape[2], attn_mask=drop, scalar_value=scale, input_layout="BSND"
-    )
+def fused_attention(q, k, v, scale, causal, key_padding_mask, q_segments, k_segments):
+    """The same attention from Ascend's flash_attention_score, without an S x S mask where the
+    kernel has a form for the case (mm_parallel.ops.fused_attention says which)."""
+    from mm_parallel.ops.fused_attention import flash_attention
+
+    return flash_attention(q, k, v, scale, causal, key_padding_mask, q_segments, k_segments,
+                           lambda: _allowed(q.shape[0], q.shape[1], k.shape[1], causal, key_padding_mask,
+                                            q_segments, k_segments))

@@ -1,7 +1,8 @@
 """Which kernels to use: fused Ascend kernels on Ascend, the CPU reference path elsewhere.
 
 ``MM_KERNELS=reference`` (read once, at import) forces the reference path on any device (to
-compare the two on Ascend).
+compare the two on Ascend); `set_kernels` overrides the choice in code (``mm_parallel.testing``
+forces the fused path on CPU, with documented-semantics stand-ins for the Ascend calls).
 """
 
 import functools
@@ -15,8 +16,21 @@ from mindspore import Tensor, nn, ops
 _FORCE_REFERENCE = os.environ.get("MM_KERNELS") == "reference"  # read once, when mm_parallel loads
 
 
+_KERNELS = {"choice": None}  # None: by device; "fused" / "reference": forced
+
+
+def set_kernels(choice: Optional[str]) -> None:
+    """Force the fused (``"fused"``) or reference (``"reference"``) kernels; None chooses by device."""
+    if choice not in (None, "fused", "reference"):
+        raise ValueError(f"kernels {choice!r} is unknown; use 'fused', 'reference' or None (by device)")
+    _KERNELS["choice"] = choice
+
+
 def use_fused() -> bool:
-    """Fused Ascend kernels: on Ascend unless MM_KERNELS=reference was set at start-up."""
+    """Fused Ascend kernels: on Ascend unless MM_KERNELS=reference was set at start-up (or
+    `set_kernels` forced a choice)."""
+    if _KERNELS["choice"] is not None:
+        return _KERNELS["choice"] == "fused"
     return not _FORCE_REFERENCE and ms.get_context("device_target") == "Ascend"
 
 

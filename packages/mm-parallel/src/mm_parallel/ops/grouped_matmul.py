@@ -6,12 +6,18 @@ On Ascend this is the fused ``grouped_matmul`` kernel (one TensorList each, ``sp
 ``group_type=0``: the mode MindSpore differentiates; ``group_list`` the cumulative row counts,
 int64). Elsewhere `mm_parallel.moe.GroupedExperts` pads the groups into one batched matmul
 instead (measured faster on CPU than a loop, benchmarks/moe.py), so this entry is Ascend's only.
+The kernel's page lists float16 and float32 operands only: bfloat16 ones are multiplied in
+float32 (exact products of bf16 values, fp32 sums as the Cube unit keeps) and the result rounded
+back to bfloat16.
 """
 
 from __future__ import annotations
 
+import mindspore as ms
 import numpy as np
 from mindspore import Tensor
+
+_KERNEL_DTYPES = (ms.float16, ms.float32)
 
 
 def _fused_kernel(x, weight, group_list):
@@ -25,4 +31,7 @@ def grouped_matmul(x, weight, counts: np.ndarray):
     if int(np.sum(counts)) != x.shape[0]:
         raise ValueError(f"grouped_matmul: counts {list(counts)} add up to {int(np.sum(counts))} rows, "
                          f"x has {x.shape[0]}")
-    return _fused_kernel(x, weight, Tensor(np.cumsum(counts).astype(np.int64)))
+    group_list = Tensor(np.cumsum(counts).astype(np.int64))
+    if x.dtype in _KERNEL_DTYPES and weight.dtype == x.dtype:
+        return _fused_kernel(x, weight, group_list)
+    return _fused_kernel(x.astype(ms.float32), weight.astype(ms.float32), group_list).astype(x.dtype)

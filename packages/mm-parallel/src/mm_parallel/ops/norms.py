@@ -46,8 +46,8 @@ def rms_norm(x, weight=None, eps: float = 1e-6):
     As transformers' Qwen2RMSNorm: normalise in float32, cast back to the input dtype, then scale.
     (A bf16 run's input dtype is bf16: emulated, the normalised values are rounded to it.)
     """
-    if use_fused() and weight is not None:
-        return ops.rms_norm(x, weight, eps)[0]
+    if use_fused() and weight is not None:  # the kernel takes x and gamma in one dtype
+        return ops.rms_norm(x, as_type(weight, x.dtype), float(eps))[0]
     dtype = x.dtype
     h = as_type(x, ms.float32)
     hidden = h.shape[-1]

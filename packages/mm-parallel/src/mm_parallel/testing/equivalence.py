@@ -193,7 +193,9 @@ def run_cases(spec: ModelSpec, path: str, cases: Dict[str, dict], batch: dict, r
               steps: int = 2):
     """cases: {name: {"layout": ParallelConfig kwargs, "checkpoint": sub-folder of path,
     "precision": fp32 | bf16 | fp16 (applied as the trainer applies it), "tolerance": compare's
-    loss_rtol / rel, ... what spec.build reads}} -> {name: [problems], name + ":names": [parameter
+    loss_rtol / rel, "device": "ascend_stand_ins" (the layout runs the Ascend path on its
+    stand-ins, mm_parallel.testing.device_path; the Ascend calls made land in
+    ``name + ":stand_ins"``), ... what spec.build reads}} -> {name: [problems], name + ":names": [parameter
     names this rank checked], name + ":reference_names": [...]}. One single-process reference per
     (checkpoint, precision, reference_key(case)) — reference_key: the plan choices that change
     which parameters train."""
@@ -211,7 +213,14 @@ def run_cases(spec: ModelSpec, path: str, cases: Dict[str, dict], batch: dict, r
                 plain = {k: v for k, v in case.items() if k not in ("layout", "recompute")}
                 references[key] = train(spec, folder, solo, plain, batch, steps)
             topo = mm_parallel.initialize(ParallelConfig(**case["layout"]))
-            got = train(spec, folder, topo, case, batch, steps)
+            if case.get("device") == "ascend_stand_ins":  # the fused kernels and HCCL calls, on CPU
+                from mm_parallel.testing.device_path import ascend_stand_ins
+
+                with ascend_stand_ins() as calls:
+                    got = train(spec, folder, topo, case, batch, steps)
+                    results[f"{name}:stand_ins"] = sorted(set(calls))
+            else:
+                got = train(spec, folder, topo, case, batch, steps)
             results[name] = compare(got, references[key], **case.get("tolerance", {}))
             results[f"{name}:names"] = sorted(got[1])
             results[f"{name}:reference_names"] = sorted(references[key][1])
