@@ -54,7 +54,7 @@ FOUR = {
 }
 FOUR.update(on_stand_ins(FOUR, ("tp2_ulysses2", "pp2_dp2_zero1")))
 
-FUSED = ("flash_attention_score", "rms_norm", "rotary_position_embedding")
+FUSED = ("flash_attention_score", "rotary_position_embedding")  # q / k norms split over tp sum over it: not the kernel
 HCCL = {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "batch_isend_irecv"}
 
 

@@ -8,9 +8,27 @@ backend is the reference its results are compared with.
 
 from __future__ import annotations
 
+import mindspore as ms
 from mindspore import ops
 
 from mm_parallel.comm.base import Backend
+
+
+def _buffer(shape, dtype):
+    """An output buffer the collective overwrites. bfloat16 ones are cast from float32 zeros:
+    MindSpore's CPU (where this backend runs on its stand-ins) has no bf16 Zeros kernel; on
+    Ascend the cast is one small elementwise op next to the transfer."""
+    if dtype == ms.bfloat16:
+        return ops.zeros(tuple(shape), ms.float32).astype(dtype)
+    return ops.zeros(tuple(shape), dtype)
+
+
+def _copied(x):
+    """A copy of x for an in-place collective: written with copy_, since MindSpore 2.7.2's
+    Tensor.copy() on CPU rounds int32 through float32 (2^31 - 1 came back as -2^31)."""
+    out = _buffer(x.shape, x.dtype)
+    out.copy_(x)
+    return out
 
 
 def _to_front(x, dim):
@@ -38,21 +56,21 @@ class NativeBackend(Backend):
 
     def all_reduce(self, x, group, op):
         dist = self.dist
-        out = x.copy()
+        out = _copied(x)
         dist.all_reduce(out, op=op, group=self.group_name(group))
         return out
 
     def all_gather(self, x, group, dim):
         dist = self.dist
         front = _to_front(x, dim)
-        out = ops.zeros((front.shape[0] * group.size,) + front.shape[1:], x.dtype)
+        out = _buffer((front.shape[0] * group.size,) + front.shape[1:], x.dtype)
         dist.all_gather_into_tensor(out, front, group=self.group_name(group))
         return _from_front(out, dim)
 
     def reduce_scatter(self, x, group, dim, op):
         dist = self.dist
         front = _to_front(x, dim)
-        out = ops.zeros((front.shape[0] // group.size,) + front.shape[1:], x.dtype)
+        out = _buffer((front.shape[0] // group.size,) + front.shape[1:], x.dtype)
         dist.reduce_scatter_tensor(out, front, op=op, group=self.group_name(group))
         return _from_front(out, dim)
 
@@ -60,21 +78,21 @@ class NativeBackend(Backend):
         dist = self.dist
         # all_to_all_single sends the i-th dim-0 chunk to rank i and stacks what arrives on dim 0.
         front = _to_front(x, scatter_dim)
-        out = ops.zeros(front.shape, x.dtype)
+        out = _buffer(front.shape, x.dtype)
         dist.all_to_all_single(out, front, group=self.group_name(group))
         pieces = ops.split(_from_front(out, scatter_dim), x.shape[scatter_dim] // group.size, scatter_dim)
         return ops.concat(pieces, gather_dim)
 
     def all_to_all_v(self, x, group, send_sizes, recv_sizes, all_sizes=None):
         dist = self.dist
-        out = ops.zeros((sum(recv_sizes),) + tuple(x.shape[1:]), x.dtype)
+        out = _buffer((sum(recv_sizes),) + tuple(x.shape[1:]), x.dtype)
         dist.all_to_all_single(out, x.contiguous(), output_split_sizes=list(recv_sizes),
                                input_split_sizes=list(send_sizes), group=self.group_name(group))
         return out
 
     def broadcast(self, x, src, group):
         dist = self.dist
-        out = x.copy()
+        out = _copied(x)
         dist.broadcast(out, src=src, group=self.group_name(group))
         return out
 
@@ -88,7 +106,7 @@ class NativeBackend(Backend):
 
     def recv(self, shape, dtype, src, me):
         dist = self.dist
-        out = ops.zeros(shape, dtype)
+        out = _buffer(shape, dtype)
         dist.recv(out, src=src)
         return out
 
@@ -106,7 +124,7 @@ class NativeBackend(Backend):
         """One isend and one irecv in a batch; peers are global ranks, ``group`` (None: the world)
         the communicator every P2POp of the batch must share."""
         dist = self.dist
-        out = ops.zeros(tuple(recv_shape), x.dtype)
+        out = _buffer(tuple(recv_shape), x.dtype)
         name = None if group is None else self.group_name(group)
         ops_list = [dist.P2POp(dist.isend, x.contiguous(), dst, name), dist.P2POp(dist.irecv, out, src, name)]
         for work in dist.batch_isend_irecv(ops_list):

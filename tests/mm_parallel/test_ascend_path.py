@@ -1,0 +1,203 @@
+"""The Ascend path on CPU: the stand-ins do what MindSpore 2.7's pages say (their own examples, an
+independent numpy attention, the errors the pages name), and every fused branch of mm's kernels
+equals the reference path, forward and backward (fp32). Whole models and the native backend's
+collectives on 2 and 4 processes: test_collectives.py, test_qwen2_5_vl_parallel.py,
+test_wan_parallel.py."""
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor
+
+from mm_parallel import ops as kernels
+from mm_parallel.testing import ascend_kernels as ak
+from mm_parallel.testing.device_path import ascend_stand_ins
+
+RNG = np.random.default_rng(0)
+
+
+def _t(*shape, dtype=ms.float32):
+    return Tensor(RNG.standard_normal(shape).astype(np.float32), dtype)
+
+
+# -- the stand-ins against the pages' own examples -----------------------------------------------
+
+def test_the_documented_examples():
+    q = Tensor(np.ones([2, 4, 64]), dtype=ms.float16)
+    assert ak.flash_attention_score(q, q, q, 4).shape == (2, 4, 64)
+    y, rstd = ak.rms_norm(Tensor(np.array([[1, 2, 3], [1, 2, 3]]), ms.float32), Tensor(np.ones([3]), ms.float32))
+    np.testing.assert_allclose(y.asnumpy(), [[0.46290997, 0.92581993, 1.3887299]] * 2, rtol=1e-6)
+    np.testing.assert_allclose(rstd.asnumpy(), [[0.46290997]] * 2, rtol=1e-6)
+    out = ak.swiglu(Tensor([[-0.12, 0.123, 31.122], [2.1223, 4.1212121217, 0.3123]], dtype=ms.float32), 0)
+    np.testing.assert_allclose(out.asnumpy(), [[-0.11970687, 0.2690224, 9.7194]], rtol=1e-5)
+    x = Tensor(np.random.uniform(-2, 2, (4, 64, 4, 32)), ms.float32)
+    cos = Tensor(np.random.uniform(-1, 1, (1, 64, 1, 32)), ms.float32)
+    assert ak.rotary_position_embedding(x, cos, cos, 0).shape == (4, 64, 4, 32)
+    rows = Tensor(np.array([[0] * 4, [1] * 4, [2] * 4, [2] * 4, [1] * 4, [1] * 4]), ms.float16)
+    gmm = ak.grouped_matmul([rows], [Tensor(np.arange(32).reshape((4, 4, 2)), ms.float16)],
+                            group_list=Tensor([1, 3, 4, 6], ms.int64), split_item=3, group_type=0)
+    np.testing.assert_array_equal(gmm[0].asnumpy(), [[0, 0], [44, 48], [88, 96], [152, 160], [108, 112],
+                                                     [108, 112]])
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: ak.flash_attention_score(*[_t(1, 4, 16)] * 3, 1), TypeError, "Float32"),  # half precision only
+    (lambda: ak.flash_attention_score(*[_t(1, 4, 16, dtype=ms.float16)] * 3, 1, input_layout="BHS"), ValueError,
+     "input_layout"),
+    (lambda: ak.flash_attention_score(*[_t(1, 4, 1, 16, dtype=ms.float16)] * 3, 1, input_layout="BSND",
+                                      sparse_mode=3, attn_mask=Tensor(np.ones((4, 4), bool))), RuntimeError, "2048"),
+    (lambda: ak.rms_norm(_t(2, 4), _t(4, dtype=ms.float16)), TypeError, "same dtype"),
+    (lambda: ak.swiglu(_t(2, 3)), RuntimeError, "divisible by 2"),
+    (lambda: ak.rotary_position_embedding(_t(2, 4, 1, 8), _t(2, 4, 1, 8), _t(2, 4, 1, 8), 1), ValueError, "layout"),
+    (lambda: ak.grouped_matmul([_t(4, 8, dtype=ms.bfloat16)], [_t(2, 8, 3, dtype=ms.bfloat16)],
+                               group_list=Tensor([2, 4], ms.int64), split_item=3, group_type=0), TypeError, "BFloat16"),
+])
+def test_what_the_pages_forbid_is_refused(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+# -- flash_attention_score against numpy -----------------------------------------------------------
+
+def _numpy_attention(q, k, v, dropped, scale):
+    """q (B, N1, S1, D), k / v (B, N2, S2, D), dropped broadcastable to (B, N1, S1, S2)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, 1), np.repeat(v, group, 1)
+    s = np.einsum("bnqd,bnkd->bnqk", q, k) * scale
+    s = np.where(dropped, -np.inf, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("bnqk,bnkd->bnqd", p / p.sum(-1, keepdims=True), v)
+
+
+@pytest.mark.parametrize("sparse_mode, pre, nxt", [(0, 1, 0), (2, 0, 0), (3, 0, 0), (4, 2, 1)])
+@pytest.mark.parametrize("layout", ["BSND", "BNSD", "BSH", "SBH"])
+def test_flash_attention_layouts_and_sparse_modes(layout, sparse_mode, pre, nxt):
+    b, n1, n2, s1, s2, d = 2, 4, 2, 5, 7, 16
+    q, k, v = (RNG.standard_normal(shape).astype(np.float32) for shape in
+               [(b, n1, s1, d), (b, n2, s2, d), (b, n2, s2, d)])
+    i, j = np.arange(s1)[:, None], np.arange(s2)[None, :]
+    user = RNG.random((b, 1, s1, s2)) < 0.2
+    user[..., 0] = False  # every row keeps a key
+    if sparse_mode == 0:
+        dropped, mask = user | (j - i > nxt) | (j - i < -pre), Tensor(user.astype(np.uint8))
+    else:
+        shift = 0 if sparse_mode == 2 else s2 - s1
+        dropped = (j - i - shift > nxt) | (j - i - shift < -pre) if sparse_mode == 4 else (j > i + shift)
+        mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
+    want = _numpy_attention(q, k, v, dropped, 0.3)
+    into = {"BNSD": lambda a: a, "BSND": lambda a: a.transpose(0, 2, 1, 3),
+            "BSH": lambda a: a.transpose(0, 2, 1, 3).reshape(a.shape[0], a.shape[2], -1),
+            "SBH": lambda a: a.transpose(2, 0, 1, 3).reshape(a.shape[2], a.shape[0], -1)}[layout]
+    out = ak.flash_attention_score(*(Tensor(into(a), ms.float16) for a in (q, k, v)), n1, attn_mask=mask,
+                                   scalar_value=0.3, pre_tokens=pre, next_tokens=nxt, input_layout=layout,
+                                   sparse_mode=sparse_mode)
+    np.testing.assert_allclose(out.astype(ms.float32).asnumpy(), into(want), atol=5e-3)
+
+
+def test_flash_attention_packed_tnd_and_dropout():
+    n, d, lens = 2, 16, [3, 5, 2]
+    q, k, v = (RNG.standard_normal((sum(lens), n, d)).astype(np.float32) for _ in range(3))
+    ends = np.cumsum(lens).tolist()
+    out = ak.flash_attention_score(*(Tensor(a, ms.float16) for a in (q, k, v)), n, actual_seq_qlen=ends,
+                                   actual_seq_kvlen=ends, scalar_value=0.25, input_layout="TND", next_tokens=0,
+                                   attn_mask=Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1)), sparse_mode=3)
+    start = 0
+    for length in lens:
+        part = slice(start, start + length)
+        causal = np.arange(length)[None, :] > np.arange(length)[:, None]
+        want = _numpy_attention(*(a[part].transpose(1, 0, 2)[None] for a in (q, k, v)), causal, 0.25)
+        np.testing.assert_allclose(out[part].astype(ms.float32).asnumpy(), want[0].transpose(1, 0, 2), atol=5e-3)
+        start += length
+    # dropout from a given mask: bit k of byte m keeps pair 8 m + k, kept probabilities scaled by 1 / keep_prob
+    qb, kb, vb = (RNG.standard_normal(shape).astype(np.float32) for shape in [(1, 1, 2, 16), (1, 1, 8, 16),
+                                                                                (1, 1, 8, 16)])
+    bits = RNG.random((1, 1, 2, 8)) < 0.5
+    packed = np.packbits(bits, axis=-1, bitorder="little")
+    got = ak.flash_attention_score(*(Tensor(a, ms.float16) for a in (qb, kb, vb)), 1, drop_mask=Tensor(packed),
+                                   keep_prob=0.5, input_layout="BNSD")
+    s = np.einsum("bnqd,bnkd->bnqk", qb, kb)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = np.einsum("bnqk,bnkd->bnqd", p / p.sum(-1, keepdims=True) * bits / 0.5, vb)
+    np.testing.assert_allclose(got.astype(ms.float32).asnumpy(), want, atol=5e-3)
+
+
+# -- mm's fused branches against the reference path -----------------------------------------------
+
+def _value_and_grads(fn, inputs):
+    return ms.value_and_grad(lambda *xs: (fn(*xs) * _WEIGHTS[tuple(fn(*xs).shape)]).sum(),
+                             tuple(range(len(inputs))))(*inputs)
+
+
+_WEIGHTS = {}
+
+
+def _both_paths(fn, inputs, expect_calls):
+    """fn's weighted sum and input gradients on the reference path and on the stand-ins."""
+    out_shape = tuple(fn(*inputs).shape)
+    _WEIGHTS[out_shape] = Tensor(RNG.standard_normal(out_shape).astype(np.float32))
+    want = _value_and_grads(fn, inputs)
+    with ascend_stand_ins() as calls:
+        got = _value_and_grads(fn, inputs)
+        assert set(expect_calls) <= set(calls), calls
+    for a, b in zip([got[0]] + list(got[1]), [want[0]] + list(want[1])):
+        np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-5)
+
+
+B, S, H, KV, D = 2, 6, 4, 2, 16
+_KEEP = np.ones((B, S), np.int32)
+_KEEP[0, :2], _KEEP[1, 4:] = 0, 0  # left padding in one sample, right in the other
+
+
+@pytest.mark.parametrize("case", [
+    {}, {"causal": True}, {"key_padding_mask": _KEEP}, {"key_padding_mask": _KEEP, "causal": True},
+    {"segment_ids": np.array([[0, 0, 1, 1, 1, 2]] * B)},
+    {"segment_ids": np.array([[0, 0, 1, 1, 1, 2]]), "causal": True},
+    {"segment_ids": np.array([[0, 1, 0, 1, 1, 2]] * B)},  # not contiguous runs: the full mask
+], ids=["full", "causal", "padding", "padding_causal", "packed", "packed_causal", "interleaved_segments"])
+def test_fused_attention_equals_the_reference_path(case):
+    case = {k: Tensor(v.astype(np.int32)) for k, v in case.items() if k != "causal"} | (
+        {"causal": True} if case.get("causal") else {})
+    _both_paths(lambda q, k, v: kernels.attention(q, k, v, **case), [_t(B, S, H, D), _t(B, S, KV, D), _t(B, S, KV, D)],
+                ["flash_attention_score"])
+
+
+def test_float32_attention_stays_on_the_reference_path_without_the_widening():
+    q = _t(1, 4, 2, 16)
+    with ascend_stand_ins(float32=False) as calls:
+        kernels.attention(q, q, q, causal=True)
+    assert "flash_attention_score" not in calls
+
+
+@pytest.mark.parametrize("interleaved, batch_tables, rot", [(False, False, 16), (False, True, 8), (True, False, 16),
+                                                             (True, True, 16)])
+def test_fused_rotary_equals_the_reference_path(interleaved, batch_tables, rot):
+    cos, sin = (_t(*((B,) if batch_tables else ()), S, rot) for _ in range(2))
+    # the kernel takes interleaved tables shared by the batch only: per-sample ones stay on the reference path
+    expect = [] if interleaved and batch_tables else ["rotary_position_embedding"]
+    _both_paths(lambda x: kernels.apply_rotary(x, cos, sin, interleaved), [_t(B, S, H, D)], expect)
+
+
+def test_fused_norms_and_swiglu_equal_the_reference_path():
+    weight = _t(D)
+    _both_paths(lambda x: kernels.rms_norm(x, weight, 1e-6), [_t(B, S, D)], ["rms_norm"])
+    _both_paths(lambda g, u: kernels.swiglu(g, u), [_t(B, S, D), _t(B, S, D)], ["swiglu"])
+    _both_paths(lambda gu: kernels.swiglu(gu), [_t(B, S, 2 * D)], ["swiglu"])
+    _both_paths(lambda x: kernels.layer_norm(x, weight, weight, 1e-5), [_t(B, S, D)], [])
+
+
+def test_a_failed_group_creation_names_the_ranks_and_backend():
+    """new_group returns "" on failure (its page); the backend raises instead of caching the name."""
+    from mm_parallel.comm.native import NativeBackend
+    from mm_parallel.testing import hccl
+    from mm_parallel.topology import Group
+
+    class Calls:
+        @staticmethod
+        def new_group(ranks, backend=None):
+            return ""
+
+    with pytest.raises(RuntimeError, match=r"hccl communication group of ranks \[0, 1\] failed"):
+        NativeBackend(Calls).group_name(Group((0, 1), 0, "tp"))
+    assert hccl.P2POp(hccl.isend, Tensor([1.0]), 1).op == "isend"
+    with pytest.raises(NotImplementedError, match="tag"):
+        hccl.P2POp("irecv", Tensor([1.0]), 1, tag=3)
