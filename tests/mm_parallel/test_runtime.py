@@ -1,6 +1,7 @@
 """Custom-bprop Cells get their bprop called on every backward once mm_parallel is imported
 (MindSpore 2.7.2 skips some under asynchronous launch: see mm_parallel.runtime)."""
 
+import json
 import subprocess
 import sys
 
@@ -47,11 +48,38 @@ def test_custom_bprop_runs_on_every_step():
     assert out.stdout.split()[-4:] == ["wrong", "0", "calls", "1200"], out.stdout
 
 
-def test_blocking_launch_choice(monkeypatch):
+def test_device_choice():
+    none, some = (lambda: False), (lambda: True)
+    assert runtime.chosen_device("auto", {}, none) == ("CPU", "train.device=auto: MindSpore reports no Ascend")
+    assert runtime.chosen_device("auto", {}, some) == ("Ascend", "train.device=auto: MindSpore reports Ascend")
+    assert runtime.chosen_device("ascend", {"MM_DEVICE": "cpu"}, some) == ("CPU", "MM_DEVICE=cpu")
+    with pytest.raises(ValueError, match="cannot run on Ascend .* or set train.device to cpu / auto"):
+        runtime.chosen_device("ascend", {}, none)
+    with pytest.raises(ValueError, match="MM_DEVICE='npu' is not a device; use one of auto, cpu, ascend"):
+        runtime.chosen_device("cpu", {"MM_DEVICE": "npu"}, some)
+    assert runtime.decisions["device"].startswith("device CPU (")  # import mm_parallel chose and said it
+
+
+def test_launch_mode_follows_the_self_check(monkeypatch, tmp_path):
+    monkeypatch.setenv("MM_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("MM_LAUNCH_BLOCKING", raising=False)
-    assert runtime.wants_blocking_launch()  # CPU
-    monkeypatch.setenv("MM_LAUNCH_BLOCKING", "0")
-    assert not runtime.wants_blocking_launch()
+    assert runtime.launch_mode("CPU")[0] and not runtime.launch_mode("Ascend")[0]  # unchecked
+    for target, passed in (("CPU", True), ("Ascend", False)):
+        runtime._cache_file(target).parent.mkdir(parents=True, exist_ok=True)
+        runtime._cache_file(target).write_text(json.dumps({"passed": passed, "wrong": 0 if passed else 7,
+                                                           "steps": 300}))
+    assert runtime.launch_mode("CPU") == (False, "self-check on CPU: 0 of 300 steps wrong under asynchronous launch")
+    assert runtime.launch_mode("Ascend")[0]
+    monkeypatch.setenv("MM_LAUNCH_BLOCKING", "1")
+    assert runtime.launch_mode("CPU") == (True, "MM_LAUNCH_BLOCKING=1")
     monkeypatch.setenv("MM_LAUNCH_BLOCKING", "yes")
     with pytest.raises(ValueError, match="must be 0 or 1"):
-        runtime.wants_blocking_launch()
+        runtime.launch_mode("CPU")
+
+
+def test_the_self_check_finds_the_skipped_bprops_on_cpu():
+    """What mm-train runs once per device: the loop above with asynchronous launch, in a fresh
+    process. On this CPU it fails (so blocking launch is chosen); the count is what it measured."""
+    result = runtime.self_check("CPU", save=False)
+    assert not result["passed"] and result["steps"] == 300, result
+    assert result["wrong"] > 0 or result["calls"] < 1200, result

@@ -88,6 +88,11 @@ def test_the_default_trains_the_same_under_dp2_tp2_pp2_and_cp2(tmp_path, run_dis
     assert any(line.startswith("step     4/4 [") for line in lines), result.stderr[-2000:]
     assert any(line.startswith("loss ") and "in 4 steps" in line for line in lines), result.stderr[-2000:]
     assert "\r" not in result.stderr and "WARNING" not in result.stderr
+    # the device and launch mode, said once by the launcher (mm_parallel.runtime): blocking on this CPU,
+    # where the self-check finds asynchronous launch skipping custom bprops
+    said = [line for line in lines if line.startswith("mm-train: device ")]
+    assert len(said) == 1 and said[0].startswith("mm-train: device CPU (train.device=auto: MindSpore reports no "
+                                                 "Ascend); blocking launch (self-check on CPU: "), said
     assert got["single"][-1] < got["single"][0]
     for name in got:
         assert got[name] == pytest.approx(got["single"], rel=1e-4), (name, got)
@@ -98,6 +103,12 @@ def test_the_default_trains_the_same_under_dp2_tp2_pp2_and_cp2(tmp_path, run_dis
     assert "![00000.png](image_0.png)" in page and (tmp_path / "single" / "samples" / "step_4" / "image_0.png").exists()
     for name in ("tp2", "pp2", "cp2_ulysses"):  # the cache's decoding (tp2), whole passes per token (pp2, cp2)
         assert (tmp_path / name / "samples" / "step_4" / "answers.md").read_text() == page, name
+
+
+def test_a_device_this_mindspore_cannot_run_is_refused(tmp_path):
+    result = mm_train("run", "--set", "train.device=ascend", data=tmp_path / "data")
+    assert result.returncode == 2 and "train.device=ascend, but this MindSpore cannot run on Ascend" in result.stderr
+    assert not (tmp_path / "data").exists()
 
 
 def test_a_layout_the_processes_cannot_hold_is_refused_before_launch(tmp_path):

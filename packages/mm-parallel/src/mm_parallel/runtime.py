@@ -1,40 +1,186 @@
-"""Runtime settings mm-parallel needs for correct gradients.
+"""Process settings decided before the first MindSpore op: the device, and blocking launch.
 
-Measured on MindSpore 2.7.2 CPU (PyNative, asynchronous op launch, the default): a Cell's custom
-``bprop`` is sometimes skipped while the backward runs. A loop of 300 steps through four
-identity Cells whose bprop doubles the gradient got 13-36 steps wrong in a single process; on
-several processes the ranks then issue different backward collectives, so all-reduces pair
-unrelated tensors (silently wrong sums) or fail ("AllReduce failed", "Memcpy error"). Every
-communication region (`mm_parallel.mappings`) is such a Cell. With blocking launch
-(``mindspore.runtime.launch_blocking()``) the same loops are exact, and on CPU they also run
-4-5x faster (no dispatch threads competing for the cores).
+Device. ``train.device`` / ``MM_DEVICE`` (the environment wins): ``auto`` takes Ascend when
+MindSpore reports it (``mindspore.device_context.ascend.is_available()``), else CPU; ``ascend``
+on a MindSpore without it is an error saying what to install. `select_device` sets it once and
+says how it was chosen (`decisions`).
 
-The setting only takes effect before the process runs its first op (measured: switched on
-after five steps, later steps still went wrong), so ``import mm_parallel`` switches it on, on
-CPU; import mm_parallel before running any MindSpore op. On Ascend launch stays asynchronous
-(blocking costs the device its overlap; the fault was not measured there): set
-``MM_LAUNCH_BLOCKING=1`` to force blocking launch on any device, ``MM_LAUNCH_BLOCKING=0`` to keep
-any device asynchronous.
+Launch mode. Measured on MindSpore 2.7.2 CPU (PyNative, asynchronous op launch, the default): a
+Cell's custom ``bprop`` is sometimes skipped while the backward runs. A loop of 300 steps through
+four identity Cells whose bprop doubles the gradient got 13-36 steps wrong in a single process;
+on several processes the ranks then issue different backward collectives, so all-reduces pair
+unrelated tensors (silently wrong sums) or fail. Every communication region
+(`mm_parallel.mappings`) is such a Cell. With blocking launch
+(``mindspore.runtime.launch_blocking()``) the same loops are exact, and on CPU 4-5x faster.
+
+Whether the device has the fault is found by `self_check`: that loop, run in a fresh process
+with asynchronous launch on the device (mm-train runs it once per device and MindSpore version,
+before it starts any worker; the result is kept in ``$MM_CACHE_DIR`` or ``~/.cache/mm``).
+Blocking launch is chosen where the check failed, asynchronous where it passed (blocking costs a
+device its overlap), blocking on CPU until checked (the measurement above), asynchronous on an
+unchecked Ascend. ``MM_LAUNCH_BLOCKING=1`` / ``0`` forces either. The setting only takes effect
+before the process runs its first op (measured: switched on after five steps, later steps still
+went wrong), so ``import mm_parallel`` applies it: import mm_parallel before running any op.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, Mapping, Optional, Tuple
 
 import mindspore as ms
+
+DEVICES = ("auto", "cpu", "ascend")
+_TARGETS = {"cpu": "CPU", "ascend": "Ascend"}
+SELF_CHECK_STEPS = 300
+decisions: Dict[str, str] = {}  # {"device": how it was chosen, "launch": which mode and why}
+
+
+def ascend_available() -> bool:
+    """Whether this MindSpore can run on Ascend (CANN installed and MindSpore reporting a device).
+    Without CANN (no ASCEND_HOME_PATH / ASCEND_TOOLKIT_HOME, no /usr/local/Ascend) MindSpore is not
+    asked: asking logs a failed library load on every import."""
+    if not (os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
+            or os.path.isdir("/usr/local/Ascend")):
+        return False
+    try:
+        import mindspore.device_context.ascend as ascend
+
+        return bool(ascend.is_available())
+    except Exception:  # noqa: BLE001 - a build without the module has no Ascend
+        return False
+
+
+def chosen_device(setting: str = "auto", environ: Mapping[str, str] = os.environ,
+                  available=ascend_available) -> Tuple[str, str]:
+    """(MindSpore device target, how it was chosen) for a ``train.device`` setting; ``MM_DEVICE``
+    in the environment overrides it."""
+    source = "train.device"
+    if environ.get("MM_DEVICE"):
+        setting, source = environ["MM_DEVICE"], "MM_DEVICE"
+    if setting not in DEVICES:
+        raise ValueError(f"{source}={setting!r} is not a device; use one of {', '.join(DEVICES)}")
+    if setting == "auto":
+        if available():
+            return "Ascend", f"{source}=auto: MindSpore reports Ascend"
+        return "CPU", f"{source}=auto: MindSpore reports no Ascend"
+    if setting == "ascend" and not available():
+        raise ValueError(f"{source}=ascend, but this MindSpore cannot run on Ascend (install MindSpore 2.7.2's "
+                           "Ascend build with its CANN, check that `npu-smi info` lists the devices), or set "
+                           f"{source} to cpu / auto")
+    return _TARGETS[setting], f"{source}={setting}"
+
+
+def select_device(setting: str = "auto", environ: Mapping[str, str] = os.environ) -> str:
+    """Set MindSpore's device from the setting (before any op); returns the target."""
+    target, why = chosen_device(setting, environ)
+    if ms.get_context("device_target") != target:
+        ms.set_device(target)
+    decisions["device"] = f"device {target} ({why})"
+    return target
+
+
+def _cache_file(target: str) -> Path:
+    root = Path(os.environ.get("MM_CACHE_DIR") or Path.home() / ".cache" / "mm")
+    return root / f"launch_self_check-{target}-mindspore{ms.__version__}.json"
+
+
+def cached_self_check(target: str) -> Optional[dict]:
+    try:
+        return json.loads(_cache_file(target).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def launch_mode(target: str, environ: Mapping[str, str] = os.environ) -> Tuple[bool, str]:
+    """(blocking, why) for a process on ``target``; see the module docstring."""
+    forced = environ.get("MM_LAUNCH_BLOCKING")
+    if forced in ("0", "1"):
+        return forced == "1", f"MM_LAUNCH_BLOCKING={forced}"
+    if forced:
+        raise ValueError(f"MM_LAUNCH_BLOCKING must be 0 or 1, got {forced!r}")
+    check = cached_self_check(target)
+    if check is not None:
+        return not check["passed"], (f"self-check on {target}: {check['wrong']} of {check['steps']} steps wrong "
+                                     "under asynchronous launch")
+    if target == "CPU":
+        return True, "unchecked on CPU: asynchronous launch skips custom bprops there (measured, DESIGN §4)"
+    return False, f"unchecked on {target}: asynchronous (run mm-train once, or `mm-train doctor`, to check)"
 
 
 def wants_blocking_launch() -> bool:
     """Whether this process should launch ops synchronously (see the module docstring)."""
-    forced = os.environ.get("MM_LAUNCH_BLOCKING")
-    if forced in ("0", "1"):
-        return forced == "1"
-    if forced:
-        raise ValueError(f"MM_LAUNCH_BLOCKING must be 0 or 1, got {forced!r}")
-    return ms.get_context("device_target") == "CPU"
+    return launch_mode(ms.get_context("device_target"))[0]
 
 
-def configure():
-    """Turn on blocking launch where `wants_blocking_launch` says so (called by ``import mm_parallel``)."""
-    if wants_blocking_launch():
+def configure(device: str = "auto"):
+    """Select the device (MM_DEVICE, else ``device``) and the launch mode; called by ``import
+    mm_parallel``, again by mm-train once the recipe is read (no op has run yet)."""
+    target = select_device(device)
+    blocking, why = launch_mode(target)
+    if blocking and not decisions.get("launch", "").startswith("blocking"):  # once per process
         ms.runtime.launch_blocking()
+    decisions["launch"] = f"{'blocking' if blocking else 'asynchronous'} launch ({why})"
+    return decisions
+
+
+# Four identity Cells whose bprop doubles the gradient: each of `steps` steps must equal the
+# numpy gradient. Printed: "wrong W calls C" (C = 4 x steps when no bprop was skipped).
+_LOOP = """
+import os, sys
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+ms.set_device(sys.argv[1])
+steps = int(sys.argv[2])
+calls = []
+
+class Doubling(nn.Cell):
+    def construct(self, x):
+        return x
+
+    def bprop(self, x, out, dout):
+        calls.append(1)
+        return (dout * 2,)
+
+rng = np.random.default_rng(0)
+ws = [rng.standard_normal((8, 16 + 8 * i)).astype(np.float32) for i in range(4)]
+x0 = rng.standard_normal((4, 8)).astype(np.float32)
+weights = [Parameter(Tensor(w), name=f"w{i}") for i, w in enumerate(ws)]
+
+def loss(x):
+    return sum((ops.matmul(Doubling()(x), w) ** 2).sum() for w in weights)
+
+grad = ms.grad(loss)
+want = sum(4 * (x0 @ w) @ w.T for w in ws)
+wrong = sum(not np.allclose(grad(Tensor(x0)).asnumpy(), want, rtol=1e-5) for _ in range(steps))
+print("wrong", wrong, "calls", len(calls))
+"""
+
+
+def self_check(target: str, steps: int = SELF_CHECK_STEPS, timeout: float = 600.0, save: bool = True) -> dict:
+    """Run the skipped-bprop loop in a fresh process with asynchronous launch on ``target``;
+    returns {"passed", "wrong", "steps", "calls", "seconds", "target"} (and keeps it for
+    `launch_mode` when ``save``)."""
+    env = dict(os.environ, MM_LAUNCH_BLOCKING="0", GLOG_v="3")
+    start = time.time()
+    out = subprocess.run([sys.executable, "-c", _LOOP, target, str(steps)], capture_output=True, text=True,
+                         timeout=timeout, env=env)
+    words = out.stdout.split()[-4:]
+    if out.returncode != 0 or len(words) != 4 or words[0] != "wrong":
+        raise RuntimeError(f"the launch-mode self-check failed to run on {target}: {out.stderr[-1500:]}")
+    wrong, calls = int(words[1]), int(words[3])
+    result = {"passed": wrong == 0 and calls == 4 * steps, "wrong": wrong, "calls": calls, "steps": steps,
+              "seconds": round(time.time() - start, 1), "target": target, "mindspore": ms.__version__}
+    if save:
+        path = _cache_file(target)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, path)
+    return result

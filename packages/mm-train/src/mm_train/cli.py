@@ -106,6 +106,7 @@ def _run(args) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     in_launch = "RANK_ID" in os.environ  # a worker msrun started
+    settle_runtime(recipe, in_launch)
     if not in_launch:  # refused here, before any process starts
         check_layout(recipe, args.nproc)
         check_before_launch(recipe)
@@ -124,6 +125,22 @@ def _run(args) -> int:
         print(f"loss {first:.4f} -> {last:.4f} in {len(metrics)} steps; metrics in "
               f"{os.path.join(recipe.output_dir, 'metrics.jsonl')}{skipped}", file=sys.stderr)
     return 0
+
+
+def settle_runtime(recipe, in_launch: bool) -> None:
+    """Device and launch mode before any op runs (mm_parallel.runtime): the recipe's train.device
+    (MM_DEVICE overrides it; every worker reads the recipe too), the launch-mode self-check run
+    once per device and MindSpore version by the launcher, then both applied and said once."""
+    from mm_parallel import runtime
+
+    target, _ = runtime.chosen_device(recipe.train.device)
+    if not in_launch and not os.environ.get("MM_LAUNCH_BLOCKING") and runtime.cached_self_check(target) is None:
+        print(f"mm-train: checking asynchronous launch on {target} once (custom bprops, "
+              f"{runtime.SELF_CHECK_STEPS} steps) ...", file=sys.stderr)
+        runtime.self_check(target)
+    decisions = runtime.configure(recipe.train.device)
+    if not in_launch:
+        print(f"mm-train: {decisions['device']}; {decisions['launch']}", file=sys.stderr)
 
 
 def _worker_argv(args, world: int) -> List[str]:
@@ -211,6 +228,7 @@ def _launch_node(args) -> int:
     from mm_train.run_folder import check_unclaimed
 
     recipe = load_recipe(args.recipe, args.overrides)
+    settle_runtime(recipe, in_launch=False)  # each node's launcher checks its own devices
     check_layout(recipe, args.nnodes * args.nproc_per_node)
     check_before_launch(recipe)
     refuse_unfitting(recipe, args.nnodes, args.nproc_per_node, args.force)

@@ -86,6 +86,8 @@ class TrainSection:
     grad_dtype: str = "fp32"  # what micro-batch gradients are summed in: fp32 (Megatron's main_grad) or bf16
     # a collective waiting this long during a step stops the run, naming the rank that never came (0: never)
     collective_timeout: float = 600.0
+    # auto | cpu | ascend (MM_DEVICE in the environment overrides it; mm_parallel.runtime)
+    device: str = "auto"
 
     def __post_init__(self):
         for name in ("steps", "global_batch_size", "micro_batch_size", "log_every", "max_nonfinite_steps"):
@@ -94,6 +96,8 @@ class TrainSection:
         if self.collective_timeout < 0:
             raise ValueError(f"train.collective_timeout must be >= 0 seconds (0: no timeout), "
                              f"got {self.collective_timeout}")
+        if self.device not in ("auto", "cpu", "ascend"):
+            raise ValueError(f"train.device must be auto, cpu or ascend, got {self.device!r}")
         if self.precision not in ("bf16", "fp16", "fp32"):
             raise ValueError(f"train.precision must be bf16, fp16 or fp32, got {self.precision!r}")
         if self.grad_dtype not in ("fp32", self.precision):
