@@ -35,3 +35,31 @@ def test_ascend_peaks_follow_the_cube_arithmetic():
     assert ascend_cube_peak_flops(32, 1.0) == 32 * 1e9 * 8192
     with pytest.raises(ValueError, match="known"):
         peak_flops("ascend-910b2", "fp8")
+
+
+def test_the_peak_and_memory_follow_the_device():
+    """On Ascend MFU is against the chip's table peak at the run's precision and memory is the
+    device allocator's peaks (the calls recorded on a stand-in of mindspore.runtime); on CPU the
+    host's measured rate and peak RSS."""
+    from mm_profiling.throughput import PEAK_FLOPS, step_memory_bytes, step_peak_flops
+
+    assert step_peak_flops("Ascend", "Ascend-910B2", "bf16") == PEAK_FLOPS["ascend-910b2", "bf16"] == 24 * 1.8e9 * 8192
+    assert step_peak_flops("Ascend", "ascend-910b2", "fp32") is None  # no Cube fp32 peak known: no MFU
+    assert step_peak_flops("CPU", "ascend-910b2", "bf16") > 1e9  # measured here
+
+    calls = []
+
+    class Runtime:  # mindspore.runtime's allocator statistics, as documented: bytes as int
+        def max_memory_allocated(self):
+            calls.append("allocated")
+            return 3 << 30
+
+        def max_memory_reserved(self):
+            calls.append("reserved")
+            return 4 << 30
+
+    assert step_memory_bytes("Ascend", Runtime()) == {"bytes": 3 << 30, "reserved_bytes": 4 << 30,
+                                                      "source": "device_allocator"}
+    assert calls == ["allocated", "reserved"]
+    host = step_memory_bytes("CPU")
+    assert host["source"] == "host_rss" and host["bytes"] > 50 << 20

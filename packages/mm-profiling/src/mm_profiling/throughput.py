@@ -9,7 +9,9 @@ Counts are this data-parallel replica's (every tp / cp / pp rank of a replica se
 samples); cluster figures multiply by the number of replicas. Tokens are real ones, padded ones
 are counted separately. MFU = FLOPs the cluster did in the step / (seconds x peak x world size).
 The peak is per device: measured on the host for CPU runs (`host_peak_flops`); on Ascend from
-`PEAK_FLOPS` or `ascend_cube_peak_flops(ai_cores, clock_ghz)` for the chip you run on.
+`PEAK_FLOPS` or `ascend_cube_peak_flops(ai_cores, clock_ghz)` for the chip you run on
+(`step_peak_flops` picks by device target; `step_memory_bytes` reads the device allocator's peaks
+on Ascend, the host's peak RSS elsewhere).
 """
 
 from __future__ import annotations
@@ -63,6 +65,30 @@ def host_peak_flops(size: int = 1024, repeats: int = 5) -> float:
         matmul(a, b).asnumpy()
         best = min(best, time.perf_counter() - start)
     return 2.0 * size ** 3 / best
+
+
+def step_peak_flops(target: str, device: str, dtype: str) -> Optional[float]:
+    """The per-device peak MFU is measured against: on Ascend the chip's (``device`` names a
+    `PEAK_FLOPS` entry, mm-train's cluster.device, e.g. ascend-910b2) at the run's precision;
+    elsewhere the host's measured float32 matmul rate. None (no MFU) for a chip or dtype without a
+    known peak: the run goes on, the caller says why once."""
+    if target != "Ascend":
+        return host_peak_flops()
+    return PEAK_FLOPS.get((device.lower(), dtype.lower()))
+
+
+def step_memory_bytes(target: str, runtime=None) -> Dict[str, int]:
+    """This process's memory for metrics: on Ascend the device allocator's peaks
+    (``max_memory_allocated`` / ``max_memory_reserved`` of mindspore.runtime, or ``runtime``),
+    elsewhere the host's peak RSS (the CPU's device memory is the host's)."""
+    if target != "Ascend":
+        return {"bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "source": "host_rss"}
+    if runtime is None:
+        import mindspore as ms
+
+        runtime = ms.runtime
+    return {"bytes": int(runtime.max_memory_allocated()), "reserved_bytes": int(runtime.max_memory_reserved()),
+            "source": "device_allocator"}
 
 
 def memory() -> Dict[str, int]:

@@ -216,12 +216,26 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
         low_precision.set_compute_dtype(before)
 
 
+def _peak_flops(recipe):
+    """The device peak MFU is reported against (mm_profiling.throughput.step_peak_flops): the
+    host's measured rate on CPU, cluster.device's table entry on Ascend (none known: no MFU)."""
+    import mindspore as ms
+    from mm_profiling.throughput import step_peak_flops
+
+    target = ms.get_context("device_target")
+    peak = step_peak_flops(target, recipe.cluster.device, recipe.train.precision)
+    if peak is None:
+        print(f"mm-train: no peak FLOP/s for cluster.device={recipe.cluster.device!r} at {recipe.train.precision} "
+              "(mm_profiling.throughput.PEAK_FLOPS): MFU is not reported", file=sys.stderr)
+    return peak
+
+
 def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[Dict]:
     import mindspore as ms
 
     import mm_parallel
     from mm_parallel import comm
-    from mm_profiling.throughput import Throughput, host_peak_flops, memory
+    from mm_profiling.throughput import Throughput, step_memory_bytes, step_peak_flops
 
     topo = mm_parallel.initialize(recipe.parallel)
     check_layout(recipe, topo.world_size)
@@ -267,7 +281,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
             batches = next(stream)
             if meter is None:
                 meter = Throughput(flops_per_sample=TRAIN_FLOPS_FACTOR * task.flops_per_sample(chunks[0], batches[0]),
-                                   peak_flops=host_peak_flops(), world_size=topo.world_size, dp_size=topo.dp.size)
+                                   peak_flops=_peak_flops(recipe), world_size=topo.world_size, dp_size=topo.dp.size)
             tokens = sum(task.tokens(b) for b in batches)
             batches = [task.model_inputs(b) for b in batches]
             losses, grads = _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer,
@@ -295,7 +309,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
             speed = meter.record(seconds, samples=global_batch // topo.dp.size, tokens=tokens // topo.dp.size)
             row = {"step": step + 1, "loss": _finite(loss), "grad_norm": _finite(stats["grad_norm"]), "lr": stats["lr"],
                    "samples_per_s": speed["cluster_samples_per_s"], "tokens_per_s": speed["cluster_tokens_per_s"],
-                   "mfu": speed["mfu"], "mem_bytes": memory()["peak_host_rss_bytes"], "skipped": stats["skipped"]}
+                   "mfu": speed["mfu"], "mem_bytes": step_memory_bytes(ms.get_context("device_target"))["bytes"], "skipped": stats["skipped"]}
             if optimizer.config.dynamic_loss_scale or optimizer.loss_scale != 1.0:
                 row["loss_scale"] = stats.get("loss_scale", optimizer.loss_scale)
                 row["skipped_total"] = skipped_total
