@@ -99,6 +99,7 @@ def _recipes(args) -> int:
 
 
 def _run(args) -> int:
+    from mm_parallel import runtime
     from mm_train.plan import refuse_unfitting
     from mm_train.preflight import check_before_launch
     from mm_train.recipe import check_layout, load_recipe
@@ -106,12 +107,13 @@ def _run(args) -> int:
 
     recipe = load_recipe(args.recipe, args.overrides)
     in_launch = "RANK_ID" in os.environ  # a worker msrun started
-    settle_runtime(recipe, in_launch)
+    runtime.chosen_device(recipe.train.device)  # a device this MindSpore cannot run: refused first
     if not in_launch:  # refused here, before any process starts
         check_layout(recipe, args.nproc)
         check_before_launch(recipe)
         refuse_unfitting(recipe, 1, args.nproc, args.force)
         check_unclaimed(recipe.output_dir, args.resume or bool(args.resume_from), args.overwrite)
+    settle_runtime(recipe, in_launch)
     if args.nproc > 1 and not in_launch:
         return _launch(args)
     from mm_train import loop
@@ -228,11 +230,11 @@ def _launch_node(args) -> int:
     from mm_train.run_folder import check_unclaimed
 
     recipe = load_recipe(args.recipe, args.overrides)
-    settle_runtime(recipe, in_launch=False)  # each node's launcher checks its own devices
     check_layout(recipe, args.nnodes * args.nproc_per_node)
     check_before_launch(recipe)
     refuse_unfitting(recipe, args.nnodes, args.nproc_per_node, args.force)
     check_unclaimed(recipe.output_dir, args.resume or bool(args.resume_from), args.overwrite)
+    settle_runtime(recipe, in_launch=False)  # each node's launcher checks its own devices
     return _launch(args, args.nnodes, args.node_rank, args.master_addr, args.master_port, args.cluster_timeout)
 
 

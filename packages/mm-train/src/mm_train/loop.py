@@ -220,6 +220,7 @@ def _peak_flops(recipe):
     """The device peak MFU is reported against (mm_profiling.throughput.step_peak_flops): the
     host's measured rate on CPU, cluster.device's table entry on Ascend (none known: no MFU)."""
     import mindspore as ms
+
     from mm_profiling.throughput import step_peak_flops
 
     target = ms.get_context("device_target")
@@ -235,9 +236,10 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
 
     import mm_parallel
     from mm_parallel import comm
-    from mm_profiling.throughput import Throughput, step_memory_bytes, step_peak_flops
+    from mm_profiling.throughput import Throughput, step_memory_bytes
 
     topo = mm_parallel.initialize(recipe.parallel)
+    device_target = ms.get_context("device_target")
     check_layout(recipe, topo.world_size)
     ms.set_seed(recipe.train.seed)
     task = (make_task or recipe.family.task_class())(recipe, topo)
@@ -309,7 +311,8 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
             speed = meter.record(seconds, samples=global_batch // topo.dp.size, tokens=tokens // topo.dp.size)
             row = {"step": step + 1, "loss": _finite(loss), "grad_norm": _finite(stats["grad_norm"]), "lr": stats["lr"],
                    "samples_per_s": speed["cluster_samples_per_s"], "tokens_per_s": speed["cluster_tokens_per_s"],
-                   "mfu": speed["mfu"], "mem_bytes": step_memory_bytes(ms.get_context("device_target"))["bytes"], "skipped": stats["skipped"]}
+                   "mfu": speed["mfu"], "mem_bytes": step_memory_bytes(device_target)["bytes"],
+                   "skipped": stats["skipped"]}
             if optimizer.config.dynamic_loss_scale or optimizer.loss_scale != 1.0:
                 row["loss_scale"] = stats.get("loss_scale", optimizer.loss_scale)
                 row["skipped_total"] = skipped_total
