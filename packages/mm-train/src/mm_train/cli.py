@@ -69,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     from mm_train import generate
 
     generate.add_parser(commands)
+    from mm_train.doctor import add_parser as add_doctor
+
+    add_doctor(commands)
     return parser
 
 
@@ -250,6 +253,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _launch_node(args)
         if args.command == "recipes":
             return _recipes(args)
+        if args.command == "doctor":
+            from mm_train import doctor
+
+            return doctor.run(args)
         if args.command == "plan":
             from mm_train.plan import command as plan_command
 
