@@ -107,3 +107,31 @@ def test_save_under_layouts_gives_the_original_checkpoint(run_distributed, check
                                          "model.safetensors"), name
         Reference.from_pretrained(str(tmp_path / name))  # loads without missing or unexpected keys
 
+
+
+def test_a_device_path_step_reads_the_host_once_in_forward_and_backward(checkpoints):
+    """On the Ascend path (stand-ins) a Qwen2.5-VL training step's forward and backward read the
+    device once, for the loss; the optimizer once more, for the gradient norm (the clip factor and
+    the non-finite check use it on the host; moving them to the device is issue 19's next step)."""
+    from qwen_vl_parallel_cases import batch, spec
+
+    from mm_parallel import ParallelConfig
+    from mm_parallel.optimizer import DistributedOptimizer, OptimizerConfig
+    from mm_parallel.testing.device_path import ascend_stand_ins
+    from mm_parallel.testing.equivalence import loss_and_grads
+    from mm_parallel.testing.host_transfers import host_transfers
+    from mm_parallel.topology import Topology
+
+    topo = Topology.build(ParallelConfig(), 1, 0)
+    model_spec, data = spec(), batch()
+    chunks = model_spec.build(str(checkpoints), topo, {})
+    optimizer = DistributedOptimizer(chunks[0], OptimizerConfig(lr=1e-3, clip_grad=1.0), topo)
+    with ascend_stand_ins():
+        for _ in range(2):  # the second step: nothing left to set up
+            with host_transfers() as step:
+                _, grads = loss_and_grads(model_spec, chunks, topo, data)
+                forward_backward = step.reads
+                optimizer.step(grads)
+    assert forward_backward == 1 and step.reads == 2, step.sites()
+    reads = [site.split(":")[0] for site in step.sites() if not site.endswith(" upload")]
+    assert sorted(reads) == ["mm_parallel/optimizer.py", "mm_parallel/testing/equivalence.py"], step.sites()

@@ -201,3 +201,19 @@ def test_a_failed_group_creation_names_the_ranks_and_backend():
     assert hccl.P2POp(hccl.isend, Tensor([1.0]), 1).op == "isend"
     with pytest.raises(NotImplementedError, match="tag"):
         hccl.P2POp("irecv", Tensor([1.0]), 1, tag=3)
+
+
+def test_host_transfers_are_counted_by_site():
+    """The counter the no-host-round-trip work is measured with: reads (asnumpy, item, float) and
+    uploads (tensors built from host values), each at the line that made it."""
+    from mm_parallel.testing.host_transfers import host_transfers
+
+    x = Tensor(np.ones(3, np.float32))
+    with host_transfers() as seen:
+        y = Tensor(np.zeros(3, np.float32)) + x  # one upload
+        y.asnumpy()
+        float(y.sum())
+        with ascend_stand_ins():  # the stand-ins' own host work is the device's: not counted
+            kernels.rms_norm(_t(2, 8), _t(8), 1e-6)
+    assert (seen.reads, seen.uploads) == (2, 3), seen.sites()  # _t made two tensors inside the block
+    assert any(site.startswith("test_ascend_path.py:") and site.endswith("asnumpy") for site in seen.sites())

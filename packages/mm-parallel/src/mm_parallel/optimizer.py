@@ -37,12 +37,14 @@ any dp, tp, ep size or zero stage.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
@@ -161,8 +163,11 @@ class DistributedOptimizer:
     def _global_norm(self, flats) -> float:
         """sqrt of sum g^2 over every distinct value of the model: each rank counts what it alone
         holds (see grad_buckets.Bucket), one all-reduce over the world adds them up."""
-        sq = sum(bucket.sum_of_squares(flats[name]) for name, bucket in self.buckets.items())
-        total = Tensor(np.array([sq], np.float32))
+        parts = [bucket.sum_of_squares(flats[name]) for name, bucket in self.buckets.items()]
+        if all(isinstance(part, float) for part in parts):  # the CPU path's host sums
+            total = Tensor(np.array([sum(parts)], np.float32))
+        else:  # the device path: summed there, read once below
+            total = functools.reduce(lambda a, b: a + b, parts).astype(ms.float32)
         if self.topology.world_size > 1:
             total = comm.all_reduce(total, self.topology.world)
         return math.sqrt(float(total.asnumpy()[0]))

@@ -24,7 +24,7 @@ from mindspore import Tensor, nn, ops
 
 from mm_parallel import census, comm, mappings
 from mm_parallel.ops import low_precision
-from mm_parallel.ops.device import as_type, host_array, ones, tiled_to
+from mm_parallel.ops.device import as_type, host_array, ones, tiled_to, use_fused
 from mm_parallel.sequence_parallel import mark_sequence_parallel
 from mm_parallel.sharding import sharding_of, split
 from mm_parallel.topology import Group, Topology, get_topology
@@ -237,16 +237,19 @@ def vocab_parallel_cross_entropy(logits, labels, group: Optional[Group] = None, 
     Equals full-vocabulary cross entropy: with m = max over all ranks (no gradient; it cancels),
     loss = log sum_r sum_v exp(l_v - m) - (l_label - m), the two sums reduced over tp.
     Tokens labelled ``ignore_index`` count for nothing; "mean" divides by the counted tokens.
+    On the device path (fused kernels) everything stays on the device, the whole vocabulary too:
+    no label is read back to the host.
     """
     group = get_topology().tp if group is None else group
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction={reduction!r} is unknown; use 'mean', 'sum' or 'none'")
-    if group.size == 1 and reduction != "none":
+    if group.size == 1 and reduction != "none" and not use_fused():  # the CPU's host shortcut (measured)
         return _cross_entropy_whole_vocabulary(logits, labels, ignore_index, reduction)
     per_rank = logits.shape[-1]
     start = group.rank * per_rank
     logits = as_type(logits, ms.float32)
-    row_max = ops.stop_gradient(comm.all_reduce(logits.max(axis=-1, keepdims=True), group, "max"))
+    # ops.amax, not Tensor.max: that one makes a host tensor and reads one back per call (measured)
+    row_max = ops.stop_gradient(comm.all_reduce(ops.amax(logits, -1, True), group, "max"))
     shifted = logits - tiled_to(row_max, logits.shape)
     local = labels - start
     outside = ops.logical_or(local < 0, local >= per_rank)

@@ -199,7 +199,7 @@ class Qwen2_5OmniAudioEncoder(nn.Cell):
                              f"{self.positions.shape[0]}: n_window is too large for this config")
         x = x + tiled_to(Tensor(self.positions[None, :length]).astype(x.dtype), x.shape)
         x = ops.gather(x.reshape(count * length, dim), Tensor(plan["valid"]), 0)
-        segments = Tensor(plan["segments"])
+        segments = plan["segments"]  # host ids: attention reads them there (see qwen2_5_vl.vision._segments)
         for layer in self.layers:
             x = layer(x, segments)
         pool = plan["pool"]

@@ -78,9 +78,11 @@ class Qwen2_5_VLPatchMerger(nn.Cell):
         return self.mlp(self.ln_q(x).reshape(-1, self.hidden_size))
 
 
-def _segments(bounds: np.ndarray) -> Tensor:
-    """(1, n) segment ids from cumulative boundaries."""
-    return Tensor(np.repeat(np.arange(len(bounds) - 1, dtype=np.int32), np.diff(bounds))[None, :])
+def _segments(bounds: np.ndarray) -> np.ndarray:
+    """(1, n) segment ids from cumulative boundaries, kept on the host: attention reads them there
+    (the reference path's mask, the fused kernel's actual_seq_qlen), so a device copy would only
+    be read back (a device-to-host round trip per block on Ascend)."""
+    return np.repeat(np.arange(len(bounds) - 1, dtype=np.int32), np.diff(bounds))[None, :]
 
 
 class Qwen2_5_VisionTransformerPretrainedModel(nn.Cell):

@@ -110,7 +110,7 @@ class MoELayer(nn.Cell):
         chosen = np.zeros((tokens, cfg.num_experts), np.float32)
         np.add.at(chosen, (np.repeat(np.arange(tokens), cfg.top_k), routing.experts.reshape(-1)), 1.0)
         logits = routing.logits
-        top = ops.stop_gradient(logits.max(-1, keepdims=True))
+        top = ops.stop_gradient(ops.amax(logits, -1, True))  # Tensor.max reads the host
         lse = ops.log(ops.exp(logits - top).sum(-1, keepdims=True)) + top
         columns = ops.concat([routing.probs, Tensor(chosen), Tensor(np.ones((tokens, 1), np.float32)), lse * lse], 1)
         stats = ops.matmul(Tensor(mask), columns).reshape(-1)

@@ -145,7 +145,7 @@ def attention(
     else:
         # The max only keeps exp in range; lse = m + log sum exp(s - m) has the right gradient
         # (softmax) with m held constant.
-        row_max = ops.stop_gradient(scores.max(axis=-1, keepdims=True))
+        row_max = ops.stop_gradient(ops.amax(scores, -1, True))  # Tensor.max reads the host
         weights = ops.exp(scores - tiled_to(row_max, scores.shape))
         total = ops.maximum(ops.matmul(weights, ones((k_len, 1))), _TINY)  # row sums
         weights = rounded(weights) if low else weights
