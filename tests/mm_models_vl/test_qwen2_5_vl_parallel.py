@@ -10,7 +10,8 @@ import torch  # noqa: F401  (the parity reference: required, see tests/conftest.
 from qwen_vl_parallel_cases import run_parallel_cases
 from qwen_vl_reference import write_adapters, write_reference
 
-from mm_parallel.testing.device_path import calls_made, on_stand_ins
+from mm_parallel.testing.device_path import HCCL_CALLS, on_stand_ins
+from mm_parallel.testing.device_path import check_stand_in_calls as stand_in_calls
 from mm_parallel.testing.equivalence import BF16_TOLERANCE, check_results
 
 pytestmark = pytest.mark.distributed
@@ -50,15 +51,11 @@ FOUR = {
 FOUR.update(on_stand_ins(FOUR, ("tp2_ulysses2", "pp2_dp2_zero1")))
 
 FUSED = ("flash_attention_score", "rms_norm", "rotary_position_embedding", "swiglu")
-HCCL = {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "batch_isend_irecv"}
 
 
 def check_stand_in_calls(results, cases):
-    """Every stand-in case went through the fused kernels; together they used every HCCL call."""
-    made = calls_made(results, cases)
-    for name, calls in made.items():
-        assert set(FUSED) <= set(calls), (name, calls)
-    return set().union(*made.values())
+    """Every stand-in case went through the fused kernels; the calls they made together."""
+    return stand_in_calls(results, cases, FUSED)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +77,7 @@ def test_one_process_on_the_ascend_path_equals_the_cpu_path(checkpoints):
 def test_two_process_layouts_equal_single_process(run_distributed, checkpoints):
     results = run_distributed(run_parallel_cases, nproc=2, timeout=600, path=str(checkpoints), cases=TWO)
     check_results(results, TWO)
-    assert HCCL <= check_stand_in_calls(results, TWO)
+    assert HCCL_CALLS <= check_stand_in_calls(results, TWO)
 
 
 def test_four_process_layouts_equal_single_process(run_distributed, checkpoints):

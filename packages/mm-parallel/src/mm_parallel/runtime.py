@@ -130,9 +130,12 @@ def configure(device: str = "auto"):
 
 
 # Four identity Cells whose bprop doubles the gradient: each of `steps` steps must equal the
-# numpy gradient. Printed: "wrong W calls C" (C = 4 x steps when no bprop was skipped).
+# numpy gradient. Printed: "wrong W calls C" (C = 4 x steps when no bprop was skipped). With a
+# third argument "mm_parallel", `import mm_parallel` first chooses the launch mode, as in a run.
 _LOOP = """
 import os, sys
+if sys.argv[3:] == ["mm_parallel"]:
+    import mm_parallel
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
@@ -163,14 +166,20 @@ print("wrong", wrong, "calls", len(calls))
 """
 
 
-def self_check(target: str, steps: int = SELF_CHECK_STEPS, timeout: float = 600.0, save: bool = True) -> dict:
+def self_check(target: str, steps: int = SELF_CHECK_STEPS, timeout: float = 600.0, save: bool = True,
+               through_mm_parallel: bool = False) -> dict:
     """Run the skipped-bprop loop in a fresh process with asynchronous launch on ``target``;
     returns {"passed", "wrong", "steps", "calls", "seconds", "target"} (and keeps it for
-    `launch_mode` when ``save``)."""
+    `launch_mode` when ``save``). ``through_mm_parallel``: the launch mode ``import mm_parallel``
+    chooses instead (what a run gets; not kept)."""
     env = dict(os.environ, MM_LAUNCH_BLOCKING="0", GLOG_v="3")
+    if through_mm_parallel:
+        env.pop("MM_LAUNCH_BLOCKING")
+        save = False
     start = time.time()
-    out = subprocess.run([sys.executable, "-c", _LOOP, target, str(steps)], capture_output=True, text=True,
-                         timeout=timeout, env=env)
+    out = subprocess.run([sys.executable, "-c", _LOOP, target, str(steps)] + (["mm_parallel"] if through_mm_parallel
+                                                                              else []),
+                         capture_output=True, text=True, timeout=timeout, env=env)
     words = out.stdout.split()[-4:]
     if out.returncode != 0 or len(words) != 4 or words[0] != "wrong":
         raise RuntimeError(f"the launch-mode self-check failed to run on {target}: {out.stderr[-1500:]}")

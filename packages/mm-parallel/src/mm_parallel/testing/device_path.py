@@ -90,6 +90,19 @@ def on_stand_ins(cases: dict, names, prefix: str = "ascend_") -> dict:
     return {prefix + name: dict(cases[name], device="ascend_stand_ins") for name in names}
 
 
+# the HCCL calls the native backend makes in training layouts (tp + sp, Ulysses, Ring, pp, ZeRO)
+HCCL_CALLS = {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
+              "batch_isend_irecv"}
+
+
+def check_stand_in_calls(results, cases: dict, kernels) -> set:
+    """Assert every stand-in case went through ``kernels``; returns the calls the cases made together."""
+    made = calls_made(results, cases)
+    for name, calls in made.items():
+        assert set(kernels) <= set(calls), (name, calls)
+    return set().union(*made.values())
+
+
 def calls_made(results, cases: dict) -> dict:
     """{case: the Ascend calls its ranks made together} for the cases run on the stand-ins."""
     made = {}
