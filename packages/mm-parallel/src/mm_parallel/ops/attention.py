@@ -27,6 +27,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mm_parallel.ops.device import as_type, host_array, ones, tiled_to, use_fused
+from mm_parallel.ops.fused_attention import flash_attention
 from mm_parallel.ops.low_precision import LOW, compute_dtype, rounded, to_compute
 
 # The dtypes flash_attention_score takes (its MindSpore 2.7 page): float32 goes to the reference
@@ -171,8 +172,6 @@ def _rows_may_be_empty(causal, q_len, k_len, key_padding_mask, segment_ids) -> b
 def fused_attention(q, k, v, scale, causal, key_padding_mask, q_segments, k_segments):
     """The same attention from Ascend's flash_attention_score, without an S x S mask where the
     kernel has a form for the case (mm_parallel.ops.fused_attention says which)."""
-    from mm_parallel.ops.fused_attention import flash_attention
-
     return flash_attention(q, k, v, scale, causal, key_padding_mask, q_segments, k_segments,
                            lambda: _allowed(q.shape[0], q.shape[1], k.shape[1], causal, key_padding_mask,
                                             q_segments, k_segments))
