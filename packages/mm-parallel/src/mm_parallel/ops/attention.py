@@ -27,7 +27,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mm_parallel.ops.device import as_type, host_array, ones, tiled_to, use_fused
-from mm_parallel.ops.fused_attention import flash_attention
+from mm_parallel.ops.fused_attention import causal_allowed, flash_attention
 from mm_parallel.ops.low_precision import LOW, compute_dtype, rounded, to_compute
 
 # The dtypes flash_attention_score takes (its MindSpore 2.7 page): float32 goes to the reference
@@ -41,11 +41,16 @@ _matmul_nn = ops.BatchMatMul()
 
 def segment_ids_from_cu_seqlens(cu_seqlens, total: int):
     """(1, total) segment ids from flash-attn's cumulative boundaries [0, l0, l0+l1, ..., total]."""
+    return Tensor(_host_segment_ids(cu_seqlens, total))
+
+
+def _host_segment_ids(cu_seqlens, total: int) -> np.ndarray:
+    """`segment_ids_from_cu_seqlens` as a numpy array: attention reads segment ids on the host (the
+    reference mask, the fused kernel's actual_seq_qlen), so it keeps them there."""
     bounds = host_array(cu_seqlens, np.int64)
     if bounds.ndim != 1 or bounds[0] != 0 or bounds[-1] != total or np.any(np.diff(bounds) < 0):
         raise ValueError(f"cu_seqlens must rise from 0 to the packed length {total}, got {bounds.tolist()}")
-    ids = np.repeat(np.arange(len(bounds) - 1, dtype=np.int32), np.diff(bounds))
-    return Tensor(ids[None, :])
+    return np.repeat(np.arange(len(bounds) - 1, dtype=np.int32), np.diff(bounds))[None, :]
 
 
 def _allowed(batch, q_len, k_len, causal, key_padding_mask, q_segments, k_segments):
@@ -56,7 +61,7 @@ def _allowed(batch, q_len, k_len, causal, key_padding_mask, q_segments, k_segmen
     a relu of |q_id - k_id|) cost ~0.3-0.7 ms each on CPU, per attention call."""
     mask = None
     if causal:
-        mask = (np.arange(k_len)[None, :] <= np.arange(q_len)[:, None] + (k_len - q_len))[None, None]
+        mask = causal_allowed(q_len, k_len)[None, None]
     if key_padding_mask is not None:
         keep = host_array(key_padding_mask)
         if keep.shape != (batch, k_len):
@@ -115,7 +120,7 @@ def attention(
     if cu_seqlens is not None:
         if segment_ids is not None or batch != 1 or q_len != k_len:
             raise ValueError("cu_seqlens describes one packed self-attention sequence: batch 1, no segment_ids")
-        segment_ids = segment_ids_from_cu_seqlens(cu_seqlens, q_len)
+        segment_ids = _host_segment_ids(cu_seqlens, q_len)
     if segment_ids is not None and kv_segment_ids is None:
         if q_len != k_len:
             raise ValueError("segment_ids alone need q_len == k_len; pass kv_segment_ids for the keys")

@@ -39,11 +39,16 @@ def compressed_causal_mask() -> Tensor:
     return Tensor(np.triu(np.ones((_COMPRESSED, _COMPRESSED), np.uint8), 1))
 
 
+def causal_allowed(q_len: int, k_len: int) -> np.ndarray:
+    """(q_len, k_len) bool: key j allowed for query i when j <= i + k_len - q_len (bottom-right
+    aligned: the last query sees every key)."""
+    return np.arange(k_len)[None, :] <= np.arange(q_len)[:, None] + (k_len - q_len)
+
+
 @functools.lru_cache(maxsize=16)
 def _causal_dropped(q_len: int, k_len: int) -> Tensor:
-    """(1, 1, q_len, k_len) bool, True above the bottom-right-aligned diagonal (made once per shape)."""
-    allowed = np.arange(k_len)[None, :] <= np.arange(q_len)[:, None] + (k_len - q_len)
-    return Tensor(~allowed[None, None])
+    """(1, 1, q_len, k_len) bool, True above the causal diagonal (made once per shape)."""
+    return Tensor(~causal_allowed(q_len, k_len)[None, None])
 
 
 def _kernel(q, k, v, scale, **kwargs):
