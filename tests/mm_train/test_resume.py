@@ -104,6 +104,14 @@ def test_a_crash_between_the_renames_of_an_overwrite_loses_nothing(tmp_path, mon
     assert sorted(os.listdir(root)) == ["step_3"] and checkpoint.latest(str(tmp_path)) == str(old)
 
 
+def _run_output(stderr, out) -> str:
+    """The launcher's stderr and the tail of each worker's log, for a failure message."""
+    text = stderr.read_text()[-3000:]
+    for log in sorted((out / "logs" / "node_0").glob("*.log")) if (out / "logs" / "node_0").is_dir() else []:
+        text += f"\n--- {log.name}:\n" + log.read_text(errors="replace")[-2000:]
+    return text
+
+
 def test_a_killed_worker_stops_the_run_and_resume_continues(tmp_path):
     """kill -9 of rank 1 mid-run: mm-train exits non-zero within a bounded time naming rank 1, no
     worker is left; --resume continues from the last complete checkpoint to the end, with the
@@ -117,16 +125,24 @@ def test_a_killed_worker_stops_the_run_and_resume_continues(tmp_path):
     data, out = tmp_path / "data", tmp_path / "killed"
     args = [mm_train_command(), "run", *SHORT, "--set", "checkpoint.every=2", "--set", "train.steps=400",
             "--nproc", "2", "--set", f"output_dir={out}"]
-    proc = subprocess.Popen(args, env={**os.environ, "MM_TRAIN_DATA": str(data)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    pid_file = out / "logs" / "node_0" / "pids" / "rank_1.pid"
-    deadline = time.time() + 300
-    while time.time() < deadline and not (out / "checkpoints" / "step_2").exists():
-        time.sleep(0.5)
-    assert (out / "checkpoints" / "step_2").exists(), "the run made no checkpoint"
-    os.kill(int(pid_file.read_text()), signal.SIGKILL)
-    killed = time.time()
-    _, err = proc.communicate(timeout=180)
+    # files, not pipes: a launcher blocked on a full pipe would never reach its checkpoint
+    with open(tmp_path / "stdout.txt", "w") as stdout, open(tmp_path / "stderr.txt", "w") as stderr:
+        proc = subprocess.Popen(args, env={**os.environ, "MM_TRAIN_DATA": str(data)}, stdout=stdout, stderr=stderr,
+                                start_new_session=True)
+    try:
+        start = time.time()
+        while time.time() < start + 300 and proc.poll() is None and not (out / "checkpoints" / "step_2").exists():
+            time.sleep(0.5)
+        assert (out / "checkpoints" / "step_2").exists(), f"no checkpoint after {time.time() - start:.0f} s " \
+            f"(exit status {proc.poll()}):\n{_run_output(tmp_path / 'stderr.txt', out)}"
+        os.kill(int((out / "logs" / "node_0" / "pids" / "rank_1.pid").read_text()), signal.SIGKILL)
+        killed = time.time()
+        proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:  # never left running (with its workers) into the tests after this one
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    err = (tmp_path / "stderr.txt").read_text()
     assert proc.returncode != 0 and time.time() - killed < 120
     assert "worker rank 1" in err and "died" in err, err[-2000:]
 
