@@ -106,10 +106,10 @@ def test_save_under_layouts_gives_the_original_checkpoint(run_distributed, check
 
 
 
-def test_a_device_path_step_reads_the_host_once_in_forward_and_backward(checkpoints):
-    """On the Ascend path (stand-ins) a Qwen2.5-VL training step's forward and backward read the
-    device once, for the loss; the optimizer once more, for the gradient norm (the clip factor and
-    the non-finite check use it on the host; moving them to the device is issue 19's next step)."""
+def test_a_device_path_step_reads_the_host_only_for_the_loss(checkpoints):
+    """On the Ascend path (stand-ins) a Qwen2.5-VL training step's forward and backward and its
+    optimizer step (clipping on) read nothing from the device but the loss this harness reads
+    (mm-train's loop defers that one too: tests/mm_train/test_device_path_run.py)."""
     from qwen_vl_parallel_cases import batch, spec
 
     from mm_parallel import ParallelConfig
@@ -129,6 +129,7 @@ def test_a_device_path_step_reads_the_host_once_in_forward_and_backward(checkpoi
                 _, grads = loss_and_grads(model_spec, chunks, topo, data)
                 forward_backward = step.reads
                 optimizer.step(grads)
-    assert forward_backward == 1 and step.reads == 2, step.sites()
+    assert forward_backward == 1 and step.reads == 1, step.sites()
     reads = [site.split(":")[0] for site in step.sites() if not site.endswith(" upload")]
-    assert sorted(reads) == ["mm_parallel/optimizer.py", "mm_parallel/testing/equivalence.py"], step.sites()
+    assert reads == ["mm_parallel/testing/equivalence.py"], step.sites()
+    assert not [site for site in step.sites() if site.startswith("mm_parallel/optimizer.py")], step.sites()

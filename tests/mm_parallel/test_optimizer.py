@@ -207,3 +207,76 @@ def test_step_buffer_values_count_what_the_buckets_hold():
     assert step_buffer_values(params, SOLO, 0, bucket_numel=5) == 2 * 5 + max(5 + 5, 10)
     assert step_buffer_values(params, SOLO, 0, bucket_numel=10) == 2 * 10 + max(10 + 7, 10)
     assert step_buffer_values(params, SOLO, 0, bucket_numel=0) == 2 * 17 + 17  # one bucket, nothing cut
+
+
+def _steps_on_both_paths(config, grad_sequence, finite_losses=None):
+    """Parameters and step figures after each step of ``grad_sequence`` (lists of numpy arrays),
+    on the host path and on the device path (stand-ins); the device path's reads are counted."""
+    from mindspore import Tensor
+
+    from mm_parallel.testing.device_path import ascend_stand_ins
+    from mm_parallel.testing.host_transfers import host_transfers
+
+    out = {}
+    for path in ("host", "device"):
+        stack = build_stack(SOLO, layers=1)
+        opt = DistributedOptimizer(stack, config, SOLO)
+        params, infos, reads = [], [], 0
+        for k, grads in enumerate(grad_sequence):
+            grads = [Tensor(g) for g in grads]
+            finite = None if finite_losses is None else finite_losses[k]
+            if path == "host" and finite is False:  # what mm-train's loop does with a non-finite loss there
+                info, opt.iteration = None, opt.iteration + 1
+            elif path == "host":
+                info = opt.step(grads)
+            else:
+                with ascend_stand_ins(), host_transfers() as seen:
+                    info = opt.step(grads, finite_loss=None if finite is None else Tensor(np.array([finite])))
+                reads += seen.reads
+                info = {key: v if isinstance(v, (int, float)) else v.asnumpy()[0] for key, v in info.items()}
+            params.append([p.asnumpy().copy() for p in stack.trainable_params()])
+            infos.append(info)
+        out[path] = params, infos, opt.counters(), reads
+    return out
+
+
+def test_the_device_path_step_equals_the_host_step_and_reads_nothing():
+    """Clipped steps, a non-finite gradient (also as the very first step, where the device's
+    bias correction divides by 1 - b1^0 = 0 and must not leak), a non-finite loss and weight
+    decay with undecayed norms and biases: the device path's weights equal the host path's and
+    the step reads the host not once."""
+    stack = build_stack(SOLO, layers=1)
+    rng = np.random.default_rng(0)
+    good = lambda scale: [rng.standard_normal(p.shape).astype(np.float32) * scale  # noqa: E731
+                          for p in stack.trainable_params()]
+    bad = [np.full(p.shape, np.nan, np.float32) for p in stack.trainable_params()]
+    bad[0][..., 0] = np.inf
+    sequence = [bad, good(3.0), good(0.01), bad, good(3.0), good(0.01)]
+    config = OptimizerConfig(lr=1e-2, clip_grad=1.0, weight_decay=0.1)
+    both = _steps_on_both_paths(config, sequence, finite_losses=[None, None, None, None, False, None])
+    (host, host_info, host_counters, _), (device, device_info, device_counters, reads) = both["host"], both["device"]
+    assert reads == 0
+    assert [bool(i["skipped"]) for i in device_info] == [True, False, False, True, True, False]
+    assert host_counters == device_counters == {"step_count": 3, "iteration": 6, "loss_scale": 1.0, "good_steps": 0}
+    for step, (want, got) in enumerate(zip(host, device)):
+        for a, b in zip(want, got):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=f"step {step + 1}")
+    for want, got in zip(host_info, device_info):
+        if want is not None and np.isfinite(want["grad_norm"]):
+            assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-6)
+    assert not np.array_equal(device[1][0], device[0][0]) and np.array_equal(device[3][0], device[2][0])
+
+
+def test_dynamic_loss_scaling_on_the_device_path_equals_the_host():
+    stack = build_stack(SOLO, layers=1)
+    ones = [np.ones(p.shape, np.float32) for p in stack.trainable_params()]
+    inf = [np.full(p.shape, np.inf, np.float32) for p in stack.trainable_params()]
+    config = OptimizerConfig(dynamic_loss_scale=True, initial_loss_scale=8.0, loss_scale_window=2, clip_grad=0)
+    both = _steps_on_both_paths(config, [inf, ones, ones, ones, inf, ones])
+    (host, host_info, host_counters, _), (device, device_info, device_counters, reads) = both["host"], both["device"]
+    assert reads == 0 and host_counters == device_counters
+    assert [i["loss_scale"] for i in device_info] == [i["loss_scale"] for i in host_info] == [4, 4, 8, 8, 4, 4]
+    assert [bool(i["overflow"]) for i in device_info] == [i["overflow"] for i in host_info]
+    for want, got in zip(host, device):
+        for a, b in zip(want, got):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)

@@ -193,8 +193,11 @@ class Bucket:
             self.counted_on_device = Tensor(self.counted.astype(np.float32))
         return (g * g * self.counted_on_device).sum().reshape(1)
 
-    def adamw(self, g, lr_t, b1, b2, eps_t, wd_t):
-        undecayed = self.undecayed if wd_t else None
+    def adamw(self, g, lr_t, b1, b2, eps_t, wd_t, decays: bool):
+        """The fused AdamW on this rank's slice; the hyperparameters are floats or (1,) device
+        tensors (the optimizer's device path). ``decays``: whether wd_t may be non-zero (the
+        undecayed values then get their own update)."""
+        undecayed = self.undecayed if decays else None
         if undecayed is not None:  # the same update without decay, on copies of the few undecayed values
             state = self.undecayed_state
             for copy, full in zip(state, (self.master, self.exp_avg, self.exp_avg_sq)):

@@ -23,6 +23,14 @@ by bucket, so its transient buffers are one bucket's. A step, with g_r the gradi
                 decoupled weight decay, none on biases and 1-D parameters such as norms)
     gather      stages 1, 2: all-gather the updated slices; every parameter set from its bucket
 
+On the device path (`mm_parallel.ops.device.use_fused`: Ascend, or the stand-ins) nothing of this
+is read back: the norm, the clip factor, the skip and loss-scale decisions and the step count
+stay (1,) tensors on the device, and the step returns them unread. A skipped step runs the same
+fused AdamW with lr 0, beta1 = beta2 = 1 and a zero gradient, which leaves weights and moments
+exactly as they were (m' = 1 m + 0, v' = 1 v + 0, p' = p - 0 u); the bias corrections follow
+the device's count of steps taken. There the overflow check is the norm's finiteness (a sum of
+squares that overflows float32 counts as an overflow too, which a halved scale fixes).
+
 Memory per rank for the optimizer: 3 N / D fp32 values (master, exp_avg, exp_avg_sq) instead of
 3 N (zero_stage 0). With stages 1 and 2 the reduced gradient kept is N / D values too (the
 per-parameter gradients autodiff returns are still whole in PyNative); the step's transients are
@@ -51,6 +59,7 @@ from mindspore import Tensor, nn, ops
 from mm_parallel import comm, grad_buckets
 from mm_parallel.grad_buckets import Bucket, WholeParameters
 from mm_parallel.lr_schedule import LRSchedule
+from mm_parallel.ops.device import use_fused
 from mm_parallel.sequence_parallel import sync_sequence_parallel_grads
 from mm_parallel.sharding import sharding_of
 from mm_parallel.topology import Topology, get_topology
@@ -109,21 +118,71 @@ class DistributedOptimizer:
                 tag = f"{name}.{k}"
                 self.buckets[tag] = Bucket(self.params, pieces, group, self.zero_stage, topo, f"optimizer.{tag}")
         self.numel = sum(b.numel for b in self.buckets.values())
-        self.step_count = 0  # optimizer steps taken (overflow-skipped steps not counted)
         self.iteration = 0  # step() calls: what the learning-rate schedule follows
-        self.loss_scale = (config.initial_loss_scale if config.dynamic_loss_scale else config.loss_scale) or 1.0
-        self._good_steps = 0
+        # step_count (optimizer steps taken: skipped steps not counted), loss_scale, good_steps
+        # (steps since the scale last changed): host numbers, or (1,) device tensors on the device path
+        self._host = {"step_count": 0, "good_steps": 0,
+                      "loss_scale": (config.initial_loss_scale if config.dynamic_loss_scale else config.loss_scale)
+                      or 1.0}
+        self._device: Optional[Dict[str, Tensor]] = None
+        self._betas: Optional[Tuple[Tensor, Tensor]] = None  # (b1, b2) on the device
+
+    # -- counters: on the host, or on the device between reads --------------------------------------
+
+    def _counters_on_host(self) -> Dict[str, float]:
+        """The counters as host numbers (one read when the device path last had them)."""
+        if self._device is not None:
+            keys = list(self._device)
+            values = ops.concat([self._device[k] for k in keys]).asnumpy()
+            self._host = {k: float(v) for k, v in zip(keys, values)}
+            self._host["step_count"], self._host["good_steps"] = (int(self._host["step_count"]),
+                                                                  int(self._host["good_steps"]))
+            self._device = None
+        return self._host
+
+    def _counters_on_device(self) -> Dict[str, Tensor]:
+        if self._device is None:
+            self._device = {k: Tensor(np.array([v], np.float32)) for k, v in self._host.items()}
+        return self._device
+
+    @property
+    def step_count(self) -> int:
+        return self._counters_on_host()["step_count"]
+
+    @property
+    def loss_scale(self) -> float:
+        """The loss scale (a read from the device on the device path)."""
+        return self._counters_on_host()["loss_scale"]
+
+    @property
+    def scaling(self) -> bool:
+        """Whether the loss is scaled (fp16, or a static scale other than 1)."""
+        return self.config.dynamic_loss_scale or (self.config.loss_scale or 1.0) != 1.0
 
     # -- the step -------------------------------------------------------------------------------
 
     def scale_loss(self, loss):
         """The loss to differentiate: loss * loss_scale (identity without loss scaling)."""
-        return loss if self.loss_scale == 1.0 else loss * self.loss_scale
+        if not self.scaling:
+            return loss
+        if self._device is not None or use_fused():  # the scale stays on the device
+            return loss * self._counters_on_device()["loss_scale"].astype(loss.dtype)
+        return loss * self._host["loss_scale"]
 
-    def step(self, grads: Sequence) -> Dict[str, float]:
+    def unscale_loss(self, loss):
+        """loss / loss_scale: the loss a scaled one stands for (on the device path without a read)."""
+        if not self.scaling:
+            return loss
+        if self._device is not None or use_fused():
+            return loss / self._counters_on_device()["loss_scale"].astype(loss.dtype)
+        return loss / self._host["loss_scale"]
+
+    def step(self, grads: Sequence, finite_loss=None) -> Dict[str, float]:
         """Apply one update from this rank's gradients (same order as the model's trainable
         parameters); returns {"lr", "grad_norm", "loss_scale", "skipped", "overflow"} (overflow: skipped
-        by dynamic loss scaling, whose scale was halved)."""
+        by dynamic loss scaling, whose scale was halved). On the device path every figure but lr is
+        a (1,) device tensor, unread; ``finite_loss`` there (a (1,) bool tensor) skips the step
+        too when false (the loop's non-finite loss, decided without a read)."""
         if len(grads) != len(self.params):
             raise ValueError(f"step got {len(grads)} gradients for {len(self.params)} trainable parameters")
         topo, cfg = self.topology, self.config
@@ -134,16 +193,19 @@ class DistributedOptimizer:
         # bucket by bucket: each one's flat and reduced copies are gone before the next is built;
         # bf16 / fp16 gradients are reduced in fp32, a bucket's pieces cast as it is built
         flats = {name: bucket.reduce(grads, topo.dp.size) for name, bucket in self.buckets.items()}
+        if use_fused():
+            return self._step_on_device(flats, lr, finite_loss)
+        host = self._counters_on_host()
         if self._overflow(flats):  # loss scaling's normal course: the scale shrinks, the run goes on
             self._update_scale(overflow=True)
             return {"lr": lr, "grad_norm": float("nan"), "loss_scale": self.loss_scale, "skipped": True,
                     "overflow": True}
         # unscaling and clipping are one factor applied bucket by bucket as each is updated (a
         # scaled copy of every bucket at once would double the reduced gradients' memory)
-        norm = self._global_norm(flats) / self.loss_scale
+        norm = math.sqrt(float(self._sum_of_squares(flats).asnumpy()[0])) / host["loss_scale"]
         if not math.isfinite(norm):  # an inf / nan gradient anywhere (the norm is global): no update
             return {"lr": lr, "grad_norm": norm, "loss_scale": self.loss_scale, "skipped": True, "overflow": False}
-        factor = 1.0 / self.loss_scale
+        factor = 1.0 / host["loss_scale"]
         if cfg.clip_grad > 0 and norm > cfg.clip_grad:
             factor *= cfg.clip_grad / (norm + 1e-6)
         self._adamw(flats, lr, factor)
@@ -151,8 +213,46 @@ class DistributedOptimizer:
         self._update_scale(overflow=False)
         return {"lr": lr, "grad_norm": norm, "loss_scale": self.loss_scale, "skipped": False, "overflow": False}
 
+    def _step_on_device(self, flats, lr: float, finite_loss) -> Dict[str, object]:
+        """The step of the module docstring's device path: the same arithmetic, every decision a
+        `where` on (1,) tensors, nothing read."""
+        cfg, (b1, b2) = self.config, self.config.betas
+        counters = self._counters_on_device()
+        scale = counters["loss_scale"]
+        norm = ops.sqrt(self._sum_of_squares(flats)) / scale
+        finite_grads = ops.isfinite(norm)
+        ok = finite_grads if finite_loss is None else ops.logical_and(finite_grads, finite_loss.reshape(1))
+        factor = 1.0 / scale
+        if cfg.clip_grad > 0:
+            factor = factor * ops.where(norm > cfg.clip_grad, cfg.clip_grad / (norm + 1e-6), 1.0)
+        t = counters["step_count"] + ok.astype(ms.float32)
+        # the bias corrections of `_adamw` at the device's t; a skipped step: lr 0, betas 1, eps kept > 0
+        if self._betas is None:  # made once: an upload per step otherwise
+            self._betas = (Tensor([b1], ms.float32), Tensor([b2], ms.float32))
+        root = ops.sqrt(1 - ops.pow(self._betas[1], t))
+        first = 1 - ops.pow(self._betas[0], t)
+        lr_t = ops.where(ok, lr * root / first, 0.0)
+        eps_t = ops.where(ok, cfg.eps * root, cfg.eps)
+        wd_t = ops.where(ok, cfg.weight_decay * first / root, 0.0)  # = weight_decay lr / lr_t
+        beta1, beta2 = ops.where(ok, b1, 1.0), ops.where(ok, b2, 1.0)
+        for name, bucket in self.buckets.items():
+            g = flats.pop(name)
+            bucket.adamw(ops.where(ok, g * factor, 0.0), lr_t, beta1, beta2, eps_t, wd_t,
+                         decays=cfg.weight_decay > 0)
+        self._write_params()
+        counters["step_count"] = t
+        overflow = ops.logical_not(finite_grads)
+        if cfg.dynamic_loss_scale:
+            good = ops.where(ok, counters["good_steps"] + 1, counters["good_steps"])
+            grow = good >= cfg.loss_scale_window
+            counters["loss_scale"] = ops.where(overflow, ops.maximum(scale / 2, cfg.min_loss_scale),
+                                               ops.where(grow, scale * 2, scale))
+            counters["good_steps"] = ops.where(ops.logical_or(overflow, grow), 0.0, good)
+        return {"lr": lr, "grad_norm": norm, "loss_scale": counters["loss_scale"], "skipped": ops.logical_not(ok),
+                "overflow": overflow if cfg.dynamic_loss_scale else ops.zeros_like(overflow)}
+
     def _overflow(self, flats) -> bool:
-        if self.loss_scale == 1.0 and not self.config.dynamic_loss_scale:
+        if not self.scaling:
             return False
         bad = any(bool(ops.logical_not(ops.isfinite(g)).any().asnumpy()) for g in flats.values())
         flag = Tensor(np.array([int(bad)], np.int32))
@@ -160,22 +260,22 @@ class DistributedOptimizer:
             flag = comm.all_reduce(flag, self.topology.world, "max")
         return bool(flag.asnumpy()[0])
 
-    def _global_norm(self, flats) -> float:
-        """sqrt of sum g^2 over every distinct value of the model: each rank counts what it alone
-        holds (see grad_buckets.Bucket), one all-reduce over the world adds them up."""
+    def _sum_of_squares(self, flats) -> Tensor:
+        """sum g^2 over every distinct value of the model, a (1,) float32 tensor: each rank counts
+        what it alone holds (see grad_buckets.Bucket), one all-reduce over the world adds them up."""
         parts = [bucket.sum_of_squares(flats[name]) for name, bucket in self.buckets.items()]
         if all(isinstance(part, float) for part in parts):  # the CPU path's host sums
             total = Tensor(np.array([sum(parts)], np.float32))
-        else:  # the device path: summed there, read once below
+        else:  # the device path: summed there
             total = functools.reduce(lambda a, b: a + b, parts).astype(ms.float32)
         if self.topology.world_size > 1:
             total = comm.all_reduce(total, self.topology.world)
-        return math.sqrt(float(total.asnumpy()[0]))
+        return total
 
     def _adamw(self, flats, lr, factor: float):
         (b1, b2), cfg = self.config.betas, self.config
-        self.step_count += 1
-        t = self.step_count
+        self._host["step_count"] += 1
+        t = self._host["step_count"]
         # torch's AdamW, p <- p (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps), through the fused in-place
         # kernel (one pass instead of ~15 elementwise ops: 0.22 s vs 0.42 s on 45M floats, CPU), which
         # computes p <- p - lr_t (m / (sqrt(v) + eps_t) + wd_t p). The bias corrections fold into
@@ -185,7 +285,7 @@ class DistributedOptimizer:
         wd_t = cfg.weight_decay * lr / lr_t if lr_t else 0.0
         for name, bucket in self.buckets.items():
             g = flats.pop(name)  # this bucket's reduced gradient goes once it is applied
-            bucket.adamw(g if factor == 1.0 else g * factor, lr_t, b1, b2, eps_t, wd_t)
+            bucket.adamw(g if factor == 1.0 else g * factor, lr_t, b1, b2, eps_t, wd_t, decays=bool(wd_t))
 
     def _write_params(self):
         whole = WholeParameters(ops.concat)
@@ -193,17 +293,17 @@ class DistributedOptimizer:
             bucket.write_params(whole)
 
     def _update_scale(self, overflow: bool):
-        cfg = self.config
+        cfg, host = self.config, self._host
         if not cfg.dynamic_loss_scale:
             return
         if overflow:
-            self.loss_scale = max(self.loss_scale / 2, cfg.min_loss_scale)
-            self._good_steps = 0
+            host["loss_scale"] = max(host["loss_scale"] / 2, cfg.min_loss_scale)
+            host["good_steps"] = 0
             return
-        self._good_steps += 1
-        if self._good_steps >= cfg.loss_scale_window:
-            self.loss_scale *= 2
-            self._good_steps = 0
+        host["good_steps"] += 1
+        if host["good_steps"] >= cfg.loss_scale_window:
+            host["loss_scale"] *= 2
+            host["good_steps"] = 0
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -243,12 +343,14 @@ class DistributedOptimizer:
 
     def counters(self) -> Dict[str, float]:
         """Step counters and loss scale: with `param_states`, everything a resume needs."""
-        return {"step_count": self.step_count, "iteration": self.iteration, "loss_scale": self.loss_scale,
-                "good_steps": self._good_steps}
+        host = self._counters_on_host()
+        return {"step_count": host["step_count"], "iteration": self.iteration, "loss_scale": host["loss_scale"],
+                "good_steps": host["good_steps"]}
 
     def load_counters(self, counters: Dict[str, float]):
-        self.step_count, self.iteration = int(counters["step_count"]), int(counters["iteration"])
-        self.loss_scale, self._good_steps = float(counters["loss_scale"]), int(counters["good_steps"])
+        self.iteration, self._device = int(counters["iteration"]), None
+        self._host = {"step_count": int(counters["step_count"]), "good_steps": int(counters["good_steps"]),
+                      "loss_scale": float(counters["loss_scale"])}
 
     # -- the one state format: whole tensors by name, a file per pipeline stage ------------------
 

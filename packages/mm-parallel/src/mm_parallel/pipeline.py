@@ -35,9 +35,11 @@ from __future__ import annotations
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import mindspore as ms
+import numpy as np
+from mindspore import ops
 
 from mm_parallel import stage_io
-from mm_parallel.ops.device import as_type
+from mm_parallel.ops.device import as_type, use_fused
 from mm_parallel.topology import Topology, get_topology
 
 
@@ -140,6 +142,20 @@ def _accumulate(sums: List, new: Sequence, grad_dtype) -> List:
     return [as_type(b, grad_dtype or b.dtype) if a is None else a + as_type(b, a.dtype) for a, b in zip(sums, new)]
 
 
+def _micro_loss(value, m: int):
+    """A micro-batch's loss (``value`` is loss / m): a float on the CPU path, an unread device
+    tensor on the device path (read with the step's other figures, when a row is written)."""
+    return value * m if use_fused() else float(value.asnumpy()) * m
+
+
+def mean_loss(losses: Sequence):
+    """The step's loss, a float32 scalar tensor: the mean of the micro-batch losses a train step
+    returned (floats, or device tensors left unread on the device path)."""
+    if all(isinstance(loss, float) for loss in losses):
+        return ms.Tensor(np.float32(np.mean(losses)))
+    return ops.stack([loss.reshape(()).astype(ms.float32) for loss in losses]).mean()
+
+
 def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[Tuple], loss_fn: Callable,
                     topology: Optional[Topology] = None, with_batch: bool = False, grad_dtype=None):
     """One training step of ``stage`` (this rank's layers: input -> output) over micro-batches.
@@ -149,7 +165,8 @@ def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[T
     list) unless ``with_batch``, which calls every stage as ``stage(x, input)``. Activations between
     stages are tensors or dicts of named tensors of any dtype (mm_parallel.stage_io). The step's loss is the mean over
     micro-batches. Returns (losses,
-    grads): the per-micro-batch losses on the last stage (empty elsewhere) and the gradients of
+    grads): the per-micro-batch losses on the last stage (empty elsewhere; device tensors on the
+    device path, see `_micro_loss`) and the gradients of
     ``params`` (this stage's trainable parameters) of the mean loss, summed over micro-batches in
     ``grad_dtype`` (default: each parameter's dtype).
     """
@@ -175,7 +192,7 @@ def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[T
         # the first stage's input needs no gradient
         value, dx, new = _micro_backward(lambda t: call(i, t), inputs.pop(0), params, not link.first, objective)
         if link.last:
-            losses.append(float(value.asnumpy()) * m)
+            losses.append(_micro_loss(value, m))
         grads[:] = _accumulate(grads, new, grad_dtype)
         return dx
 
@@ -281,7 +298,7 @@ def train_step_interleaved(chunks: Sequence[Callable], chunk_params: Sequence[Se
             objective = lambda y: stage_io.dot(y, dy)
         value, dx, new = _micro_backward(lambda t: calls[chunk](i, t), x, params[chunk], vs > 0, objective)
         if vs == last:
-            losses[i] = float(value.asnumpy()) * m
+            losses[i] = _micro_loss(value, m)
         grads[chunk] = _accumulate(grads[chunk], new, grad_dtype)
         del inputs[chunk, i]
         if vs > 0:

@@ -36,6 +36,7 @@ import numpy as np
 
 from mm_train import checkpoint, evaluation, node_disks, run_folder, samples, tensorboard_log
 from mm_train.recipe import Recipe, check_layout
+from mm_train.step_rows import Progress, Rows, finite
 from mm_train.task import Task
 
 TRAIN_FLOPS_FACTOR = 3  # forward + backward (twice the forward)
@@ -119,61 +120,6 @@ def _initial_weights(task: Task, recipe: Recipe, topo, disks) -> str:
     return folder
 
 
-class _Progress:
-    """The status on stderr: step, bar, loss, speed, time so far and the ETA. On a terminal one
-    line redrawn in place; otherwise (a log file, msrun's worker logs the launcher relays) a plain
-    line every ``total / 20`` steps, at most ``PLAIN_SECONDS`` apart, and at the last step. The
-    ETA is the mean time of the steps after this run's first one (which also pays for warm-up;
-    a resumed run's first is the one after its checkpoint) times the steps left."""
-
-    PLAIN_SECONDS = 30.0
-
-    def __init__(self, total: int, enabled: bool, tty: Optional[bool] = None,
-                 clock: Callable[[], float] = time.perf_counter):
-        self.total, self.enabled, self.clock, self.start = total, enabled, clock, clock()
-        self.tty = sys.stderr.isatty() if tty is None else tty
-        self.every, self.printed_at = max(1, total // 20), self.start
-        self.warm = None  # (step, time) at the end of this run's first step
-
-    def eta(self, step: int, now: float) -> str:
-        """"eta 1m05s" (or 2h03m) after ``step`` at ``now``; "eta --" until a second step is timed."""
-        if self.warm is None:
-            self.warm = (step, now)
-        steps, since = step - self.warm[0], now - self.warm[1]
-        if step >= self.total:
-            return "done"
-        if steps <= 0:
-            return "eta --"
-        left = int(round(since / steps * (self.total - step)))
-        hours, rest = divmod(left, 3600)
-        return f"eta {hours}h{rest // 60:02d}m" if hours else f"eta {rest // 60}m{rest % 60:02d}s"
-
-    def note(self, text: str) -> None:
-        """A line of its own (a validation loss), below the redrawn progress line."""
-        if self.enabled:
-            print(("\n" if self.tty else "") + text, flush=True, file=sys.stderr)
-
-    def update(self, step: int, loss: float, samples_per_s: float, routing: Optional[Dict] = None):
-        if not self.enabled:
-            return
-        now = self.clock()
-        eta = self.eta(step, now)
-        if not self.tty and step % self.every and step != self.total and now - self.printed_at < self.PLAIN_SECONDS:
-            return
-        self.printed_at = now
-        done = int(30 * step / self.total)
-        moe = ""
-        if routing:  # the worst MoE layer's imbalance (max / mean tokens per expert) and dropped share
-            moe = (f"  moe imbalance {max(r['imbalance'] for r in routing.values()):4.2f}"
-                   f" dropped {max(r['dropped_fraction'] for r in routing.values()):4.1%}")
-        line = (f"step {step:>5}/{self.total} [{'#' * done}{'.' * (30 - done)}] loss {loss:8.4f}  "
-                f"{samples_per_s:6.1f} samples/s{moe}  {now - self.start:6.1f}s  {eta}")
-        if self.tty:
-            print("\r" + line, end="\n" if step == self.total else "", flush=True, file=sys.stderr)
-        else:
-            print(line, flush=True, file=sys.stderr)
-
-
 def _loss_curve(metrics: List[Dict], path: str) -> Optional[str]:
     try:
         import matplotlib
@@ -233,9 +179,11 @@ def _peak_flops(recipe):
 
 def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[Dict]:
     import mindspore as ms
+    from mindspore import ops
 
     import mm_parallel
     from mm_parallel import comm
+    from mm_parallel.ops.device import use_fused
     from mm_profiling.throughput import Throughput, step_memory_bytes
 
     topo = mm_parallel.initialize(recipe.parallel)
@@ -265,13 +213,15 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "recipe.json"), "w") as f:
             json.dump(recipe.to_dict(), f, indent=2, default=str)
-    metrics, bar = [], _Progress(recipe.train.steps, progress and writer)
+    bar = Progress(recipe.train.steps, progress and writer)
     global_batch = recipe.train.global_batch_size
     log = _metrics_log(os.path.join(out, "metrics.jsonl"), first) if writer else None
     board = tensorboard_log.open_for(recipe, first, writer)
     every = recipe.checkpoint.every
-    bad_in_a_row = skipped_total = 0
-    profiler, meter = _profiler(recipe, topo), None
+    profiler, meter = _profiler(recipe, topo), []
+    rows = Rows(recipe, optimizer, lambda: meter[0], global_batch // topo.dp.size, topo.dp.size, log, board, bar,
+                lambda: step_memory_bytes(device_target)["bytes"])
+    on_device = use_fused()  # the device path: a step's figures are read when its row is written (step_rows)
     stream = task.stream(first)
     watchdog = _watchdog(recipe, topo)
     try:
@@ -281,57 +231,36 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
                 profiler.before_step(step + 1)
             start = time.perf_counter()
             batches = next(stream)
-            if meter is None:
-                meter = Throughput(flops_per_sample=TRAIN_FLOPS_FACTOR * task.flops_per_sample(chunks[0], batches[0]),
-                                   peak_flops=_peak_flops(recipe), world_size=topo.world_size, dp_size=topo.dp.size)
+            if not meter:
+                meter.append(Throughput(flops_per_sample=TRAIN_FLOPS_FACTOR * task.flops_per_sample(chunks[0],
+                                                                                                   batches[0]),
+                                        peak_flops=_peak_flops(recipe), world_size=topo.world_size,
+                                        dp_size=topo.dp.size))
             tokens = sum(task.tokens(b) for b in batches)
             batches = [task.model_inputs(b) for b in batches]
             losses, grads = _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer,
                                               policy.accumulate_dtype)
-            loss = float(np.mean(losses)) / optimizer.loss_scale if losses else 0.0
-            if topo.pp.size > 1:  # only the last stage sees the loss: give it to every stage
-                loss = float(comm.all_reduce(ms.Tensor(np.array([loss], np.float32)), topo.pp).asnumpy()[0])
-            if topo.dp.size > 1:  # a nan on any rank makes the sum nan everywhere: every rank agrees
-                summed = comm.all_reduce(ms.Tensor(np.array([loss, tokens], np.float32)), topo.dp).asnumpy()
-                loss, tokens = float(summed[0]) / topo.dp.size, int(summed[1])
-            if np.isfinite(loss):
+            figures = _step_loss(losses, tokens, optimizer, topo, on_device)
+            if on_device:  # a non-finite loss skips the step inside the optimizer, decided on the device
+                stats = optimizer.step(grads, finite_loss=ops.isfinite(figures["loss"]))
+            elif np.isfinite(figures["loss"]):
                 stats = optimizer.step(grads)
             else:  # skipped like the optimizer skips a non-finite gradient: the schedule still advances
-                stats = {"lr": optimizer.lr_at(optimizer.iteration), "grad_norm": float("nan"), "skipped": True}
+                stats = {"lr": optimizer.lr_at(optimizer.iteration), "grad_norm": float("nan"), "skipped": True,
+                         "overflow": False, "loss_scale": optimizer.loss_scale}
                 optimizer.iteration += 1
             for chunk in chunks if moe else ():  # aux-loss-free MoE balancing (nothing without expert biases)
                 mm_parallel.moe.update_expert_biases(chunk)
-            # an fp16 overflow is loss scaling at work (the scale halved), not a bad step, until the scale is spent
-            scaling = stats.get("overflow") and optimizer.loss_scale > optimizer.config.min_loss_scale
-            bad_in_a_row = bad_in_a_row + 1 if stats["skipped"] and not scaling else 0
-            skipped_total += int(stats["skipped"])
-            seconds = time.perf_counter() - start
             if profiler is not None:
                 profiler.after_step(step + 1)
-            speed = meter.record(seconds, samples=global_batch // topo.dp.size, tokens=tokens // topo.dp.size)
-            row = {"step": step + 1, "loss": _finite(loss), "grad_norm": _finite(stats["grad_norm"]), "lr": stats["lr"],
-                   "samples_per_s": speed["cluster_samples_per_s"], "tokens_per_s": speed["cluster_tokens_per_s"],
-                   "mfu": speed["mfu"], "mem_bytes": step_memory_bytes(device_target)["bytes"],
-                   "skipped": stats["skipped"]}
-            if optimizer.config.dynamic_loss_scale or optimizer.loss_scale != 1.0:
-                row["loss_scale"] = stats.get("loss_scale", optimizer.loss_scale)
-                row["skipped_total"] = skipped_total
-            routing = _routing_metrics(chunks) if moe else {}
-            if routing:
-                row["moe"] = routing
-            row.update(_evaluate(recipe, task, chunks, topo, step + 1, bar, board, watchdog))
-            metrics.append(row)
-            if writer and ((step + 1) % recipe.train.log_every == 0 or "val_loss" in row or "samples" in row):
-                log.write(json.dumps(row) + "\n")
-                log.flush()
-                if board is not None:
-                    board.write(row)
-            bar.update(step + 1, loss, row["samples_per_s"], routing)
-            if bad_in_a_row >= recipe.train.max_nonfinite_steps:
-                raise RuntimeError(f"{bad_in_a_row} steps in a row (up to step {step + 1}) had a non-finite loss or "
-                                   f"gradient and were skipped ({skipped_total} in all); lower optim.lr, check the "
-                                   "data, or raise train.max_nonfinite_steps")
-            if every and ((step + 1) % every == 0 or step + 1 == recipe.train.steps):
+            rows.add({**figures, **stats, "step": step + 1, "seconds": time.perf_counter() - start})
+            saving = every and ((step + 1) % every == 0 or step + 1 == recipe.train.steps)
+            if not on_device or saving or _row_due(recipe, step + 1):
+                extra = {"moe": _routing_metrics(chunks)} if moe else {}
+                extra = {k: v for k, v in extra.items() if v}
+                extra.update(_evaluate(recipe, task, chunks, topo, step + 1, bar, board, watchdog))
+                rows.write(extra)
+            if saving:
                 with watchdog.paused():  # the others wait while rank 0 writes and hashes
                     checkpoint.save(out, step + 1, chunks, optimizer, topo, lora, recipe.checkpoint.keep,
                                     data_state=task.position(step + 1), model_dtype=recipe.checkpoint.save_dtype,
@@ -349,7 +278,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
     if writer:  # the whole run's curve: a resumed run's log holds the steps before it too
         with open(os.path.join(out, "metrics.jsonl")) as f:
             _loss_curve([json.loads(line) for line in f if line.strip()], os.path.join(out, "loss.png"))
-    return metrics
+    return rows.metrics
 
 
 def _evaluate(recipe, task, chunks, topo, step: int, bar, board, watchdog) -> Dict:
@@ -359,7 +288,7 @@ def _evaluate(recipe, task, chunks, topo, step: int, bar, board, watchdog) -> Di
     added = {}
     if evaluation.due(recipe.eval.every, step, recipe.train.steps):
         began = time.perf_counter()
-        added["val_loss"] = _finite(evaluation.validation_loss(chunks, task, topo))
+        added["val_loss"] = finite(evaluation.validation_loss(chunks, task, topo))
         shown = "nan" if added["val_loss"] is None else f"{added['val_loss']:.4f}"
         bar.note(f"step {step}: val_loss {shown} ({time.perf_counter() - began:.1f} s)")
     if evaluation.due(recipe.eval.sample_every, step, recipe.train.steps):
@@ -440,7 +369,7 @@ def _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer, grad_dt
     """(micro-batch losses times the loss scale — on the last pipeline stage only under pp — and
     the gradients of their mean for this rank's parameters, in ``params`` order, summed over the
     micro-batches in ``grad_dtype``)."""
-    from mm_parallel.ops.device import as_type
+    from mm_parallel.ops.device import as_type, use_fused
 
     if topo.pp.size > 1:
         from mm_parallel import pipeline
@@ -457,15 +386,46 @@ def _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer, grad_dt
     total, losses = None, []
     for batch in batches:
         loss, grads = grad_fn(batch)
-        losses.append(float(loss.asnumpy()))
+        losses.append(loss if use_fused() else float(loss.asnumpy()))
         grads = [as_type(g, grad_dtype) for g in grads]
         total = grads if total is None else [a + b for a, b in zip(total, grads)]
     return losses, [g * (1.0 / len(batches)) for g in total] if len(batches) > 1 else total
 
 
-def _finite(value):
-    """JSON has no nan / inf: a non-finite figure is written as null."""
-    return value if value is None or np.isfinite(value) else None
+def _row_due(recipe, step: int) -> bool:
+    """Whether step ``step`` writes a metrics row on the device path: a log step, an evaluation
+    or sample step, the last step (checkpoints too: the loop adds them)."""
+    return (step % recipe.train.log_every == 0 or step == recipe.train.steps
+            or evaluation.due(recipe.eval.every, step, recipe.train.steps)
+            or evaluation.due(recipe.eval.sample_every, step, recipe.train.steps))
+
+
+def _step_loss(losses, tokens: int, optimizer, topo, on_device: bool) -> Dict:
+    """{"loss": the step's loss (the mean of its micro-batches', unscaled, the same on every rank),
+    "tokens": the step's tokens over dp}: host numbers on the CPU path, unread (1,) tensors on the
+    device path. Ranks that see no loss (pipeline stages before the last) get it from the last."""
+    import mindspore as ms
+    from mindspore import ops
+
+    from mm_parallel import comm, pipeline
+
+    if not on_device:
+        loss = float(np.mean(losses)) / optimizer.loss_scale if losses else 0.0
+        if topo.pp.size > 1:  # only the last stage sees the loss: give it to every stage
+            loss = float(comm.all_reduce(ms.Tensor(np.array([loss], np.float32)), topo.pp).asnumpy()[0])
+        if topo.dp.size > 1:  # a nan on any rank makes the sum nan everywhere: every rank agrees
+            summed = comm.all_reduce(ms.Tensor(np.array([loss, tokens], np.float32)), topo.dp).asnumpy()
+            loss, tokens = float(summed[0]) / topo.dp.size, int(summed[1])
+        return {"loss": loss, "tokens": tokens}
+    loss = pipeline.mean_loss(losses).reshape(1) if losses else ms.Tensor(np.zeros(1, np.float32))
+    loss = optimizer.unscale_loss(loss)
+    if topo.pp.size > 1:
+        loss = comm.all_reduce(loss, topo.pp)
+    both = ops.concat([loss, ms.Tensor(np.array([tokens], np.float32))])
+    if topo.dp.size > 1:
+        both = comm.all_reduce(both, topo.dp)
+        both = both / ms.Tensor(np.array([topo.dp.size, 1], np.float32))
+    return {"loss": both[0:1], "tokens": both[1:2]}
 
 
 def _routing_metrics(chunks) -> Dict:

@@ -134,7 +134,7 @@ def loss_and_grads(spec: ModelSpec, chunks, topo, local: dict):
         grads = [g for chunk in per_chunk for g in chunk]
     if not losses:  # not the last stage
         return None, grads
-    loss = ms.Tensor(np.float32(np.mean(losses)))
+    loss = pipeline.mean_loss(losses)
     if topo.dp.size > 1:  # a dp group shares its pipeline stage
         loss = comm.all_reduce(loss, topo.dp) / topo.dp.size
     return float(loss.asnumpy()), grads
