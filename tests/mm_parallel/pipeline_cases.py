@@ -53,7 +53,8 @@ def virtual_stages(blocks, ranges):
 def run_pipeline_cases(layouts, layers=4):
     """layouts: {name: {"layout": ParallelConfig kwargs, "vpp": chunks (interleaved when > 1),
     "layers": count, "pipeline_num_layers": counts or None, "vary": bool, "dict_io": stages pass
-    `dict_stage`'s dicts}} -> {name: [problems]}."""
+    `dict_stage`'s dicts, "plan": the steps share a stage_io.TransferPlan (headers cross in the
+    first step only: checked)}} -> {name: [problems]}."""
     import mindspore as ms
     from reference_model import build_stack, full_arrays, run_stack
 
@@ -61,6 +62,7 @@ def run_pipeline_cases(layouts, layers=4):
     from mm_parallel import ParallelConfig
     from mm_parallel.optimizer import DistributedOptimizer, OptimizerConfig
     from mm_parallel.pipeline import stage_layer_ranges, train_step_1f1b, train_step_interleaved
+    from mm_parallel.stage_io import TransferPlan
     from mm_parallel.topology import Topology
 
     solo = Topology.build(ParallelConfig(), 1, 0)
@@ -96,20 +98,23 @@ def run_pipeline_cases(layouts, layers=4):
             blocks = [b for chunk in chunks for b in chunk]
             params = [p for b in blocks for p in b.trainable_params()]
             opt = DistributedOptimizer(blocks, OptimizerConfig(**CFG), topo)
+            plan = TransferPlan() if case.get("plan") else None
 
             def step():
                 if vpp == 1:
-                    return train_step_1f1b(lambda t: run(blocks, t, topo.pp.rank), params, data, loss_fn, topo)
+                    return train_step_1f1b(lambda t: run(blocks, t, topo.pp.rank), params, data, loss_fn, topo,
+                                           plan=plan)
                 fns = [lambda t, c=c, chunk=chunk: run(chunk, t, c * topo.pp.size + topo.pp.rank)
                        for c, chunk in enumerate(chunks)]
                 chunk_params = [[p for b in chunk for p in b.trainable_params()] for chunk in chunks]
-                losses, chunk_grads = train_step_interleaved(fns, chunk_params, data, loss_fn, topo)
+                losses, chunk_grads = train_step_interleaved(fns, chunk_params, data, loss_fn, topo, plan=plan)
                 return losses, [g for c in chunk_grads for g in c]
 
-            problems = []
+            problems, handshakes = [], []
             for k in range(STEPS):  # each step: losses, (first step) gradients, the global norm
                 ref_losses, ref_grads = ref_step()
                 losses, grads = step()
+                handshakes.append(plan.handshakes if plan is not None else 0)
                 if topo.pp.rank == topo.pp.size - 1 and not np.allclose(losses, ref_losses, rtol=1e-5):
                     problems.append(f"step {k} losses {losses} != {ref_losses}")
                 if k == 0:
@@ -124,6 +129,8 @@ def run_pipeline_cases(layouts, layers=4):
                 norm, ref_norm = opt.step(grads)["grad_norm"], ref_opt.step(ref_grads)["grad_norm"]
                 if not np.isclose(norm, ref_norm, rtol=1e-5):
                     problems.append(f"step {k} grad norm {norm} != {ref_norm}")
+            if plan is not None and not (handshakes[0] > 0 and handshakes[-1] == handshakes[0]):
+                problems.append(f"headers crossed after the first step: {handshakes} (cumulative per step)")
             ref_params = full_arrays(ref, solo, ref.trainable_params(), ref.trainable_params())
             for key, value in full_arrays(stack, topo, params, params).items():
                 if not np.allclose(value, ref_params[key], rtol=1e-4, atol=1e-5):

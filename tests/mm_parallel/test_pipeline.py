@@ -85,19 +85,21 @@ LAYOUTS = {
     2: {
         "pp2": {"layout": {"pp": 2}},
         "pp2_uneven_varying_lengths": {"layout": {"pp": 2}, "pipeline_num_layers": [3, 1], "vary": True},
-        "pp2_vpp2_varying_lengths": {"layout": {"pp": 2, "vpp": 2}, "vpp": 2, "vary": True},
+        "pp2_vpp2_varying_lengths": {"layout": {"pp": 2, "vpp": 2}, "vpp": 2, "vary": True, "plan": True},
         "pp2_vpp2_uneven": {"layout": {"pp": 2, "vpp": 2}, "vpp": 2, "layers": 6,
                             "pipeline_num_layers": [[1, 2], [2, 1]]},
-        "pp2_dict_io_varying_lengths": {"layout": {"pp": 2}, "vary": True, "dict_io": True},
+        "pp2_dict_io_varying_lengths": {"layout": {"pp": 2}, "vary": True, "dict_io": True, "plan": True},
     },
     4: {
-        "pp4_varying_lengths": {"layout": {"pp": 4}, "vary": True},
+        "pp4_varying_lengths": {"layout": {"pp": 4}, "vary": True, "plan": True},
         "pp4_uneven": {"layout": {"pp": 4}, "layers": 5, "pipeline_num_layers": [1, 2, 1, 1]},
         "pp2_tp2_uneven": {"layout": {"pp": 2, "tp": 2}, "pipeline_num_layers": [1, 3]},
-        "pp4_vpp2_varying_lengths": {"layout": {"pp": 4, "vpp": 2}, "vpp": 2, "layers": 8, "vary": True},
+        "pp4_vpp2_varying_lengths": {"layout": {"pp": 4, "vpp": 2}, "vpp": 2, "layers": 8, "vary": True,
+                                     "plan": True},
         "pp2_vpp2_tp2": {"layout": {"pp": 2, "vpp": 2, "tp": 2}, "vpp": 2},
         "pp4_dict_io_varying_lengths": {"layout": {"pp": 4}, "vary": True, "dict_io": True},
-        "pp2_vpp2_dict_io_varying_lengths": {"layout": {"pp": 2, "vpp": 2}, "vpp": 2, "vary": True, "dict_io": True},
+        "pp2_vpp2_dict_io_varying_lengths": {"layout": {"pp": 2, "vpp": 2}, "vpp": 2, "vary": True, "dict_io": True,
+                                             "plan": True},
     },
 }
 
@@ -110,3 +112,20 @@ def test_pipeline_equals_single_process(run_distributed, world):
         assert set(result) == set(LAYOUTS[world])
         failed = {case: p for case, p in result.items() if p}
         assert not failed, (rank, failed)
+
+
+def test_a_transfer_plan_keeps_headers_by_key_and_refuses_a_stage_that_breaks_its_contract():
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from mm_parallel.stage_io import TransferPlan, batch_shapes
+
+    batch = {"ids": np.zeros((2, 8), np.int64), "pixels": [np.zeros((16, 3), np.float32)], "n": 3}
+    assert batch_shapes(batch) == batch_shapes({**batch, "ids": np.ones((2, 8), np.int64)})
+    assert batch_shapes(batch) != batch_shapes({**batch, "ids": np.zeros((2, 9), np.int64)})
+    plan = TransferPlan()
+    value = {"hidden": Tensor(np.zeros((2, 8, 4), np.float32)), "mask": Tensor(np.ones((2, 8)), ms.bool_)}
+    assert plan.outgoing("k", value) is None and plan.handshakes == 1  # the first time: the header goes
+    assert plan.outgoing("k", value)["tensors"][0] == ["hidden", "float32", [2, 8, 4]] and plan.handshakes == 1
+    with pytest.raises(RuntimeError, match=r"hidden float32 \(2, 9, 4\).*micro-batch's shapes"):
+        plan.outgoing("k", {**value, "hidden": Tensor(np.zeros((2, 9, 4), np.float32))})

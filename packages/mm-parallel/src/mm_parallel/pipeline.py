@@ -76,37 +76,54 @@ def stage_layer_ranges(num_layers: int, pp: int, vpp: int = 1, pipeline_num_laye
 
 class _Link:
     """Point-to-point transfers of one stage with its neighbours (mm_parallel.stage_io: a tensor
-    or a dict of named tensors, each transfer described by its header)."""
+    or a dict of named tensors). With a `stage_io.TransferPlan` each transfer is keyed by
+    (direction, the sending virtual stage, micro-batch i's shapes): its header crosses once."""
 
-    def __init__(self, topology: Topology):
+    def __init__(self, topology: Topology, plan: Optional[stage_io.TransferPlan] = None,
+                 micro_batches: Sequence[Tuple] = ()):
         pp = topology.pp
+        self.p, self.s = pp.size, pp.rank
         self.first, self.last = pp.rank == 0, pp.rank == pp.size - 1
         self.prev = None if self.first else pp.ranks[pp.rank - 1]
         self.next = None if self.last else pp.ranks[pp.rank + 1]
+        self.plan = plan
+        self.shapes = [stage_io.batch_shapes(batch[0]) for batch in micro_batches] if plan is not None else []
 
-    send = staticmethod(stage_io.send)
-    recv = staticmethod(stage_io.recv)
-    swap = staticmethod(stage_io.swap)
+    def key(self, kind: str, sender: int, i: int):
+        """The plan's key of micro-batch i's ``kind`` ("F" / "B") transfer from virtual stage ``sender``."""
+        return (kind, sender, self.shapes[i]) if self.plan is not None else None
 
-    def recv_forward(self):
-        return None if self.first else self.recv(self.prev)
+    def send(self, value, peer: int, key=None):
+        stage_io.send(value, peer, self.plan, key)
 
-    def send_forward(self, y):
+    def recv(self, peer: int, key=None):
+        return stage_io.recv(peer, self.plan, key)
+
+    def recv_forward(self, i: int):
+        return None if self.first else self.recv(self.prev, self.key("F", self.s - 1, i))
+
+    def send_forward(self, y, i: int):
         if not self.last:
-            self.send(y, self.next)
+            self.send(y, self.next, self.key("F", self.s, i))
 
-    def recv_backward(self):
-        return None if self.last else self.recv(self.next)
+    def recv_backward(self, i: int):
+        return None if self.last else self.recv(self.next, self.key("B", self.s + 1, i))
 
-    def send_backward(self, dx):
+    def send_backward(self, dx, i: int):
         if not self.first:
-            self.send(dx, self.prev)
+            self.send(dx, self.prev, self.key("B", self.s, i))
 
-    def send_forward_recv_backward(self, y):
-        return None if self.last else self.swap(y, self.next)
+    def send_forward_recv_backward(self, y, i_forward: int, i_backward: int):
+        if self.last:
+            return None
+        keys = (self.key("F", self.s, i_forward), self.key("B", self.s + 1, i_backward))
+        return stage_io.swap(y, self.next, self.plan, keys)
 
-    def send_backward_recv_forward(self, dx):
-        return None if self.first else self.swap(dx, self.prev)
+    def send_backward_recv_forward(self, dx, i_backward: int, i_forward: int):
+        if self.first:
+            return None
+        keys = (self.key("B", self.s, i_backward), self.key("F", self.s - 1, i_forward))
+        return stage_io.swap(dx, self.prev, self.plan, keys)
 
 
 def _micro_backward(fn: Callable, x, params: List, needs_dx: bool, objective: Callable):
@@ -157,7 +174,8 @@ def mean_loss(losses: Sequence):
 
 
 def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[Tuple], loss_fn: Callable,
-                    topology: Optional[Topology] = None, with_batch: bool = False, grad_dtype=None):
+                    topology: Optional[Topology] = None, with_batch: bool = False, grad_dtype=None,
+                    plan: Optional[stage_io.TransferPlan] = None):
     """One training step of ``stage`` (this rank's layers: input -> output) over micro-batches.
 
     micro_batches[i] = (input, target): the first stage feeds ``input`` to its layers, the last
@@ -168,10 +186,11 @@ def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[T
     grads): the per-micro-batch losses on the last stage (empty elsewhere; device tensors on the
     device path, see `_micro_loss`) and the gradients of
     ``params`` (this stage's trainable parameters) of the mean loss, summed over micro-batches in
-    ``grad_dtype`` (default: each parameter's dtype).
+    ``grad_dtype`` (default: each parameter's dtype). ``plan``: the run's `stage_io.TransferPlan`
+    (headers cross once per key instead of with every transfer).
     """
     topo = get_topology(topology)
-    link = _Link(topo)
+    link = _Link(topo, plan, micro_batches)
     p, s, m = topo.pp.size, topo.pp.rank, len(micro_batches)
     if m < 1:
         raise ValueError("train_step_1f1b needs at least one micro-batch")
@@ -199,17 +218,17 @@ def train_step_1f1b(stage: Callable, params: Sequence, micro_batches: Sequence[T
     warmup = min(p - s - 1, m)
     remaining = m - warmup
     for i in range(warmup):
-        link.send_forward(forward(i, link.recv_forward()))
-    x = link.recv_forward() if remaining else None
+        link.send_forward(forward(i, link.recv_forward(i)), i)
+    x = link.recv_forward(warmup) if remaining else None
     for i in range(remaining):
         y = forward(warmup + i, x)
-        dx = backward(i, None if link.last else link.send_forward_recv_backward(y))
+        dx = backward(i, None if link.last else link.send_forward_recv_backward(y, warmup + i, i))
         if i == remaining - 1:
-            link.send_backward(dx)
+            link.send_backward(dx, i)
         else:
-            x = link.send_backward_recv_forward(dx)
+            x = link.send_backward_recv_forward(dx, i, warmup + i + 1)
     for i in range(remaining, m):
-        link.send_backward(backward(i, link.recv_backward()))
+        link.send_backward(backward(i, link.recv_backward(i)), i)
     return losses, grads
 
 
@@ -264,7 +283,7 @@ def interleaved_ticks(p: int, v: int, m: int) -> List[List[Optional[Tuple[str, i
 
 def train_step_interleaved(chunks: Sequence[Callable], chunk_params: Sequence[Sequence], micro_batches: Sequence[Tuple],
                            loss_fn: Callable, topology: Optional[Topology] = None, with_batch: bool = False,
-                           grad_dtype=None):
+                           grad_dtype=None, plan: Optional[stage_io.TransferPlan] = None):
     """Interleaved 1F1B (VPP): this stage holds ``vpp`` chunks (chunks[c] is virtual stage c * pp +
     stage). Same contract as `train_step_1f1b`; returns (losses, grads[chunk][param]).
 
@@ -277,7 +296,7 @@ def train_step_interleaved(chunks: Sequence[Callable], chunk_params: Sequence[Se
         raise ValueError(f"the interleaved schedule needs pp >= 2 and vpp >= 2 chunks, got pp={p}, vpp={v}")
     if m % p:
         raise ValueError(f"the interleaved schedule needs a number of micro-batches divisible by pp={p}, got {m}")
-    link, last = _Link(topo), p * v - 1
+    link, last = _Link(topo, plan, micro_batches), p * v - 1
     params = [list(c) for c in chunk_params]
     grads: List = [[None] * len(c) for c in params]
     inputs, douts, outgoing, losses = {}, {}, {}, {}
@@ -317,9 +336,9 @@ def train_step_interleaved(chunks: Sequence[Callable], chunk_params: Sequence[Se
                 continue
             receiver = (sender + 1) % p if kind == "F" else (sender - 1) % p
             if sender == s:
-                link.send(outgoing.pop((kind, chunk, i)), topo.pp.ranks[receiver])
+                link.send(outgoing.pop((kind, chunk, i)), topo.pp.ranks[receiver], link.key(kind, vs, i))
             elif receiver == s:
-                got = link.recv(topo.pp.ranks[sender])
+                got = link.recv(topo.pp.ranks[sender], link.key(kind, vs, i))
                 if kind == "F":  # the next virtual stage's input
                     inputs[chunk + (sender == p - 1), i] = got
                 else:  # the gradient of the previous virtual stage's output

@@ -12,6 +12,15 @@ change between micro-batches: the header carries them). Backward, the gradients 
 tensors travel back the same way, under the same names; integer and boolean tensors get none.
 Both sides of a two-way swap exchange headers first, then one buffer per dtype either side
 has (a one-element placeholder where a side has none), so blocking transfers cannot deadlock.
+
+Reading a header is a device-to-host read on the receiver. A `TransferPlan` (one per training
+run, shared by both sides' schedules) makes the headers a warm-up cost: a transfer named by a key
+— which boundary, which direction, the shapes of its micro-batch — sends its header the first
+time the key is seen and never again; both sides keep the header under the key, so the receiver
+knows what comes without asking. The contract: what a stage sends is a function of its micro-
+batch's shapes (true of every mm model: sequence lengths, patch counts and frame counts are all
+shapes of the batch). The sender checks each planned transfer against its kept header (shapes
+are host metadata: no read) and raises if a stage broke the contract, naming the tensor.
 """
 
 from __future__ import annotations
@@ -54,11 +63,15 @@ def dtype_name(tensor: Tensor) -> str:
     return _NAMES[tensor.dtype]
 
 
+def describe(value: StageValue) -> dict:
+    """What a header says of ``value``: {"bare", "tensors": [[name, dtype, shape], ...]}."""
+    bare, tensors = _entries(value)
+    return {"bare": bare, "tensors": [[n, dtype_name(t), list(t.shape)] for n, t in tensors.items()]}
+
+
 def header(value: StageValue) -> Tensor:
     """The fixed-size header describing ``value``."""
-    bare, tensors = _entries(value)
-    text = json.dumps({"bare": bare, "tensors": [[n, dtype_name(t), list(t.shape)] for n, t in tensors.items()]})
-    raw = text.encode()
+    raw = json.dumps(describe(value)).encode()
     if len(raw) > HEADER_BYTES - 8:
         raise ValueError(f"a pipeline stage's header needs {len(raw)} bytes, more than {HEADER_BYTES - 8}: pass "
                          "fewer tensors between stages")
@@ -99,28 +112,91 @@ def _rebuild(spec: dict, flats: Dict[str, Tensor]) -> StageValue:
     return out[""] if spec["bare"] else {name: out[name] for name, _, _ in spec["tensors"]}
 
 
-def send(value: StageValue, peer: int) -> None:
-    """Send ``value`` to global rank ``peer`` (which calls `recv`)."""
+class TransferPlan:
+    """The headers of a run's transfers by key (module docstring); both sides of a boundary
+    hold one and pass the same keys in the same order."""
+
+    def __init__(self):
+        self.specs: Dict[object, dict] = {}
+        self.handshakes = 0  # headers sent or received: the first transfer of each key
+
+    def outgoing(self, key, value: StageValue) -> Optional[dict]:
+        """The kept header of a planned send (checked against ``value``), or None to send one."""
+        spec, kept = describe(value), self.specs.get(key)
+        if kept is None:
+            self.specs[key] = spec
+            self.handshakes += 1
+            return None
+        if spec != kept:
+            changed = [f"{n or 'the tensor'} {d} {tuple(sh)}" for n, d, sh in spec["tensors"]
+                       if [n, d, sh] not in kept["tensors"]]
+            raise RuntimeError(f"pipeline transfer {key}: a stage sent {', '.join(changed) or 'other tensors'} where "
+                               f"a micro-batch of the same shapes sent {kept['tensors']}; what a stage passes on must "
+                               "follow from its micro-batch's shapes (mm_parallel.stage_io.TransferPlan)")
+        return spec
+
+
+def batch_shapes(batch) -> tuple:
+    """A hashable key of a micro-batch's shapes and dtypes (nested dicts, lists, tensors, numpy
+    arrays; other values by themselves): what a `TransferPlan` key names a micro-batch by."""
+    if isinstance(batch, (Tensor, np.ndarray)):
+        return ("array", tuple(batch.shape), str(batch.dtype))
+    if isinstance(batch, dict):
+        return ("dict",) + tuple((k, batch_shapes(v)) for k, v in sorted(batch.items()))
+    if isinstance(batch, (list, tuple)):
+        return ("seq",) + tuple(batch_shapes(v) for v in batch)
+    return ("value", batch if isinstance(batch, (int, float, str, bool, type(None))) else type(batch).__name__)
+
+
+def _send_header(value: StageValue, peer: int, plan: Optional[TransferPlan], key) -> dict:
+    spec = plan.outgoing(key, value) if plan is not None else None
+    if spec is None:
+        spec = describe(value)
+        comm.send(header(value), peer)
+    return spec
+
+
+def _recv_header(peer: int, plan: Optional[TransferPlan], key) -> dict:
+    if plan is not None and key in plan.specs:
+        return plan.specs[key]
+    spec = read_header(comm.recv((HEADER_BYTES // 8,), ms.int64, peer))
+    if plan is not None:
+        plan.specs[key] = spec
+        plan.handshakes += 1
+    return spec
+
+
+def send(value: StageValue, peer: int, plan: Optional[TransferPlan] = None, key=None) -> None:
+    """Send ``value`` to global rank ``peer`` (which calls `recv`); with a ``plan``, the header
+    only the first time ``key`` is seen."""
     _, tensors = _entries(value)
-    described = header(value)
-    comm.send(described, peer)
-    for members in _groups(read_header(described)).values():
+    for members in _groups(_send_header(value, peer, plan, key)).values():
         comm.send(_flat(tensors, [n for n, _ in members]), peer)
 
 
-def recv(peer: int) -> StageValue:
-    """Receive what global rank ``peer`` passes to `send`."""
-    spec = read_header(comm.recv((HEADER_BYTES // 8,), ms.int64, peer))
+def recv(peer: int, plan: Optional[TransferPlan] = None, key=None) -> StageValue:
+    """Receive what global rank ``peer`` passes to `send` (the same ``plan`` and ``key``)."""
+    spec = _recv_header(peer, plan, key)
     flats = {dtype: comm.recv((_numel(members),), DTYPES[dtype], peer) for dtype, members in _groups(spec).items()}
     return _rebuild(spec, flats)
 
 
-def swap(value: StageValue, peer: int) -> StageValue:
-    """Send ``value`` to ``peer`` and receive what ``peer`` sends at the same time."""
+def swap(value: StageValue, peer: int, plan: Optional[TransferPlan] = None, keys=(None, None)) -> StageValue:
+    """Send ``value`` to ``peer`` and receive what ``peer`` sends at the same time; ``keys``:
+    (this side's send, its receive) under a ``plan``, the peer's the same two swapped. Both sides
+    know both keys or neither (each key is learned by both ends of its transfer), so they agree
+    on whether headers cross."""
     _, tensors = _entries(value)
-    mine = header(value)
-    theirs = read_header(comm.exchange(mine, peer))
-    ours, incoming = _groups(read_header(mine)), _groups(theirs)
+    out_key, in_key = keys
+    if plan is not None and out_key in plan.specs and in_key in plan.specs:
+        ours, theirs = plan.outgoing(out_key, value), plan.specs[in_key]
+    else:
+        ours = describe(value)
+        theirs = read_header(comm.exchange(header(value), peer))
+        if plan is not None:
+            plan.specs[out_key], plan.specs[in_key] = ours, theirs
+            plan.handshakes += 2
+    ours, incoming = _groups(ours), _groups(theirs)
     flats = {}
     for dtype in sorted(set(ours) | set(incoming)):  # the same order on both sides
         outgoing = _flat(tensors, [n for n, _ in ours[dtype]]) if dtype in ours else zeros((1,), DTYPES[dtype])

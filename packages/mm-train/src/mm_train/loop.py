@@ -222,6 +222,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
     rows = Rows(recipe, optimizer, lambda: meter[0], global_batch // topo.dp.size, topo.dp.size, log, board, bar,
                 lambda: step_memory_bytes(device_target)["bytes"])
     on_device = use_fused()  # the device path: a step's figures are read when its row is written (step_rows)
+    transfers = mm_parallel.stage_io.TransferPlan()  # pipeline headers cross once per micro-batch shape
     stream = task.stream(first)
     watchdog = _watchdog(recipe, topo)
     try:
@@ -239,7 +240,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
             tokens = sum(task.tokens(b) for b in batches)
             batches = [task.model_inputs(b) for b in batches]
             losses, grads = _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer,
-                                              policy.accumulate_dtype)
+                                              policy.accumulate_dtype, transfers)
             figures = _step_loss(losses, tokens, optimizer, topo, on_device)
             if on_device:  # a non-finite loss skips the step inside the optimizer, decided on the device
                 stats = optimizer.step(grads, finite_loss=ops.isfinite(figures["loss"]))
@@ -365,7 +366,7 @@ def _profiler(recipe: Recipe, topo):
     return StepProfiler(ProfileConfig.from_dict(values), rank=topo.rank)
 
 
-def _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer, grad_dtype):
+def _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer, grad_dtype, transfers=None):
     """(micro-batch losses times the loss scale — on the last pipeline stage only under pp — and
     the gradients of their mean for this rank's parameters, in ``params`` order, summed over the
     micro-batches in ``grad_dtype``)."""
@@ -378,10 +379,10 @@ def _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer, grad_dt
         loss_fn = lambda y, batch: optimizer.scale_loss(last.pipeline_loss(y, batch))  # noqa: E731
         if len(chunks) == 1:
             return pipeline.train_step_1f1b(last.pipeline_stage, params, micro, loss_fn, topo, with_batch=True,
-                                            grad_dtype=grad_dtype)
+                                            grad_dtype=grad_dtype, plan=transfers)
         losses, per_chunk = pipeline.train_step_interleaved(
             [c.pipeline_stage for c in chunks], [c.trainable_params() for c in chunks], micro, loss_fn,
-            topo, with_batch=True, grad_dtype=grad_dtype)
+            topo, with_batch=True, grad_dtype=grad_dtype, plan=transfers)
         return losses, [g for chunk in per_chunk for g in chunk]
     total, losses = None, []
     for batch in batches:
