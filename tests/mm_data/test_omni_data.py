@@ -157,3 +157,27 @@ def test_features_of_a_batch_are_each_audios_own():
     a, b = tone(0.3, 16000), tone(1.0, 16000, 880.0)
     batch = ours([a, b])
     np.testing.assert_array_equal(batch["input_features"][0, :, :30], ours([a])["input_features"][0])
+
+
+def test_an_audio_longer_than_the_features_chunk_is_cut_counted_and_logged(tmp_path, caplog):
+    """Whisper features cover chunk_length seconds (300 for Qwen2.5-Omni; 1 here): a longer audio
+    keeps its first chunk_length seconds, as transformers' extractor cuts it — never silently."""
+    import logging
+
+    tokenizer = qwen_tokenizer(str(tmp_path / "tok"), TEXTS, special=OMNI_SPECIAL)
+    write_audio(str(tmp_path / "long.wav"), tone(2.5, 16000), 16000)
+    write_audio(str(tmp_path / "short.wav"), tone(0.5, 16000), 16000)
+    entries = [{"messages": [{"role": "user", "content": "<audio>What do you hear?"},
+                             {"role": "assistant", "content": "A tone."}], "audios": [name]}
+               for name in ("long.wav", "short.wav", "long.wav")]
+    (tmp_path / "data.json").write_text(json.dumps(entries))
+    dataset = OmniSFTDataset.from_file(str(tmp_path / "data.json"), tokenizer,
+                                       audio_processor=WhisperFeatureExtractor(chunk_length=1))
+    with caplog.at_level(logging.WARNING, logger="mm_data"):
+        samples = [dataset.get(i) for i in range(3)]
+    assert list(dataset.cut_audio) == [str(tmp_path / "long.wav")]
+    assert dataset.cut_audio[str(tmp_path / "long.wav")] == pytest.approx(2.5, abs=0.01)
+    cut = [r.getMessage() for r in caplog.records if "only its first 1 s" in r.getMessage()]
+    assert len(cut) == 1 and "long.wav is 2.5 s long" in cut[0]  # logged once per file
+    assert samples[0]["feature_attention_mask"].sum() == 100  # 1 s of 10 ms frames
+    assert samples[1]["feature_attention_mask"].sum() == 50

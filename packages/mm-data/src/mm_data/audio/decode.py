@@ -15,15 +15,19 @@ size is checked instead) is a `BadSample`.
 from __future__ import annotations
 
 import os
+from typing import Callable, Optional
 
 import numpy as np
 
 from mm_data.errors import BadSample
 
 
-def load_audio(path: str, sampling_rate: int = 16000, max_seconds: float = None) -> np.ndarray:
+def load_audio(path: str, sampling_rate: int = 16000, max_seconds: float = None,
+               on_cut: Optional[Callable[[str, float], None]] = None) -> np.ndarray:
     """The first audio stream of ``path`` as a (samples,) float32 array at ``sampling_rate`` Hz, mono;
-    with ``max_seconds`` decoding stops once that much is read (the rest would be cut anyway)."""
+    with ``max_seconds`` decoding stops once that much is read (the rest would be cut anyway), and
+    ``on_cut(path, seconds)`` is told when the audio was longer (``seconds``: its declared length,
+    or at least what was read when the header gives none)."""
     import av
 
     if not os.path.isfile(path):
@@ -65,7 +69,11 @@ def load_audio(path: str, sampling_rate: int = 16000, max_seconds: float = None)
     seconds = samples.size / sampling_rate
     if declared and (limit is None or samples.size < limit) and seconds < 0.9 * declared:
         raise BadSample(path, f"truncated: the header declares {declared:.2f} s, {seconds:.2f} s decode")
-    return samples[:limit] if limit is not None else samples
+    if limit is None:
+        return samples
+    if on_cut is not None and (samples.size > limit or (declared or 0) * sampling_rate > limit + sampling_rate / 100):
+        on_cut(path, max(declared or 0.0, seconds))
+    return samples[:limit]
 
 
 def _declared_seconds(container, stream):

@@ -25,6 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from mm_data.audio import WhisperFeatureExtractor, load_audio
+from mm_data.errors import logger
 from mm_data.vl.conversation import Conversation
 from mm_data.vl.dataset import MEDIA_FIELDS, VLSFTDataset
 from mm_data.vl.template import OMNI_MEDIA
@@ -88,6 +89,16 @@ class OmniSFTDataset(VLSFTDataset):
         self.audio_processor = audio_processor or WhisperFeatureExtractor()
         self.use_audio_in_video = use_audio_in_video
         self.position_id_per_seconds, self.seconds_per_chunk = position_id_per_seconds, seconds_per_chunk
+        self.cut_audio: Dict[str, float] = {}  # audios longer than the features' chunk_length: path -> seconds
+
+    def _audio_cut(self, path: str, seconds: float) -> None:
+        """Counted and logged once per file: only the first chunk_length seconds become features
+        (as transformers' WhisperFeatureExtractor cuts them)."""
+        if path not in self.cut_audio:
+            self.cut_audio[path] = seconds
+            logger.warning("audio %s is %.1f s long: only its first %d s are used (the Whisper features' "
+                           "chunk_length); %d audio(s) cut so far", path, seconds, self.audio_processor.chunk_length,
+                           len(self.cut_audio))
 
     def audio_sources(self, conversation: Conversation) -> List[Tuple[str, str]]:
         """("audio" | "video", path) of every audio in text order: each <audio> placeholder's file
@@ -112,7 +123,8 @@ class OmniSFTDataset(VLSFTDataset):
         pads: List[int] = []
         if sources:
             limit = self.audio_processor.chunk_length
-            waves = [load_audio(path, self.audio_processor.sampling_rate, max_seconds=limit) for _, path in sources]
+            waves = [load_audio(path, self.audio_processor.sampling_rate, max_seconds=limit, on_cut=self._audio_cut)
+                     for _, path in sources]
             features = self.audio_processor(waves)
             sample["input_features"] = features["input_features"]
             sample["feature_attention_mask"] = features["attention_mask"]
