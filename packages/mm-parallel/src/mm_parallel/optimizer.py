@@ -163,19 +163,18 @@ class DistributedOptimizer:
 
     def scale_loss(self, loss):
         """The loss to differentiate: loss * loss_scale (identity without loss scaling)."""
-        if not self.scaling:
-            return loss
-        if self._device is not None or use_fused():  # the scale stays on the device
-            return loss * self._counters_on_device()["loss_scale"].astype(loss.dtype)
-        return loss * self._host["loss_scale"]
+        return loss * self._scale_like(loss) if self.scaling else loss
 
     def unscale_loss(self, loss):
         """loss / loss_scale: the loss a scaled one stands for (on the device path without a read)."""
-        if not self.scaling:
-            return loss
+        return loss / self._scale_like(loss) if self.scaling else loss
+
+    def _scale_like(self, loss):
+        """The current loss scale: a device tensor in ``loss``'s dtype on the device path (where it
+        stays), else the host number."""
         if self._device is not None or use_fused():
-            return loss / self._counters_on_device()["loss_scale"].astype(loss.dtype)
-        return loss / self._host["loss_scale"]
+            return self._counters_on_device()["loss_scale"].astype(loss.dtype)
+        return self._host["loss_scale"]
 
     def step(self, grads: Sequence, finite_loss=None) -> Dict[str, float]:
         """Apply one update from this rank's gradients (same order as the model's trainable

@@ -218,8 +218,8 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
     log = _metrics_log(os.path.join(out, "metrics.jsonl"), first) if writer else None
     board = tensorboard_log.open_for(recipe, first, writer)
     every = recipe.checkpoint.every
-    profiler, meter = _profiler(recipe, topo), []
-    rows = Rows(recipe, optimizer, lambda: meter[0], global_batch // topo.dp.size, topo.dp.size, log, board, bar,
+    profiler = _profiler(recipe, topo)
+    rows = Rows(recipe, optimizer, global_batch // topo.dp.size, topo.dp.size, log, board, bar,
                 lambda: step_memory_bytes(device_target)["bytes"])
     on_device = use_fused()  # the device path: a step's figures are read when its row is written (step_rows)
     transfers = mm_parallel.stage_io.TransferPlan()  # pipeline headers cross once per micro-batch shape
@@ -232,11 +232,11 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
                 profiler.before_step(step + 1)
             start = time.perf_counter()
             batches = next(stream)
-            if not meter:
-                meter.append(Throughput(flops_per_sample=TRAIN_FLOPS_FACTOR * task.flops_per_sample(chunks[0],
+            if rows.meter is None:
+                rows.meter = Throughput(flops_per_sample=TRAIN_FLOPS_FACTOR * task.flops_per_sample(chunks[0],
                                                                                                    batches[0]),
                                         peak_flops=_peak_flops(recipe), world_size=topo.world_size,
-                                        dp_size=topo.dp.size))
+                                        dp_size=topo.dp.size)
             tokens = sum(task.tokens(b) for b in batches)
             batches = [task.model_inputs(b) for b in batches]
             losses, grads = _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer,
@@ -257,8 +257,8 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
             rows.add({**figures, **stats, "step": step + 1, "seconds": time.perf_counter() - start})
             saving = every and ((step + 1) % every == 0 or step + 1 == recipe.train.steps)
             if not on_device or saving or _row_due(recipe, step + 1):
-                extra = {"moe": _routing_metrics(chunks)} if moe else {}
-                extra = {k: v for k, v in extra.items() if v}
+                routing = _routing_metrics(chunks) if moe else {}
+                extra = {"moe": routing} if routing else {}
                 extra.update(_evaluate(recipe, task, chunks, topo, step + 1, bar, board, watchdog))
                 rows.write(extra)
             if saving:

@@ -104,11 +104,11 @@ class Rows:
     TensorBoard events at log steps and rows with evaluation results, the progress line, and the
     run's stop after ``max_nonfinite`` skipped steps in a row."""
 
-    def __init__(self, recipe, optimizer, meter_for, samples: int, dp: int, log=None, board=None, bar=None,
+    def __init__(self, recipe, optimizer, samples: int, dp: int, log=None, board=None, bar=None,
                  memory_bytes=lambda: None):
-        """``meter_for()``: the run's Throughput; ``samples``: per dp rank and step; the tokens
-        figure counts the dp group's."""
-        self.recipe, self.optimizer, self.meter_for, self.dp = recipe, optimizer, meter_for, dp
+        """``samples``: per dp rank and step; the tokens figure counts the dp group's. ``meter``
+        (the run's mm_profiling Throughput) is set before the first row is written."""
+        self.recipe, self.optimizer, self.dp, self.meter = recipe, optimizer, dp, None
         self.samples, self.log, self.board, self.bar, self.memory_bytes = samples, log, board, bar, memory_bytes
         self.metrics: List[Dict] = []
         self.pending: List[Dict] = []
@@ -135,7 +135,7 @@ class Rows:
         self.bad_in_a_row = self.bad_in_a_row + 1 if figures["skipped"] and not scaling else 0
         self.skipped_total += int(figures["skipped"])
         step = figures["step"]
-        speed = self.meter_for().record(figures["seconds"], samples=self.samples, tokens=figures["tokens"] // self.dp)
+        speed = self.meter.record(figures["seconds"], samples=self.samples, tokens=figures["tokens"] // self.dp)
         row = {"step": step, "loss": finite(figures["loss"]), "grad_norm": finite(figures["grad_norm"]),
                "lr": figures["lr"], "samples_per_s": speed["cluster_samples_per_s"],
                "tokens_per_s": speed["cluster_tokens_per_s"], "mfu": speed["mfu"], "mem_bytes": figures["mem_bytes"],
