@@ -181,12 +181,12 @@ def self_check(target: str, steps: int = SELF_CHECK_STEPS, timeout: float = 600.
                                                                               else []),
                          capture_output=True, text=True, timeout=timeout, env=env)
     words = out.stdout.split()[-4:]
-    if out.returncode != 0 and not through_mm_parallel:  # MindSpore's asynchronous launch itself crashed
-        # (seen here: "The pointer[task] is null" in async_rqueue.cc): as unsafe as a skipped bprop
-        words = ["wrong", "crashed", "calls", "0"]
-    if out.returncode != 0 and through_mm_parallel or len(words) != 4 or words[0] != "wrong":
+    # the loop's process dying under asynchronous launch (seen here: "The pointer[task] is null" in
+    # MindSpore's async_rqueue.cc) makes that launch as unsafe as a skipped bprop: a failed check
+    crashed = out.returncode != 0 and not through_mm_parallel
+    if not crashed and (out.returncode != 0 or len(words) != 4 or words[0] != "wrong"):
         raise RuntimeError(f"the launch-mode self-check failed to run on {target}: {out.stderr[-1500:]}")
-    wrong, calls = (words[1] if words[1] == "crashed" else int(words[1])), int(words[3])
+    wrong, calls = ("crashed", 0) if crashed else (int(words[1]), int(words[3]))
     result = {"passed": wrong == 0 and calls == 4 * steps, "wrong": wrong, "calls": calls, "steps": steps,
               "seconds": round(time.time() - start, 1), "target": target, "mindspore": ms.__version__}
     if save:
