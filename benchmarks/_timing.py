@@ -21,6 +21,29 @@ def best_rate(fn, items: int, runs: int) -> float:
     return items / min(times)
 
 
+def gemm_rate(shape, runs: int = 5) -> float:
+    """MindSpore's fp32 matmul rate now, in FLOP/s: the best of ``runs`` rounds of a linear layer's
+    three products at ``shape`` = (m, k, n) — y = x W^T, dx = dy W, dW = dy^T x, 6 m k n FLOPs —
+    on this machine under its current load. The step's own dominant shape, not a square 1024^2:
+    MindSpore's rate depends on it (here ~185 GFLOP/s at 1024^2, ~215 at 2048 x 512 x 2048)."""
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor, ops
+
+    m, k, n = shape
+    rng = np.random.default_rng(0)
+    x, w, dy = (Tensor(rng.standard_normal(s).astype(np.float32)) for s in ((m, k), (n, k), (m, n)))
+    products = (ops.MatMul(transpose_b=True), ops.MatMul(), ops.MatMul(transpose_a=True))
+
+    def three():
+        for product, a, b in zip(products, (x, dy, dy), (w, w, x)):
+            product(a, b)
+        ms.runtime.synchronize()
+
+    three()
+    return best_rate(three, 6 * m * k * n, runs)
+
+
 def our_train_step(model, precision: str = "fp32"):
     """(step, parts): one train step of ``model`` (forward, backward, DistributedOptimizer) in
     ``precision`` (mm_parallel.precision: bf16 is emulated on CPU), batch -> (seconds, loss), and
@@ -54,10 +77,15 @@ def our_train_step(model, precision: str = "fp32"):
     return step, parts
 
 
-def compare_steps(ours, theirs, batch, runs: int, parts, title: str, rtol: float = 1e-5, emulated_bf16=None) -> None:
+def compare_steps(ours, theirs, batch, runs: int, parts, title: str, rtol: float = 1e-5, emulated_bf16=None,
+                  floor=None, goals=None) -> None:
     """Alternate ``runs`` timed train steps of ``ours`` and ``theirs`` (each a function batch ->
     (seconds, loss)) after one warm-up step each, and print the table: medians, the ratio ours /
-    torch, and ours' ``parts`` ({name: [seconds per step]}, warm-up dropped). The warm-up losses
+    torch, and ours' ``parts`` ({name: [seconds per step]}, warm-up dropped).
+    ``floor`` = (forward FLOPs of the step, (m, k, n) its dominant matmul shape): the floor printed
+    beside is 3 x the forward FLOPs (forward + backward) over `gemm_rate` at that shape, measured
+    in this run before and after the steps (the better of the two: load only slows it); ours is
+    shown against it too. ``goals``: {"floor": x, "torch": y}, the ratios' goals, printed beside. The warm-up losses
     (same weights, same inputs) must agree to ``rtol``, else SystemExit: a timing of two
     different computations means nothing. ``emulated_bf16``: ours in bf16 (a step function), timed
     in the same alternation and shown beside fp32 — the cost of the CPU emulation, not a speed
@@ -71,22 +99,35 @@ def compare_steps(ours, theirs, batch, runs: int, parts, title: str, rtol: float
         first["ours bf16"] = emulated_bf16(batch)[1]
         if abs(first["ours bf16"] - first["ours"]) > 1e-2 * abs(first["ours"]):
             raise SystemExit(f"bf16 first-step loss {first['ours bf16']!r} is off fp32's {first['ours']!r}")
+    rates = [] if floor is None else [gemm_rate(floor[1])]
     times = {side: [] for side in sides}
     for _ in range(runs):
         for side in ("torch",) + tuple(s for s in sides if s != "torch"):
             times[side].append(sides[side](batch)[0])
     med = {k: statistics.median(v) for k, v in times.items()}
+    goals = goals or {}
     print(f"{title}, median of {runs}")
     print("first-step loss: " + "  ".join(f"{side} {loss:.6f}" for side, loss in first.items()))
     print(f"{'':10}{'median s':>10}{'min s':>10}")
     for side in sides:
         print(f"{side:10}{med[side]:10.3f}{min(times[side]):10.3f}")
-    print(f"ratio ours/torch: {med['ours'] / med['torch']:.2f}  (goal <= 0.8)")
+    if floor is not None:
+        rates.append(gemm_rate(floor[1]))
+        flops, (m, k, n) = floor
+        seconds = 3 * flops / max(rates)
+        print(f"{'floor':10}{seconds:10.3f}{'':10}  = 3 x {flops / 1e9:.1f} GFLOP forward / MindSpore's matmul "
+              f"{max(rates) / 1e9:.0f} GFLOP/s at {m} x {k} x {n}, measured in this run")
+        print(f"ratio ours/floor: {med['ours'] / seconds:.2f}" + _goal(goals.get("floor")))
+    print(f"ratio ours/torch: {med['ours'] / med['torch']:.2f}" + _goal(goals.get("torch")))
     if emulated_bf16 is not None:
         print(f"ratio ours bf16 (emulated on CPU) / ours fp32: {med['ours bf16'] / med['ours']:.2f}  "
               "(the emulation's cost, not a speed claim)")
     print("ours, where the time goes (median s): " +
           ", ".join(f"{k} {statistics.median(v[1:]):.3f}" for k, v in parts.items()))
+
+
+def _goal(value) -> str:
+    return "" if value is None else f"  (goal <= {value})"
 
 
 def torch_video_step(build, path, threads: int, to_kwargs):
@@ -113,11 +154,14 @@ def torch_video_step(build, path, threads: int, to_kwargs):
     return step
 
 
-def video_benchmark_main(doc: str, inputs, torch_side, our_side, title) -> int:
+def video_benchmark_main(doc: str, inputs, torch_side, our_side, title, floor, goals) -> int:
     """The video DiT benchmarks' command line (--runs, --threads, --no-bf16, --frames) and run:
     ``inputs(frames)`` the batch, ``torch_side(path, threads)`` / ``our_side(path, precision)``
-    the two steps (ours loads what torch saved in ``path``), ``title(args)`` the table's title."""
+    the two steps (ours loads what torch saved in ``path``), ``title(args)`` the table's title,
+    ``floor(config, batch)`` -> (forward FLOPs, dominant matmul shape) from the diffusers config
+    saved in ``path``, ``goals`` the ratios' goals (see `compare_steps`)."""
     import argparse
+    import json
     import tempfile
 
     parser = argparse.ArgumentParser(description=doc.split("\n")[0])
@@ -133,5 +177,8 @@ def video_benchmark_main(doc: str, inputs, torch_side, our_side, title) -> int:
         theirs = torch_side(path, args.threads)
         ours, parts = our_side(path)
         bf16 = None if args.no_bf16 else our_side(path, precision="bf16")[0]
-        compare_steps(ours, theirs, batch, args.runs, parts, title(args), emulated_bf16=bf16)
+        with open(f"{path}/config.json") as f:
+            config = json.load(f)
+        compare_steps(ours, theirs, batch, args.runs, parts, title(args), emulated_bf16=bf16,
+                      floor=floor(config, batch), goals=goals)
     return 0

@@ -6,7 +6,8 @@ Same config for both (language hidden 512, 4 layers, 8 heads / 2 kv heads of 64,
 with DeepStack after blocks 1 and 2, one 256 x 256 image = 256 patches of 16 = 64 merged tokens,
 512 tokens in all; ``--moe``: every layer 8 experts of 352, top 2, the load-balancing loss on),
 same random weights, inputs, thread count and update as benchmarks/step_time_qwen2_5_vl.py
-(whose two sides it uses). Prints both medians, the ratio ours / torch and where our time goes.
+(whose two sides, floor and goals it uses). Prints both medians, the floor, the ratios ours / floor
+and ours / torch and where our time goes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 import tempfile
 
 from _timing import compare_steps
-from step_time_qwen2_5_vl import inputs, our_side, torch_side
+from step_time_qwen2_5_vl import GOALS, floor, inputs, our_side, torch_side
 
 
 def config(vocab: int, moe: bool):
@@ -48,6 +49,7 @@ def main():
     parser.add_argument("--no-bf16", action="store_true", help="skip the emulated bf16 step")
     args = parser.parse_args()
     import mm_parallel  # noqa: F401  (before any MindSpore op: blocking launch on CPU)
+    from mm_models_vl.qwen3_vl.flops import batch_flops
 
     cfg = config(args.vocab, args.moe)
     name = "Qwen3VLMoeForConditionalGeneration" if args.moe else "Qwen3VLForConditionalGeneration"
@@ -59,7 +61,7 @@ def main():
         compare_steps(ours, theirs, batch, args.runs, parts,
                       f"{'Qwen3-VL-MoE (8 experts, top 2)' if args.moe else 'Qwen3-VL'} train step, "
                       f"{batch['input_ids'].shape[1]} tokens (64 image), vocab {args.vocab}, {args.threads} threads",
-                      emulated_bf16=bf16)
+                      emulated_bf16=bf16, floor=floor(cfg, batch, batch_flops), goals=GOALS)
     return 0
 
 

@@ -25,3 +25,4 @@ def test_step_time_benchmark_runs(script, args):
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ratio ours/torch" in result.stdout and "first-step loss" in result.stdout
+    assert "ratio ours/floor" in result.stdout and "GFLOP/s at" in result.stdout
