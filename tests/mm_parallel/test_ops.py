@@ -138,14 +138,22 @@ def test_attention_bad_shapes_say_what_to_change():
 
 # ---- norms, rotary, activations ----
 
+def np_layer_norm(x, eps):
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps)
+
+
 def test_layer_norm():
     x, w, b = rand(2, 3, 8), rand(8), rand(8)
+    check(lambda x, w, b: K.layer_norm(x, w, b, 1e-5), lambda x, w, b: np_layer_norm(x, 1e-5) * w + b, [x, w, b])
 
-    def ref(x, w, b):
-        mu = x.mean(-1, keepdims=True)
-        return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w + b
 
-    check(lambda x, w, b: K.layer_norm(x, w, b, 1e-5), ref, [x, w, b])
+def test_layer_norm_without_affine_and_its_written_backward():
+    """The standardisation's backward is written out (ops.norms._Standardize): checked against
+    numeric gradients, also with a large eps, where a backward that dropped eps would differ."""
+    x = rand(4, 16) * 3.0
+    for eps in (1e-6, 0.5):
+        check(lambda x: K.layer_norm(x, None, None, eps), lambda x: np_layer_norm(x, eps), [x])
 
 
 def test_rms_norm():
