@@ -37,6 +37,7 @@ _MASKED = -1e30
 _TINY = 1e-30
 _matmul_nt = ops.BatchMatMul(transpose_b=True)
 _matmul_nn = ops.BatchMatMul()
+_matmul_tn = ops.BatchMatMul(transpose_a=True)
 
 
 def segment_ids_from_cu_seqlens(cu_seqlens, total: int):
@@ -93,6 +94,46 @@ class _Softmax(nn.Cell):
 _softmax = _Softmax()
 
 
+def _core_backward(q, k, v, o, probs, do):
+    """(dq, dk, dv, ds) of out = softmax(q k^T + mask) v, FlashAttention's way:
+
+        dv = p^T do,  dp = do v^T,  ds = p (dp - D),  D_i = sum_j dp_ij p_ij = do_i . out_i
+        dq = ds k,    dk = ds^T q,  dmask = ds
+
+    D from do . out is a (rows, head_dim) product, where the softmax's own backward takes two more
+    passes over the (rows, keys) probabilities (4 x 2048 x 2048 per Wan self-attention)."""
+    row = ops.matmul(do * o, ones((o.shape[-1], 1)))
+    ds = probs * (_matmul_nt(do, v) - tiled_to(row, probs.shape))
+    return _matmul_nn(ds, k), _matmul_tn(ds, q), _matmul_tn(probs, do), ds
+
+
+class _AttentionCore(nn.Cell):
+    """(out, probs) = (softmax(q k^T) v, the probabilities) over (..., rows, head_dim) operands, q
+    already scaled, with the backward written out (`_core_backward`); probs is an output only so
+    the backward has it."""
+
+    def construct(self, q, k, v):
+        probs = ops.softmax(_matmul_nt(q, k), -1)
+        return _matmul_nn(probs, v), probs
+
+    def bprop(self, q, k, v, out, dout):
+        return _core_backward(q, k, v, out[0], out[1], dout[0])[:3]
+
+
+class _MaskedAttentionCore(nn.Cell):
+    """`_AttentionCore` with additive scores (mask, bias) in the scores' shape; their gradient is ds."""
+
+    def construct(self, q, k, v, additive):
+        probs = ops.softmax(_matmul_nt(q, k) + additive, -1)
+        return _matmul_nn(probs, v), probs
+
+    def bprop(self, q, k, v, additive, out, dout):
+        return _core_backward(q, k, v, out[0], out[1], dout[0])
+
+
+_attention_core, _masked_attention_core = _AttentionCore(), _MaskedAttentionCore()
+
+
 def attention(
     q,
     k,
@@ -140,22 +181,11 @@ def attention(
     qh = (rounded(q) * scale).transpose(0, 2, 1, 3).reshape(grouped + (head_dim,))  # scale q, not scores
     kh = rounded(k).transpose(0, 2, 1, 3)
     vh = rounded(v).transpose(0, 2, 1, 3)
-    scores = _matmul_nt(qh, kh).reshape(batch, heads, q_len, k_len)
-    if bias is not None:
-        scores = scores + tiled_to(as_type(bias, ms.float32), scores.shape)
-    if mask is not None:
-        scores = scores + tiled_to(Tensor(np.where(mask, 0.0, _MASKED).astype(np.float32)), scores.shape)
-    if not return_lse:
-        probs = _softmax(scores)
-        out = _matmul_nn((rounded(probs) if low else probs).reshape(grouped + (k_len,)), vh)
+    shape = (batch, heads, q_len, k_len)
+    if not return_lse and not low:  # the common case: the core whose backward is written out
+        out = _attention_core_of(qh, kh, vh, bias, mask, shape)
     else:
-        # The max only keeps exp in range; lse = m + log sum exp(s - m) has the right gradient
-        # (softmax) with m held constant.
-        row_max = ops.stop_gradient(ops.amax(scores, -1, True))  # Tensor.max reads the host
-        weights = ops.exp(scores - tiled_to(row_max, scores.shape))
-        total = ops.maximum(ops.matmul(weights, ones((k_len, 1))), _TINY)  # row sums
-        weights = rounded(weights) if low else weights
-        out = _matmul_nn(weights.reshape(grouped + (k_len,)), vh).reshape(batch, heads, q_len, head_dim) / total
+        out, row_max, total = _attention_reference(qh, kh, vh, bias, mask, return_lse, low, shape)
     out = out.reshape(batch, heads, q_len, head_dim)
     if mask is not None and _rows_may_be_empty(causal, q_len, k_len, key_padding_mask, segment_ids):
         some_key = mask.any(-1, keepdims=True).astype(np.float32)
@@ -167,6 +197,51 @@ def attention(
     if not return_lse:
         return out
     return out, (row_max + ops.log(total)).squeeze(-1)
+
+
+def _additive_scores(bias, mask, shape):
+    """bias (float scores) plus the mask's 0 / -1e30, as one float32 tensor of the scores' ``shape``
+    (batch, heads, q_len, k_len), or None when there is neither."""
+    extra = None
+    if bias is not None:
+        extra = tiled_to(as_type(bias, ms.float32), shape)
+    if mask is not None:
+        masked = tiled_to(Tensor(np.where(mask, 0.0, _MASKED).astype(np.float32)), shape)
+        extra = masked if extra is None else extra + masked
+    return extra
+
+
+def _attention_core_of(qh, kh, vh, bias, mask, shape):
+    """softmax(q k^T + bias + mask) v on the grouped operands, through the cores whose backward
+    is written out; (batch, kv_heads, groups * q_len, head_dim)."""
+    extra = _additive_scores(bias, mask, shape)
+    if extra is None:
+        return _attention_core(qh, kh, vh)[0]
+    return _masked_attention_core(qh, kh, vh, extra.reshape(qh.shape[:-1] + (kh.shape[-2],)))[0]
+
+
+def _attention_reference(qh, kh, vh, bias, mask, return_lse, low, shape):
+    """The same attention by autodiff of its steps: the log-sum-exp (ring attention) and low
+    precision (probabilities rounded to the compute dtype) need them. (out, row_max, row sums);
+    the last two None without ``return_lse``."""
+    grouped, k_len = qh.shape[:-1], shape[-1]
+    row_max = total = None
+    scores = _matmul_nt(qh, kh).reshape(shape)
+    extra = _additive_scores(bias, mask, shape)
+    if extra is not None:
+        scores = scores + extra
+    if not return_lse:
+        probs = _softmax(scores)
+        out = _matmul_nn((rounded(probs) if low else probs).reshape(grouped + (k_len,)), vh)
+    else:
+        # The max only keeps exp in range; lse = m + log sum exp(s - m) has the right gradient
+        # (softmax) with m held constant.
+        row_max = ops.stop_gradient(ops.amax(scores, -1, True))  # Tensor.max reads the host
+        weights = ops.exp(scores - tiled_to(row_max, scores.shape))
+        total = ops.maximum(ops.matmul(weights, ones((k_len, 1))), _TINY)  # row sums
+        weights = rounded(weights) if low else weights
+        out = _matmul_nn(weights.reshape(grouped + (k_len,)), vh).reshape(shape[:3] + (vh.shape[-1],)) / total
+    return out, row_max, total
 
 
 def _rows_may_be_empty(causal, q_len, k_len, key_padding_mask, segment_ids) -> bool:
