@@ -53,8 +53,10 @@ def floor(config, batch):
     from mm_models_video.wan.flops import batch_flops
 
     _, _, frames, height, width = batch["hidden_states"].shape
-    return batch_flops(config, batch), (frames * height * width // 4, config["num_attention_heads"] *
-                                        config["attention_head_dim"], config["ffn_dim"])
+    pt, ph, pw = config["patch_size"]
+    tokens = frames // pt * (height // ph) * (width // pw)
+    return batch_flops(config, batch), (tokens, config["num_attention_heads"] * config["attention_head_dim"],
+                                        config["ffn_dim"])
 
 
 def main():
