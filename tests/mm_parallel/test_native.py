@@ -1,0 +1,136 @@
+"""Native CPU kernels (mm_parallel.ops.native): built here with g++, equal to the written-out
+operator-by-operator path they replace, and a clear fallback when they cannot be built."""
+
+import logging
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor
+
+from mm_parallel import ops as K
+from mm_parallel.ops import activations, native, norms
+
+
+@pytest.fixture
+def native_switch():
+    """A test that turns native kernels off and on leaves them on."""
+    yield
+    native.set_enabled(True)
+
+
+def _values_and_grads(cell, x, cotangent):
+    out = cell(x).asnumpy()
+    grad = ms.grad(lambda t: (cell(t) * cotangent).sum())(x).asnumpy()
+    return out, grad
+
+
+def test_gelu_tanh_native_kernel_builds_and_equals_the_written_out_path():
+    forward = native.operator("gelu_tanh", "GeluTanh")
+    assert forward is not None, native.unavailable_reason("gelu_tanh")  # g++ is part of this machine
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((300, 257)).astype(np.float32) * 4  # odd sizes, saturated tails
+    cotangent = Tensor(rng.standard_normal((300, 257)).astype(np.float32))
+    native_cell = activations._gelu_tanh_on_cpu()
+    assert isinstance(native_cell, activations._NativeGeluTanh)
+    for x in (Tensor(values), Tensor(values.T.copy()).T):  # contiguous, and a transposed view
+        got = _values_and_grads(native_cell, x, cotangent)
+        want = _values_and_grads(activations._gelu_tanh, x, cotangent)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-5)
+    small = Tensor(values[:3, :5])  # below the threads' threshold: one thread
+    np.testing.assert_allclose(K.gelu(small, "tanh").asnumpy(), activations._gelu_tanh(small).asnumpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
+def test_norms_native_kernels_equal_the_written_out_path(norm, native_switch):
+    """Values and the gradients of input, weight and bias; rows of 300 features (not a multiple of
+    the vector width), an offset and a large spread, a 3-D input and a transposed view."""
+    rng = np.random.default_rng(1)
+    values = (rng.standard_normal((2, 150, 300)) * 5 + 2).astype(np.float32)
+    cotangent = Tensor(rng.standard_normal(values.shape).astype(np.float32))
+    weight, bias = (Tensor(rng.standard_normal(300).astype(np.float32)) for _ in range(2))
+
+    def forward(x, w, b):
+        return K.layer_norm(x, w, b, 1e-5) if norm == "layer_norm" else K.rms_norm(x, w, 1e-6) + b
+
+    def run(setting, x):
+        native.set_enabled(setting == "1")
+        grads = ms.grad(lambda *t: (forward(*t) * cotangent).sum(), grad_position=(0, 1, 2))(x, weight, bias)
+        return [forward(x, weight, bias).asnumpy()] + [g.asnumpy() for g in grads]
+
+    transposed = Tensor(values.transpose(0, 2, 1).copy()).transpose(0, 2, 1)
+    for x in (Tensor(values), transposed):
+        for got, want in zip(run("1", x), run("0", x)):
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    native.set_enabled(True)
+    assert isinstance(norms._standardize(1e-5, True), norms._NativeRowNormalise)  # the native path ran
+    assert isinstance(norms._rms_scale(1e-6), norms._NativeRowNormalise)
+
+
+def test_swiglu_native_kernel_equals_silu_times_up(native_switch):
+    rng = np.random.default_rng(2)
+    gate, up = (Tensor((rng.standard_normal((257, 130)) * 6).astype(np.float32)) for _ in range(2))
+    cotangent = Tensor(rng.standard_normal((257, 130)).astype(np.float32))
+
+    def run(setting):
+        native.set_enabled(setting == "1")
+        grads = ms.grad(lambda g, u: (K.swiglu(g, u) * cotangent).sum(), grad_position=(0, 1))(gate, up)
+        return [K.swiglu(gate, up).asnumpy()] + [g.asnumpy() for g in grads]
+
+    for got, want in zip(run("1"), run("0")):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert isinstance(activations._CPU_SWIGLU[True], activations._NativeSwiglu)  # the native path ran
+    want = run("0")[0]
+    native.set_enabled(True)
+    joined = Tensor(np.concatenate([gate.asnumpy(), up.asnumpy()], -1))  # Megatron's [gate | up] form
+    np.testing.assert_allclose(K.swiglu(joined).asnumpy(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def fresh_native(monkeypatch, tmp_path):
+    """native's caches emptied before and after, its build cache in tmp_path."""
+    monkeypatch.setenv("MM_CACHE_DIR", str(tmp_path))
+    for cached in (native.library, native._operator):
+        cached.cache_clear()
+    native._reasons.clear()
+    yield
+    for cached in (native.library, native._operator):
+        cached.cache_clear()
+    native._reasons.clear()
+    native.set_enabled(True)
+
+
+def test_without_a_compiler_gelu_falls_back_and_says_why(fresh_native, monkeypatch, caplog):
+    monkeypatch.setenv("CXX", "no-such-compiler-mm")
+    with caplog.at_level(logging.WARNING, logger="mm_parallel.ops.native"):
+        cell = activations._gelu_tanh_on_cpu()
+    assert isinstance(cell, activations._GeluTanh)
+    reason = native.unavailable_reason("gelu_tanh")
+    assert "no-such-compiler-mm" in reason and "install g++" in reason
+    assert any("gelu_tanh unavailable" in record.getMessage() for record in caplog.records)
+    assert not list((native.Path(native.os.environ["MM_CACHE_DIR"]) / "kernels").glob("*.so"))
+
+
+def test_a_failed_build_falls_back_with_the_compilers_message(fresh_native, monkeypatch, tmp_path):
+    broken = tmp_path / "broken.cc"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setattr(native, "_SOURCES", tmp_path)
+    assert native.library("broken") is None
+    assert "building native/broken.cc failed" in native.unavailable_reason("broken")
+
+
+def test_set_enabled_false_turns_them_off(fresh_native):
+    native.set_enabled(False)
+    assert native.operator("gelu_tanh", "GeluTanh") is None
+    assert "turned off" in native.unavailable_reason("gelu_tanh")
+    assert isinstance(activations._gelu_tanh_on_cpu(), activations._GeluTanh)
+    native.set_enabled(True)
+    assert native.operator("gelu_tanh", "GeluTanh") is not None
+
+
+def test_a_second_build_reuses_the_cached_library(fresh_native):
+    first = native.library("gelu_tanh")
+    native.library.cache_clear()
+    stamp = native.Path(first).stat().st_mtime_ns
+    assert native.library("gelu_tanh") == first and native.Path(first).stat().st_mtime_ns == stamp
