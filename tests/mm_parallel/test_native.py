@@ -87,6 +87,27 @@ def test_swiglu_native_kernel_equals_silu_times_up(native_switch):
     np.testing.assert_allclose(K.swiglu(joined).asnumpy(), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_native_kernels_equal_the_written_out_path(masked, native_switch):
+    """softmax and the scores' gradient of the attention core (grouped-query heads; with a causal
+    and key-padding mask, the masked core with a query that sees no key)."""
+    rng = np.random.default_rng(3)
+    q = Tensor(rng.standard_normal((2, 7, 4, 16)).astype(np.float32) * 3)
+    k, v = (Tensor(rng.standard_normal((2, 9, 2, 16)).astype(np.float32)) for _ in range(2))
+    cotangent = Tensor(rng.standard_normal((2, 7, 4, 16)).astype(np.float32))
+    mask = dict(causal=True, key_padding_mask=np.array([[1] * 9, [0] * 4 + [1] * 5])) if masked else {}
+
+    def run(setting):
+        native.set_enabled(setting)
+        grads = ms.grad(lambda *t: (K.attention(*t, **mask) * cotangent).sum(), grad_position=(0, 1, 2))(q, k, v)
+        return [K.attention(q, k, v, **mask).asnumpy()] + [g.asnumpy() for g in grads]
+
+    for got, want in zip(run(True), run(False)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    native.set_enabled(True)
+    assert native.operator("attention", "Softmax") is not None and native.operator("attention", "ScoresGradient")
+
+
 @pytest.fixture
 def fresh_native(monkeypatch, tmp_path):
     """native's caches emptied before and after, its build cache in tmp_path."""
@@ -117,7 +138,7 @@ def test_a_failed_build_falls_back_with_the_compilers_message(fresh_native, monk
     broken.write_text("this is not C++\n")
     monkeypatch.setattr(native, "_SOURCES", tmp_path)
     assert native.library("broken") is None
-    assert "building native/broken.cc failed" in native.unavailable_reason("broken")
+    assert "building csrc/broken.cc failed" in native.unavailable_reason("broken")
 
 
 def test_set_enabled_false_turns_them_off(fresh_native):

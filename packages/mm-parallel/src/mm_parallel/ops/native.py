@@ -4,7 +4,7 @@ MindSpore's CPU path runs an elementwise chain as one kernel per operator, each 
 memory: gelu-tanh's forward is 7 passes (7-10 ms on 2048 x 2048 here), its written-out backward
 about 12 (~30 ms). A C++ loop does each direction in one pass (1.4 ms forward on the same tensor:
 `benchmarks/native_kernels.py` prints both). The sources sit next to this module
-(``native/<name>.cc``, helpers in ``native/common.h``); each exports MindSpore's aot entry points
+(``csrc/<name>.cc``, helpers in ``csrc/common.h``); each exports MindSpore's aot entry points
 ``int f(nparam, params, ndims, shapes, dtypes, stream, extra)``.
 
 Build: ``$CXX`` (default ``g++``) compiles a source once per (source and headers, flags, compiler, CPU) into
@@ -33,7 +33,7 @@ from typing import Dict, Optional
 
 from mindspore import ops
 
-_SOURCES = Path(__file__).resolve().parent / "native"
+_SOURCES = Path(__file__).resolve().parent / "csrc"
 _OBJECT_FLAGS = ["-O3", "-ffast-math", "-march=native", "-fPIC", "-std=c++17"]
 _LINK_FLAGS = ["-shared", "-pthread"]
 _reasons: Dict[str, str] = {}
@@ -53,7 +53,7 @@ def set_enabled(on: bool) -> None:
 
 
 def unavailable_reason(name: str) -> Optional[str]:
-    """Why ``native/<name>.cc`` could not be used in this process, or None (built, or not asked yet)."""
+    """Why ``csrc/<name>.cc`` could not be used in this process, or None (built, or not asked yet)."""
     return _reasons.get(name)
 
 
@@ -93,7 +93,7 @@ def _build(source: Path, compiler: str, root: Path) -> Path:
 
 @functools.lru_cache(maxsize=None)
 def library(name: str) -> Optional[str]:
-    """The compiled ``native/<name>.cc`` (its path), or None when it cannot be built (the reason
+    """The compiled ``csrc/<name>.cc`` (its path), or None when it cannot be built (the reason
     logged once and kept in `unavailable_reason`)."""
     compiler = os.environ.get("CXX", "g++")
     if shutil.which(compiler) is None:
@@ -104,7 +104,7 @@ def library(name: str) -> Optional[str]:
             root = Path(os.environ.get("MM_CACHE_DIR") or Path.home() / ".cache" / "mm") / "kernels"
             return str(_build(_SOURCES / f"{name}.cc", compiler, root))
         except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-            _reasons[name] = f"building native/{name}.cc failed: {error}"
+            _reasons[name] = f"building csrc/{name}.cc failed: {error}"
     _log.warning("mm_parallel native CPU kernel %s unavailable: %s", name, _reasons[name])
     return None
 
@@ -138,7 +138,7 @@ _OUTPUTS = {
 
 
 def operator(name: str, function: str, outputs: str = "like_first") -> Optional[ops.Custom]:
-    """``function`` of ``native/<name>.cc`` as an operator (``outputs``: see _OUTPUTS), or None
+    """``function`` of ``csrc/<name>.cc`` as an operator (``outputs``: see _OUTPUTS), or None
     when native kernels are turned off or unavailable."""
     if not enabled():
         _reasons[name] = "turned off (MM_NATIVE_KERNELS=0 at start-up, or native.set_enabled(False))"
