@@ -2,6 +2,7 @@
 operator-by-operator path they replace, and a clear fallback when they cannot be built."""
 
 import logging
+import sys
 
 import mindspore as ms
 import numpy as np
@@ -106,6 +107,35 @@ def test_attention_native_kernels_equal_the_written_out_path(masked, native_swit
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     native.set_enabled(True)
     assert native.operator("attention", "Softmax") is not None and native.operator("attention", "ScoresGradient")
+    swap = sys.modules["mm_parallel.ops.attention"]._SWAP["cell"]  # the (seq, heads) swap ran natively
+    assert swap is not None
+    np.testing.assert_array_equal(swap(q).asnumpy(), q.asnumpy().transpose(0, 2, 1, 3))
+    np.testing.assert_array_equal(ms.grad(lambda t: (swap(t) * swap(cotangent)).sum())(q).asnumpy(),
+                                  cotangent.asnumpy())
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("tables", ["shared", "per_batch", "partial"])
+def test_rotary_native_kernels_equal_the_written_out_path(interleaved, tables, native_switch):
+    """Tables shared by the batch (seq, dim) or one per sample (batch, seq, dim), and a partial
+    rotary (the first 6 of 10 dims); values and the gradient of x."""
+    rng = np.random.default_rng(4)
+    x = Tensor(rng.standard_normal((2, 5, 3, 10)).astype(np.float32))
+    rot = 6 if tables == "partial" else 10
+    angles = rng.standard_normal((2, 5, rot) if tables == "per_batch" else (5, rot)).astype(np.float32)
+    cos, sin = Tensor(np.cos(angles)), Tensor(np.sin(angles))
+    cotangent = Tensor(rng.standard_normal((2, 5, 3, 10)).astype(np.float32))
+
+    def run(setting):
+        native.set_enabled(setting)
+        grad = ms.grad(lambda t: (K.apply_rotary(t, cos, sin, interleaved) * cotangent).sum())(x)
+        return K.apply_rotary(x, cos, sin, interleaved).asnumpy(), grad.asnumpy()
+
+    for got, want in zip(run(True), run(False)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    from mm_parallel.ops import rotary
+
+    assert isinstance(rotary._native_rotary(interleaved), rotary._NativeRotary)  # the native path ran
 
 
 @pytest.fixture

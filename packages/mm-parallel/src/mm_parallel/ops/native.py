@@ -129,11 +129,16 @@ def _two_like_first(*shapes_or_dtypes):
     return shapes_or_dtypes[0], shapes_or_dtypes[0]
 
 
+def _dims_1_2_swapped(shape):
+    return [shape[0], shape[2], shape[1], shape[3]]
+
+
 # what an operator outputs: its shapes and dtypes from its inputs'
 _OUTPUTS = {
     "like_first": (_same_shape, _same_dtype),            # one tensor like the first input
     "rows_and_row_scale": (_rows_and_row_scale, _both_of),  # (x, eps) -> (like x, one value per row)
     "two_like_first": (_two_like_first, _two_like_first),    # two tensors like the first input
+    "dims_1_2_swapped": (_dims_1_2_swapped, _same_dtype),    # (a, b, c, d) -> (a, c, b, d)
 }
 
 

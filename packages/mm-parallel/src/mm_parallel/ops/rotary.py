@@ -14,9 +14,11 @@ by the batch, as the kernel requires).
 
 import functools
 
+import mindspore as ms
 import numpy as np
-from mindspore import Tensor, ops
+from mindspore import Tensor, nn, ops
 
+from mm_parallel.ops import native
 from mm_parallel.ops.device import as_type, tiled_to, use_fused
 
 
@@ -53,6 +55,39 @@ def rotate_interleaved(x):
     return _rotate(x, interleaved=True)
 
 
+class _NativeRotary(nn.Cell):
+    """x cos + rotate(x) sin with each direction one C++ pass (mm_parallel.ops.native, rotary.cc):
+    x (batch, seq, heads, dim), tables (batch or 1, seq, 1, dim); the tables get no gradient."""
+
+    def __init__(self, forward, backward):
+        super().__init__()
+        self.forward, self.backward = forward, backward
+
+    def construct(self, x, cos, sin):
+        return self.forward(x, cos, sin)
+
+    def bprop(self, x, cos, sin, out, dout):
+        return self.backward(dout, cos, sin), ops.zeros_like(cos), ops.zeros_like(sin)
+
+
+@functools.lru_cache(maxsize=None)
+def _native_rotary(interleaved: bool):
+    """The native rotary Cell of a layout, or None when its kernels do not build."""
+    kind = "RotaryInterleaved" if interleaved else "RotaryHalf"
+    forward, backward = native.operator("rotary", kind), native.operator("rotary", kind + "Backward")
+    return None if forward is None or backward is None else _NativeRotary(forward, backward)
+
+
+def _rotated_on_cpu(part, cos, sin, interleaved: bool):
+    """part cos + rotate(part) sin on the CPU path: native for float32 tables as wide as part's
+    heads, else a matmul by the signed permutation and products on tiled operands."""
+    fused = _native_rotary(interleaved) if native.enabled() and part.dtype == ms.float32 else None
+    if fused is not None and part.ndim == 4 and cos.shape[-1] == part.shape[-1]:
+        return fused(part, cos, sin)
+    rotated = (rotate_interleaved if interleaved else rotate_half)(part)
+    return part * tiled_to(cos, part.shape) + rotated * tiled_to(sin, part.shape)
+
+
 def apply_rotary(x, cos, sin, interleaved: bool = False):
     """Rotate the first cos.shape[-1] dims of every head of x."""
     rot = cos.shape[-1]
@@ -72,6 +107,5 @@ def apply_rotary(x, cos, sin, interleaved: bool = False):
     if use_fused() and (not interleaved or cos.shape[0] == 1):
         out = ops.rotary_position_embedding(part, cos, sin, 1 if interleaved else 0)
     else:
-        rotated = (rotate_interleaved if interleaved else rotate_half)(part)
-        out = part * tiled_to(cos, part.shape) + rotated * tiled_to(sin, part.shape)
+        out = _rotated_on_cpu(part, cos, sin, interleaved)
     return out if rest is None else ops.concat([out, rest], -1)
