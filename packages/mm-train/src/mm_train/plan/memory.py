@@ -21,13 +21,15 @@ the device emulates low precision):
     per layer   fused kernels (Ascend): s b (outside / t_sp + inside / t)  (workload.LayerStack;
                 the attention kernel keeps only its log-sum-exp); reference kernels (CPU): the
                 same split of the stack's measured ``reference`` elements, plus
-                REFERENCE_SCORE_TENSORS float32 (heads x keys / t) score tensors per query;
-                emulated bf16 / fp16 adds the stack's ``reference_emulated`` and one more
+                NATIVE_SCORE_TENSORS float32 (heads x keys / t) score tensors per query (the
+                fp32 core), REFERENCE_SCORE_TENSORS when emulating bf16 / fp16 (its attention
+                runs step by step), which adds the stack's ``reference_emulated`` and one more
     recompute   full: L s b hidden / t_sp (each layer's input) + one layer's set while it is
                 recomputed; block N: N layers like full, the rest whole; selective: no scores
     backward    the layer being back-propagated holds BACKWARD_WORKING of its set again
                 (gradients, temporaries; the emulation's rounded copies have none), a recomputed
-                one its whole set and RECOMPUTED_WORKING of it: the peak is reached there
+                one its whole set and RECOMPUTED_WORKING of it (the fp32 CPU core: its whole set
+                and NATIVE_RECOMPUTED_SCORES score tensors): the peak is reached there
     pipeline    a stage's backward recomputes its forward (mm_parallel.pipeline), so micro-batches
                 in flight keep only the stage's input, s b boundary_hidden / t_sp each: at most
                 min(pp - stage, m) under 1F1B, the interleaved order's count under VPP
@@ -150,6 +152,10 @@ def in_flight(pp: int, vpp: int, stage: int, micro_batches: int) -> float:
 # Measured here by benchmarks/plan_activation_memory.py (fp32, no recompute and full recompute,
 # two depths and two lengths of each family; DESIGN.md's runtime facts):
 REFERENCE_SCORE_TENSORS = 3.4  # float32 (heads x keys) tensors the reference attention keeps per query (3.3-3.5)
+# ... in float32, where the CPU path's attention core has its backward written out and its softmax
+# native (mm_parallel.ops.native): the probabilities, and for masked attention the additive mask
+NATIVE_SCORE_TENSORS = 1.6
+NATIVE_RECOMPUTED_SCORES = 2.8  # score-sized temporaries of a recomputed layer's backward with that core
 BACKWARD_WORKING = 0.75  # a layer's backward holds this share of its saved set again (0.55-0.95 measured)
 RECOMPUTED_WORKING = 0.5  # ... of a recomputed layer, whose set is freed as its backward goes (0.4-0.8)
 
@@ -187,7 +193,8 @@ def activation_bytes(workload, recipe, topo, device: dict, micro_batches: int) -
         else:
             per_score = 0.0 if mode == "selective" else stack.heads * stack.keys / t * 4
             per_token = split / (stack.outside + stack.inside) * size
-            gradient_sized = s * b * (per_token * stack.reference + per_score * REFERENCE_SCORE_TENSORS)
+            scores = REFERENCE_SCORE_TENSORS if emulated else NATIVE_SCORE_TENSORS
+            gradient_sized = s * b * (per_token * stack.reference + per_score * scores)
             # emulated bf16 / fp16 also keeps rounded copies (of the probabilities among them),
             # which have no gradients of their own
             whole = gradient_sized + (s * b * (per_token * stack.reference_emulated + per_score) if emulated else 0.0)
@@ -195,8 +202,11 @@ def activation_bytes(workload, recipe, topo, device: dict, micro_batches: int) -
         recomputed = layers if mode == "full" else min(block_n or 0, layers) if mode == "block" else 0
         kept += recomputed * kept_input + (layers - recomputed) * whole
         # the layer being back-propagated: its recomputed set, and its gradients and temporaries
-        working = max(working, whole + RECOMPUTED_WORKING * gradient_sized if recomputed
-                      else BACKWARD_WORKING * gradient_sized)
+        # (the fp32 CPU core's backward: score-sized ones, dp and ds among them)
+        native_core = not fused and not emulated
+        recomputed_working = (NATIVE_RECOMPUTED_SCORES * s * b * per_score if native_core
+                              else RECOMPUTED_WORKING * gradient_sized)
+        working = max(working, whole + recomputed_working if recomputed else BACKWARD_WORKING * gradient_sized)
         if stack.pipelined:
             boundary = s * b * workload.boundary_hidden / t_sp * size
     flight = in_flight(topo.pp.size, par.vpp, topo.pp.rank, micro_batches) * boundary
