@@ -35,7 +35,7 @@ _gelu_tanh = _GeluTanh()
 
 class _NativeGeluTanh(nn.Cell):
     """`_GeluTanh` with each direction one fused C++ pass (mm_parallel.ops.native, gelu_tanh.cc):
-    18 -> ~2 ms forward on 2048 x 2048."""
+    on 2048 x 2048, 8.4 -> 1.8 ms forward, 34 -> 7.6 ms forward + backward."""
 
     def __init__(self, forward, backward):
         super().__init__()
@@ -71,9 +71,9 @@ def gelu(x, approximate: str = "none"):
 
 
 class _NativeSwiglu(nn.Cell):
-    """silu(gate) up with each direction one fused C++ pass (mm_parallel.ops.native, swiglu.cc).
-    MindSpore's SiLU gradient kernel is slow on CPU: silu(gate) * up on 2048 x 2048 took 17 ms
-    forward and ~107 ms backward."""
+    """silu(gate) up with each direction one fused C++ pass (mm_parallel.ops.native, swiglu.cc):
+    on 2048 x 2048, 4.3 -> 2.2 ms forward, 18 -> 7 ms forward + backward (MindSpore's SiLU and
+    its gradient kernel, then the product)."""
 
     def __init__(self):
         super().__init__()
