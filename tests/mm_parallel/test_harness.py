@@ -4,6 +4,7 @@ job to job and is replaced after a failure."""
 
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,3 +104,48 @@ def test_encoding_round_trip_without_pickle():
     back = decode(encode(value))
     assert back["a"].dtype == np.int16 and back["a"].shape == (2, 3)
     assert back["b"] == [1.5, "x"] and back["c"] is None
+
+
+OWNER = """
+import json, sys, time
+sys.path.insert(0, {tests!r})
+from mm_parallel.testing.pool import WorkerPool
+from test_harness import pid
+pool = WorkerPool(2)
+print(json.dumps(pool.run(pid, timeout=120)), flush=True)
+time.sleep(600)
+"""
+
+
+def test_pool_workers_exit_when_their_owner_is_killed(tmp_path):
+    """kill -9 of the process owning a pool (a test session killed by hand skips its atexit
+    close): the workers notice and exit instead of serving a pool nobody feeds."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "owner.py"
+    script.write_text(OWNER.format(tests=str(Path(__file__).parent)))
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        workers = json.loads(owner.stdout.readline())
+        assert len(workers) == 2 and all(_alive(p) for p in workers)
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+    deadline = time.time() + 30
+    while time.time() < deadline and any(_alive(p) for p in workers):
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in workers), f"pool workers {workers} outlived their owner"
+
+
+def _alive(process_id: int) -> bool:
+    try:
+        os.kill(process_id, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by msrun) counts as gone
+        return Path(f"/proc/{process_id}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import subprocess
 import tempfile
 import time
@@ -34,6 +35,7 @@ class WorkerPool:
 
     def _start(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="mm_pool_"))
+        publish(self.dir / "owner", str(os.getpid()))  # workers exit when this process is gone
         self.jobs = 0
         cmd, env, log = testing.launch_command(testing._WORKER, self.nproc, ["--pool", str(self.dir)],
                                                self.dir / "logs")

@@ -3,7 +3,8 @@
 Usage (by the harness): ``worker.py SPEC.json`` with SPEC = {file, function, kwargs, out}.
 Writes ``out/rank{R}.json`` on success and ``out/rank{R}.error`` (the traceback) on failure.
 ``worker.py --pool DIR`` is a `WorkerPool` worker: it runs DIR/job0.json, job1.json, ... in
-turn as they appear (each a SPEC), and exits when DIR/stop appears.
+turn as they appear (each a SPEC), and exits when DIR/stop appears or the process that owns the
+pool (its pid in DIR/owner) is gone: a killed test session leaves no worker behind.
 """
 
 import importlib.util
@@ -24,6 +25,19 @@ def main(spec_path: str) -> int:
     return run_job(json.loads(Path(spec_path).read_text()))
 
 
+def _serving(pool: Path, owner: int) -> bool:
+    """No stop file yet, and the pool's owner still alive."""
+    if (pool / "stop").exists():
+        return False
+    try:
+        os.kill(owner, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        pass
+    return True
+
+
 def serve(pool: Path) -> int:
     """Run the pool's jobs in order until its stop file appears (polled every 20 ms).
 
@@ -35,14 +49,15 @@ def serve(pool: Path) -> int:
 
     import mm_parallel
 
+    owner = int((pool / "owner").read_text())
     if os.environ.get("MS_ROLE") == "MS_SCHED":
         init()
-        while not (pool / "stop").exists():
+        while _serving(pool, owner):
             time.sleep(0.2)
         return 0
     mm_parallel.comm.get_backend().init_world()
     job = 0
-    while not (pool / "stop").exists():
+    while _serving(pool, owner):
         spec = pool / f"job{job}.json"
         if spec.exists():
             run_job(json.loads(spec.read_text()))
