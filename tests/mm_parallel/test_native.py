@@ -2,7 +2,6 @@
 operator-by-operator path they replace, and a clear fallback when they cannot be built."""
 
 import logging
-import sys
 
 import mindspore as ms
 import numpy as np
@@ -81,7 +80,7 @@ def test_swiglu_native_kernel_equals_silu_times_up(native_switch):
 
     for got, want in zip(run("1"), run("0")):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    assert isinstance(activations._CPU_SWIGLU[True], activations._NativeSwiglu)  # the native path ran
+    assert isinstance(native._CELLS["swiglu"], activations._NativeSwiglu)  # the native path ran
     want = run("0")[0]
     native.set_enabled(True)
     joined = Tensor(np.concatenate([gate.asnumpy(), up.asnumpy()], -1))  # Megatron's [gate | up] form
@@ -107,7 +106,7 @@ def test_attention_native_kernels_equal_the_written_out_path(masked, native_swit
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     native.set_enabled(True)
     assert native.operator("attention", "Softmax") is not None and native.operator("attention", "ScoresGradient")
-    swap = sys.modules["mm_parallel.ops.attention"]._SWAP["cell"]  # the (seq, heads) swap ran natively
+    swap = native._CELLS["swap_seq_heads"]  # the (seq, heads) swap ran natively
     assert swap is not None
     np.testing.assert_array_equal(swap(q).asnumpy(), q.asnumpy().transpose(0, 2, 1, 3))
     np.testing.assert_array_equal(ms.grad(lambda t: (swap(t) * swap(cotangent)).sum())(q).asnumpy(),
@@ -145,10 +144,12 @@ def fresh_native(monkeypatch, tmp_path):
     for cached in (native.library, native._operator):
         cached.cache_clear()
     native._reasons.clear()
+    native._CELLS.clear()
     yield
     for cached in (native.library, native._operator):
         cached.cache_clear()
     native._reasons.clear()
+    native._CELLS.clear()
     native.set_enabled(True)
 
 

@@ -54,19 +54,13 @@ def _gelu_tanh_on_cpu():
     return _GeluTanh() if forward is None or backward is None else _NativeGeluTanh(forward, backward)
 
 
-_CPU_GELU_TANH = {}
-
-
 def gelu(x, approximate: str = "none"):
     """0.5 x (1 + erf(x / sqrt 2)); with approximate="tanh", 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu approximate={approximate!r} is unknown; use 'none' or 'tanh'")
     if approximate == "tanh" and not use_fused():
-        if x.dtype != ms.float32:
-            return _gelu_tanh(x)
-        if native.enabled() not in _CPU_GELU_TANH:  # built on first use, per setting
-            _CPU_GELU_TANH[native.enabled()] = _gelu_tanh_on_cpu()
-        return _CPU_GELU_TANH[native.enabled()](x)
+        fused = native.cell("gelu_tanh", _gelu_tanh_on_cpu) if x.dtype == ms.float32 else None
+        return (fused or _gelu_tanh)(x)
     return ops.gelu(x, approximate=approximate)
 
 
@@ -87,19 +81,17 @@ class _NativeSwiglu(nn.Cell):
         return self.backward(gate, up, dout)
 
 
-_CPU_SWIGLU = {}
+def _native_swiglu():
+    """The native swiglu Cell, or None when its kernels do not build."""
+    available = native.operator("swiglu", "Swiglu") and native.operator("swiglu", "SwigluBackward", "two_like_first")
+    return _NativeSwiglu() if available else None
 
 
 def _swiglu_on_cpu(gate, up):
     """silu(gate) up on the CPU path: native when its kernels build (float32 operands of one shape)."""
-    if gate.dtype != ms.float32 or up.dtype != ms.float32 or tuple(gate.shape) != tuple(up.shape):
-        return ops.silu(gate) * up
-    if native.enabled() not in _CPU_SWIGLU:  # built on first use, per setting
-        available = native.operator("swiglu", "Swiglu") and native.operator("swiglu", "SwigluBackward",
-                                                                            "two_like_first")
-        _CPU_SWIGLU[native.enabled()] = _NativeSwiglu() if available else None
-    cell = _CPU_SWIGLU[native.enabled()]
-    return ops.silu(gate) * up if cell is None else cell(gate, up)
+    same = gate.dtype == up.dtype == ms.float32 and tuple(gate.shape) == tuple(up.shape)
+    fused = native.cell("swiglu", _native_swiglu) if same else None
+    return ops.silu(gate) * up if fused is None else fused(gate, up)
 
 
 def silu(x):

@@ -128,17 +128,15 @@ class _NativeSwapSeqHeads(nn.Cell):
         return (self.swap(dout),)
 
 
-_SWAP = {}
+def _native_swap():
+    swap = native.operator("layout", "SwapAxes12", "dims_1_2_swapped")
+    return None if swap is None else _NativeSwapSeqHeads(swap)
 
 
 def _swap_seq_heads(x):
     """(batch, seq, heads, dim) <-> (batch, heads, seq, dim): native on float32 when it builds."""
-    if x.dtype != ms.float32 or not native.enabled():
-        return x.transpose(0, 2, 1, 3)
-    if "cell" not in _SWAP:
-        swap = native.operator("layout", "SwapAxes12", "dims_1_2_swapped")
-        _SWAP["cell"] = None if swap is None else _NativeSwapSeqHeads(swap)
-    return x.transpose(0, 2, 1, 3) if _SWAP["cell"] is None else _SWAP["cell"](x)
+    fused = native.cell("swap_seq_heads", _native_swap) if x.dtype == ms.float32 else None
+    return x.transpose(0, 2, 1, 3) if fused is None else fused(x)
 
 
 def _row_softmax(scores):

@@ -29,7 +29,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 from mindspore import ops
 
@@ -50,6 +50,19 @@ def enabled() -> bool:
 def set_enabled(on: bool) -> None:
     """Use native kernels (True) or the operator-by-operator path (False) from now on."""
     _SETTING["enabled"] = bool(on)
+
+
+_CELLS: Dict[str, object] = {}
+
+
+def cell(key: str, build: Callable[[], object]):
+    """The Cell ``build()`` makes for ``key`` (None: its kernels do not build), made once; None
+    while native kernels are turned off."""
+    if not enabled():
+        return None
+    if key not in _CELLS:
+        _CELLS[key] = build()
+    return _CELLS[key]
 
 
 def unavailable_reason(name: str) -> Optional[str]:
