@@ -181,6 +181,15 @@ def test_set_enabled_false_turns_them_off(fresh_native):
     assert native.operator("gelu_tanh", "GeluTanh") is not None
 
 
+def test_not_on_a_device_other_than_cpu(fresh_native, monkeypatch):
+    """On Ascend the reference path (MM_KERNELS=reference) keeps MindSpore's operators: the native
+    kernels read host memory."""
+    real = native.ms.get_context
+    monkeypatch.setattr(native.ms, "get_context", lambda key: "Ascend" if key == "device_target" else real(key))
+    assert not native.enabled() and native.operator("gelu_tanh", "GeluTanh") is None
+    assert native.cell("swiglu", activations._native_swiglu) is None
+
+
 def test_a_second_build_reuses_the_cached_library(fresh_native):
     first = native.library("gelu_tanh")
     native.library.cache_clear()

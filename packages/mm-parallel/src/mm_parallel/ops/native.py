@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
+import mindspore as ms
 from mindspore import ops
 
 _SOURCES = Path(__file__).resolve().parent / "csrc"
@@ -42,9 +43,10 @@ _SETTING = {"enabled": os.environ.get("MM_NATIVE_KERNELS", "1") != "0"}  # read 
 
 
 def enabled() -> bool:
-    """Whether native kernels may be used (``MM_NATIVE_KERNELS=0`` at start-up or `set_enabled`
-    turns them off)."""
-    return _SETTING["enabled"]
+    """Whether native kernels may be used: on a CPU device (they read and write host memory; the
+    reference path on Ascend, ``MM_KERNELS=reference``, keeps MindSpore's operators), unless
+    ``MM_NATIVE_KERNELS=0`` at start-up or `set_enabled` turned them off."""
+    return _SETTING["enabled"] and ms.get_context("device_target") == "CPU"
 
 
 def set_enabled(on: bool) -> None:
@@ -159,7 +161,8 @@ def operator(name: str, function: str, outputs: str = "like_first") -> Optional[
     """``function`` of ``csrc/<name>.cc`` as an operator (``outputs``: see _OUTPUTS), or None
     when native kernels are turned off or unavailable."""
     if not enabled():
-        _reasons[name] = "turned off (MM_NATIVE_KERNELS=0 at start-up, or native.set_enabled(False))"
+        _reasons[name] = ("turned off (MM_NATIVE_KERNELS=0 at start-up, or native.set_enabled(False)), "
+                          "or the device is not a CPU")
         return None
     return _operator(name, function, outputs)
 

@@ -12,7 +12,6 @@
 
 namespace {
 
-using mm::Elements;
 using mm::Float32;
 using mm::Parallel;
 
@@ -27,8 +26,7 @@ extern "C" int Softmax(int nparam, void **params, int *ndims, int64_t **shapes, 
   if (nparam != 2 || !Float32(nparam, dtypes)) return 1;
   const float *scores = static_cast<const float *>(params[0]);
   float *probs = static_cast<float *>(params[1]);
-  const int64_t keys = shapes[0][ndims[0] - 1];
-  const int64_t rows = keys ? Elements(ndims[0], shapes[0]) / keys : 0;
+  const auto [rows, keys] = mm::RowsOf(ndims[0], shapes[0]);
   Parallel(rows, keys, [=](int64_t lo, int64_t hi) {
     for (int64_t row = lo; row < hi; row++) {
       const float *s = scores + row * keys;
@@ -55,8 +53,7 @@ extern "C" int ScoresGradient(int nparam, void **params, int *ndims, int64_t **s
   const float *dprobs = static_cast<const float *>(params[1]);
   const float *row_dot = static_cast<const float *>(params[2]);
   float *dscores = static_cast<float *>(params[3]);
-  const int64_t keys = shapes[0][ndims[0] - 1];
-  const int64_t rows = keys ? Elements(ndims[0], shapes[0]) / keys : 0;
+  const auto [rows, keys] = mm::RowsOf(ndims[0], shapes[0]);
   Parallel(rows, keys, [=](int64_t lo, int64_t hi) {
     for (int64_t row = lo; row < hi; row++) {
       const float *p = probs + row * keys, *dp = dprobs + row * keys;

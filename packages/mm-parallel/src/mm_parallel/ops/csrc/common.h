@@ -18,6 +18,16 @@ inline int64_t Elements(int ndim, const int64_t *shape) {
   return n;
 }
 
+// A tensor as rows of its last dim.
+struct Rows {
+  int64_t rows, length;
+};
+
+inline Rows RowsOf(int ndim, const int64_t *shape) {
+  const int64_t length = shape[ndim - 1];
+  return {length ? Elements(ndim, shape) / length : 0, length};
+}
+
 inline bool Float32(int nparam, const char **dtypes) {
   for (int i = 0; i < nparam; i++)
     if (std::strcmp(dtypes[i], "float32") != 0) return false;

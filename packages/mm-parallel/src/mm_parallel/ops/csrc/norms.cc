@@ -13,18 +13,9 @@
 
 namespace {
 
-using mm::Elements;
 using mm::Float32;
 using mm::Parallel;
-
-struct Rows {
-  int64_t rows, hidden;
-};
-
-Rows RowsOf(int ndim, const int64_t *shape) {
-  int64_t hidden = shape[ndim - 1];
-  return {hidden ? Elements(ndim, shape) / hidden : 0, hidden};
-}
+using mm::RowsOf;
 
 // (n, r) of every row; centre: subtract the row mean (Standardize) or not (RmsScale).
 int Forward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool centre) {
@@ -33,21 +24,21 @@ int Forward(int nparam, void **params, int *ndims, int64_t **shapes, const char 
   const float eps = *static_cast<const float *>(params[1]);
   float *n = static_cast<float *>(params[2]);
   float *r = static_cast<float *>(params[3]);
-  const Rows s = RowsOf(ndims[0], shapes[0]);
-  Parallel(s.rows, s.hidden, [=](int64_t lo, int64_t hi) {
+  const mm::Rows s = RowsOf(ndims[0], shapes[0]);
+  Parallel(s.rows, s.length, [=](int64_t lo, int64_t hi) {
     for (int64_t row = lo; row < hi; row++) {
-      const float *x = h + row * s.hidden;
-      float *y = n + row * s.hidden;
+      const float *x = h + row * s.length;
+      float *y = n + row * s.length;
       double mean = 0.0;
       if (centre) {
-        for (int64_t j = 0; j < s.hidden; j++) mean += x[j];
-        mean /= s.hidden;
+        for (int64_t j = 0; j < s.length; j++) mean += x[j];
+        mean /= s.length;
       }
       const float m = static_cast<float>(mean);
       double squares = 0.0;
-      for (int64_t j = 0; j < s.hidden; j++) squares += (x[j] - m) * (x[j] - m);
-      const float scale = 1.0f / std::sqrt(static_cast<float>(squares / s.hidden) + eps);
-      for (int64_t j = 0; j < s.hidden; j++) y[j] = (x[j] - m) * scale;
+      for (int64_t j = 0; j < s.length; j++) squares += (x[j] - m) * (x[j] - m);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(squares / s.length) + eps);
+      for (int64_t j = 0; j < s.length; j++) y[j] = (x[j] - m) * scale;
       r[row] = scale;
     }
   });
@@ -60,19 +51,19 @@ int Backward(int nparam, void **params, int *ndims, int64_t **shapes, const char
   const float *r = static_cast<const float *>(params[1]);
   const float *dn = static_cast<const float *>(params[2]);
   float *dh = static_cast<float *>(params[3]);
-  const Rows s = RowsOf(ndims[0], shapes[0]);
-  Parallel(s.rows, s.hidden, [=](int64_t lo, int64_t hi) {
+  const mm::Rows s = RowsOf(ndims[0], shapes[0]);
+  Parallel(s.rows, s.length, [=](int64_t lo, int64_t hi) {
     for (int64_t row = lo; row < hi; row++) {
-      const float *y = n + row * s.hidden, *g = dn + row * s.hidden;
-      float *out = dh + row * s.hidden;
+      const float *y = n + row * s.length, *g = dn + row * s.length;
+      float *out = dh + row * s.length;
       double sum_g = 0.0, sum_gy = 0.0;
-      for (int64_t j = 0; j < s.hidden; j++) {
+      for (int64_t j = 0; j < s.length; j++) {
         sum_g += g[j];
         sum_gy += g[j] * y[j];
       }
-      const float mean_g = centre ? static_cast<float>(sum_g / s.hidden) : 0.0f;
-      const float mean_gy = static_cast<float>(sum_gy / s.hidden);
-      for (int64_t j = 0; j < s.hidden; j++) out[j] = r[row] * (g[j] - mean_g - y[j] * mean_gy);
+      const float mean_g = centre ? static_cast<float>(sum_g / s.length) : 0.0f;
+      const float mean_gy = static_cast<float>(sum_gy / s.length);
+      for (int64_t j = 0; j < s.length; j++) out[j] = r[row] * (g[j] - mean_g - y[j] * mean_gy);
     }
   });
   return 0;
