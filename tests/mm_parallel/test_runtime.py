@@ -28,26 +28,41 @@ def test_device_choice():
     assert runtime.decisions["device"].startswith("device CPU (")  # import mm_parallel chose and said it
 
 
-def test_launch_mode_follows_the_self_check(monkeypatch, tmp_path):
+def test_launch_mode_follows_the_self_check_off_cpu(monkeypatch, tmp_path):
     monkeypatch.setenv("MM_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("MM_LAUNCH_BLOCKING", raising=False)
     assert runtime.launch_mode("CPU")[0] and not runtime.launch_mode("Ascend")[0]  # unchecked
-    for target, passed in (("CPU", True), ("Ascend", False)):
+    for target, passed in (("CPU", True), ("Ascend", True)):
         runtime._cache_file(target).parent.mkdir(parents=True, exist_ok=True)
         runtime._cache_file(target).write_text(json.dumps({"passed": passed, "wrong": 0 if passed else 7,
                                                            "steps": 300}))
-    assert runtime.launch_mode("CPU") == (False, "self-check on CPU: 0 of 300 steps wrong under asynchronous launch")
-    assert runtime.launch_mode("Ascend")[0]
+    # a passed check on CPU is luck (the fault comes and goes there): CPU stays blocking
+    assert runtime.launch_mode("CPU")[0] and runtime.launch_mode("CPU")[1].startswith("always on CPU")
+    assert runtime.launch_mode("Ascend") == (False, "self-check on Ascend: 0 of 300 steps wrong under "
+                                                    "asynchronous launch")
+    runtime._cache_file("Ascend").write_text(json.dumps({"passed": False, "wrong": 7, "steps": 300}))
+    assert runtime.launch_mode("Ascend") == (True, "self-check on Ascend: 7 of 300 steps wrong under "
+                                                   "asynchronous launch")
+    monkeypatch.setenv("MM_LAUNCH_BLOCKING", "0")
+    assert runtime.launch_mode("CPU") == (False, "MM_LAUNCH_BLOCKING=0")
     monkeypatch.setenv("MM_LAUNCH_BLOCKING", "1")
-    assert runtime.launch_mode("CPU") == (True, "MM_LAUNCH_BLOCKING=1")
+    assert runtime.launch_mode("Ascend") == (True, "MM_LAUNCH_BLOCKING=1")
     monkeypatch.setenv("MM_LAUNCH_BLOCKING", "yes")
     with pytest.raises(ValueError, match="must be 0 or 1"):
         runtime.launch_mode("CPU")
 
 
 def test_the_self_check_finds_the_skipped_bprops_on_cpu():
-    """What mm-train runs once per device: the loop above with asynchronous launch, in a fresh
-    process. On this CPU it fails (so blocking launch is chosen); the count is what it measured."""
-    result = runtime.self_check("CPU", save=False)
-    assert not result["passed"] and result["steps"] == 300, result
-    assert result["wrong"] > 0 or result["calls"] < 1200, result
+    """What mm-train runs once per Ascend device (and the doctor everywhere): the loop above with
+    asynchronous launch, in a fresh process. On this CPU it fails on most runs (13-45 of 300 steps
+    wrong, measured) but not on every one (a CI run's doctor found 0): up to three runs, each kept
+    apart, and one of them must find the fault. When a MindSpore version fixes it, this fails: the
+    signal to let CPU runs use asynchronous launch again."""
+    results = []
+    for _ in range(3):
+        results.append(runtime.self_check("CPU", save=False))
+        if not results[-1]["passed"]:
+            break
+    result = results[-1]
+    assert not result["passed"] and result["steps"] == 300, results
+    assert result["wrong"] > 0 or result["calls"] < 1200, results

@@ -25,7 +25,7 @@ def test_the_doctor_passes_on_two_cpu_processes(tmp_path):
     kernels = [c for c in status if c.startswith("kernel ") and c.endswith("(fp32)")]
     assert len(kernels) == 8 and all(status[c] == "pass" for c in kernels)
     launch = next(row for row in rows if row["check"] == "launch-mode self-check")
-    assert "under asynchronous launch: runs use blocking launch" in launch["detail"]
+    assert "under asynchronous launch: runs use blocking launch (always on CPU: " in launch["detail"], launch
     from mm_train import families
 
     assert {c for c in status if c.startswith("family ")} == {f"family {name}" for name in families.families()}

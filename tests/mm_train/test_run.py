@@ -88,11 +88,10 @@ def test_the_default_trains_the_same_under_dp2_tp2_pp2_and_cp2(tmp_path, run_dis
     assert any(line.startswith("step     4/4 [") for line in lines), result.stderr[-2000:]
     assert any(line.startswith("loss ") and "in 4 steps" in line for line in lines), result.stderr[-2000:]
     assert "\r" not in result.stderr and "WARNING" not in result.stderr
-    # the device and launch mode, said once by the launcher (mm_parallel.runtime): blocking on this CPU,
-    # where the self-check finds asynchronous launch skipping custom bprops
+    # the device and launch mode, said once by the launcher (mm_parallel.runtime): always blocking on CPU
     said = [line for line in lines if line.startswith("mm-train: device ")]
     assert len(said) == 1 and said[0].startswith("mm-train: device CPU (train.device=auto: MindSpore reports no "
-                                                 "Ascend); blocking launch (self-check on CPU: "), said
+                                                 "Ascend); blocking launch (always on CPU: "), said
     assert got["single"][-1] < got["single"][0]
     for name in got:
         assert got[name] == pytest.approx(got["single"], rel=1e-4), (name, got)

@@ -139,7 +139,8 @@ def settle_runtime(recipe, in_launch: bool) -> None:
     from mm_parallel import runtime
 
     target, _ = runtime.chosen_device(recipe.train.device)
-    if not in_launch and not os.environ.get("MM_LAUNCH_BLOCKING") and runtime.cached_self_check(target) is None:
+    if (not in_launch and not os.environ.get("MM_LAUNCH_BLOCKING") and runtime.self_check_decides(target)
+            and runtime.cached_self_check(target) is None):
         print(f"mm-train: checking asynchronous launch on {target} once (custom bprops, "
               f"{runtime.SELF_CHECK_STEPS} steps) ...", file=sys.stderr)
         runtime.self_check(target)

@@ -148,7 +148,7 @@ def check_launch_mode(target: str) -> List[Dict]:
     except Exception as error:  # noqa: BLE001
         return [_row("launch-mode self-check", "fail", time.perf_counter() - start, str(error)[-1500:], "launch")]
     blocking, why = runtime.launch_mode(target)
-    forced = f" ({why})" if why.startswith("MM_LAUNCH_BLOCKING") else ""
+    forced = "" if why.startswith("self-check") else f" ({why})"  # forced, or CPU (always blocking)
     # a failed check is a finding, not a failure: runs then use blocking launch
     return [_row("launch-mode self-check", "pass", result["seconds"],
                  f"{result['wrong']} of {result['steps']} steps wrong under asynchronous launch: runs use "
