@@ -113,6 +113,37 @@ def test_samples_hold_the_processor_layout_and_whisper_features(omni_set):
     assert tokenizer.decode(labels) == "A bar moves while a tone plays.<|im_end|>\n"
 
 
+def test_lengths_decode_no_pixels_and_equal_the_samples(omni_set, monkeypatch):
+    """`length` (what packing plans with) from image headers, video probes and the audios alone:
+    equal to the tokens `get` makes, for audios, an image, a video with its own audio interleaved
+    (with and without use_audio_in_video), and a bad sample is the same named skip."""
+    import mm_data.vl.dataset as vl_dataset
+    from mm_data.vl.packing import PackedDataset
+
+    _, _, dataset = omni_set
+    want = [len(dataset.get(i)["input_ids"]) for i in range(4)]
+    without = OmniSFTDataset(dataset.conversations[:4], dataset.template.tokenizer, dataset.image_processor,
+                             dataset.video_processor, position_id_per_seconds=PPS, seconds_per_chunk=CHUNK,
+                             video_fps=4.0)
+    want_without = [len(without.get(i)["input_ids"]) for i in range(4)]
+
+    def no_pixels(*args, **kwargs):
+        raise AssertionError("length decoded pixels or computed audio features")
+
+    monkeypatch.setattr(vl_dataset, "read_frames", no_pixels)
+    monkeypatch.setattr(vl_dataset, "load_image", no_pixels)
+    monkeypatch.setattr(WhisperFeatureExtractor, "_touching_frames", no_pixels)
+    assert [dataset.length(i) for i in range(4)] == want
+    assert [without.length(i) for i in range(4)] == want_without and want_without[2] < want[2]  # no audio pads
+    for index, reason in [(4, "file not found"), (5, "empty file"), (6, "no audio stream")]:
+        with pytest.raises(BadSample, match=reason):
+            dataset.length(index)
+    packed = PackedDataset(without, max_length=max(want_without) + min(want_without))  # two share a row
+    monkeypatch.undo()
+    assert sorted(i for members in packed.packs for i in members) == [0, 1, 2, 3] and len(packed) < 4
+    assert [len(packed.get(k)["input_ids"]) for k in range(len(packed))] == packed.lengths
+
+
 def test_bad_audio_is_a_named_skip(omni_set):
     _, _, dataset = omni_set
     for index, reason in [(4, "file not found"), (5, "empty file"), (6, "no audio stream")]:

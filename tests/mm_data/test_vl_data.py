@@ -265,6 +265,33 @@ def test_vl_loader_skips_bad_samples(vl_set):
     assert {os.path.basename(s) for s, _ in vl_set.bad_input.skipped} >= {"broken.png", "missing.mp4"}
 
 
+def test_packing_counts_a_sample_longer_than_a_pack(caplog):
+    """A sample longer than max_length is a counted, logged skip naming what to change, never a silent drop."""
+    import logging
+
+    from mm_data.errors import BadInputLog, DataError
+
+    class Lengths:
+        def __init__(self, lengths):
+            self.lengths, self.bad_input = lengths, BadInputLog(0.25, total=len(lengths))
+
+        def __len__(self):
+            return len(self.lengths)
+
+        def source(self, index):
+            return f"row{index}.json"
+
+        def length(self, index):
+            return self.lengths[index]
+
+    with caplog.at_level(logging.WARNING, logger="mm_data"):
+        packed = PackedDataset(Lengths([10, 50, 30, 5]), max_length=40)
+    assert sorted(i for p in packed.packs for i in p) == [0, 2, 3] and packed.bad_input.count == 1
+    assert "row1.json: 50 tokens, more than the packs' max_length=40: raise it" in caplog.text
+    with pytest.raises(DataError, match="2 of 4 samples are bad"):
+        PackedDataset(Lengths([10, 50, 60, 5]), max_length=40)
+
+
 def test_packing(vl_set):
     rng = np.random.default_rng(0)
     for _ in range(50):

@@ -139,9 +139,17 @@ class VLSFTDataset:
 
     def length(self, index: int) -> int:
         """Tokens of sample ``index``, from image headers and video probes (no pixels decoded)."""
+        conversation = self.conversations[index]
+        image_tokens, video_tokens, timestamps, _, _ = self.vision_from_headers(conversation)
+        return len(self.template.encode(conversation, image_tokens, video_tokens, max_length=self.max_length,
+                                        video_timestamps=timestamps)["input_ids"])
+
+    def vision_from_headers(self, conversation: Conversation):
+        """What `vision` gives but the pixels, from image headers and video probes: (image pad
+        counts, video pad counts, each video's timestamps when its processor writes them, video
+        grids (t, h, w), each video's seconds per temporal patch, float32 as `vision` gives them)."""
         from PIL import Image
 
-        conversation = self.conversations[index]
         images, videos = self.image_processor, self.video_processor
         image_tokens = []
         for path in conversation.images:
@@ -156,7 +164,7 @@ class VLSFTDataset:
             except ValueError as error:
                 raise BadSample(path, f"image not processable: {error}") from None
             image_tokens.append(h * w // (images.patch_size * images.merge_size) ** 2)
-        video_tokens, timestamps = [], []
+        video_tokens, timestamps, grids, seconds = [], [], [], []
         for path in conversation.videos:
             info = probe(path)
             fps = None if videos.num_frames is not None else (videos.fps or self.video_fps)
@@ -167,15 +175,14 @@ class VLSFTDataset:
             count, stamps = len(indices), _timestamps(videos, indices, info.fps)
             if stamps is not None:
                 timestamps.append(stamps)
-            factor = videos.patch_size * videos.merge_size
             try:
                 h, w = videos.target_size(count, info.height, info.width)
             except ValueError as error:
                 raise BadSample(conversation.source, f"video not processable: {error}") from None
-            video_tokens.append(-(-count // videos.temporal_patch_size) * h * w // factor ** 2)
-        return len(self.template.encode(conversation, image_tokens, video_tokens, max_length=self.max_length,
-                                        video_timestamps=timestamps)["input_ids"])
-
+            grids.append([-(-count // videos.temporal_patch_size), h // videos.patch_size, w // videos.patch_size])
+            video_tokens.append(int(np.prod(grids[-1])) // videos.merge_size ** 2)
+            seconds.append(videos.temporal_patch_size / (count / info.num_frames * info.fps))  # as `_video`
+        return image_tokens, video_tokens, timestamps, grids, np.array(seconds, np.float32)
 
 def _timestamps(processor, indices, video_fps) -> Optional[List[float]]:
     """The seconds of each temporal patch when the processor writes them into the text (Qwen3-VL)."""

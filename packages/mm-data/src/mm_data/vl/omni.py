@@ -122,27 +122,41 @@ class OmniSFTDataset(VLSFTDataset):
         sources = self.audio_sources(conversation)
         pads: List[int] = []
         if sources:
-            limit = self.audio_processor.chunk_length
-            waves = [load_audio(path, self.audio_processor.sampling_rate, max_seconds=limit, on_cut=self._audio_cut)
-                     for _, path in sources]
-            features = self.audio_processor(waves)
+            features = self.audio_processor(self._waves(sources))
             sample["input_features"] = features["input_features"]
             sample["feature_attention_mask"] = features["attention_mask"]
             pads = audio_tokens(features["attention_mask"].sum(-1)).tolist()
+        sample.update(self._encode(conversation, image_tokens, video_tokens, sample.get("video_grid_thw", ()),
+                                   sample.get("video_second_per_grid", ()), sources, pads))
+        sample["attention_mask"] = np.ones_like(sample["input_ids"])
+        return sample
+
+    def length(self, index: int) -> int:
+        """Tokens of sample ``index``: images and videos from headers and probes (no pixels
+        decoded); audios decoded alone (their pads follow the resampler's exact sample count),
+        no features computed."""
+        conversation = self.conversations[index]
+        image_tokens, video_tokens, _, grids, seconds = self.vision_from_headers(conversation)
+        sources = self.audio_sources(conversation)
+        frames = [self.audio_processor.frames(wave.size) for wave in self._waves(sources)]
+        pads = audio_tokens(frames).tolist() if frames else []
+        return len(self._encode(conversation, image_tokens, video_tokens, grids, seconds, sources, pads)["input_ids"])
+
+    def _waves(self, sources: List[Tuple[str, str]]) -> List[np.ndarray]:
+        limit = self.audio_processor.chunk_length
+        return [load_audio(path, self.audio_processor.sampling_rate, max_seconds=limit, on_cut=self._audio_cut)
+                for _, path in sources]
+
+    def _encode(self, conversation: Conversation, image_tokens, video_tokens, grids, seconds, sources,
+                pads: List[int]) -> Dict[str, np.ndarray]:
+        """The template's tokens, each video with its audio's pads interleaved under
+        use_audio_in_video (``grids`` / ``seconds``: each video's grid and seconds per temporal patch)."""
         in_video = iter(n for (kind, _), n in zip(sources, pads) if kind == "video")
-        runs = [video_audio_runs(grid, self.video_processor.merge_size, seconds, next(in_video),
+        runs = [video_audio_runs(grid, self.video_processor.merge_size, per_grid, next(in_video),
                                  self.position_id_per_seconds, self.seconds_per_chunk)
-                for grid, seconds in zip(sample.get("video_grid_thw", ()), sample.get("video_second_per_grid", ()))
-                ] if self.use_audio_in_video else []
+                for grid, per_grid in zip(grids, seconds)] if self.use_audio_in_video else []
         standalone = [n for (kind, _), n in zip(sources, pads) if kind == "audio"]
         tokens = self.template.encode(conversation, image_tokens, video_tokens, standalone, max_length=self.max_length,
                                       video_runs=runs)
         tokens.pop("mm_token_type_ids")  # TMRoPE finds the media by their token ids
-        sample.update(tokens)
-        sample["attention_mask"] = np.ones_like(tokens["input_ids"])
-        return sample
-
-    def length(self, index: int) -> int:
-        """Tokens of sample ``index`` (its media decoded: audio lengths need the decoded samples)."""
-        return len(self.get(index)["input_ids"])
-
+        return tokens

@@ -54,7 +54,8 @@ def pack(samples: Sequence[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
 
 
 class PackedDataset:
-    """Packs of ``dataset``'s samples, planned once from their lengths; bad samples are left out."""
+    """Packs of ``dataset``'s samples, planned once from their lengths; bad samples and samples
+    longer than ``max_length`` are left out, counted and logged in ``bad_input``."""
 
     def __init__(self, dataset, max_length: int, lengths: Optional[Sequence[int]] = None):
         self.dataset, self.max_length = dataset, max_length
@@ -66,8 +67,13 @@ class PackedDataset:
                     lengths.append(dataset.length(index))
                 except BadSample as bad:
                     self.bad_input.skip(bad)
-                    lengths.append(max_length + 1)  # planned nowhere
-        usable = [i for i, n in enumerate(lengths) if n <= max_length]
+                    lengths.append(None)  # planned nowhere
+        for index, n in enumerate(lengths):
+            if n is not None and n > max_length:  # counted and logged like a bad sample, never dropped silently
+                source = dataset.source(index) if hasattr(dataset, "source") else f"sample {index}"
+                self.bad_input.skip(BadSample(source, f"{n} tokens, more than the packs' max_length={max_length}: "
+                                                      "raise it, or cut samples with the data set's max_length"))
+        usable = [i for i, n in enumerate(lengths) if n is not None and n <= max_length]
         plan = plan_packs([lengths[i] for i in usable], max_length)
         self.packs = [[usable[i] for i in members] for members in plan]
         self.lengths = [sum(lengths[i] for i in members) for members in self.packs]
