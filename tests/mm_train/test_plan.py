@@ -9,6 +9,7 @@ only. The real-size recipes are planned on the shapes of their published checkpo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -21,7 +22,7 @@ from mm_train.recipe import load_recipe
 
 HUB_CONFIGS = json.loads((Path(__file__).parent / "data" / "hub_configs.json").read_text())
 REAL_RECIPES = ["qwen2_5_vl_7b_sft", "qwen2_5_vl_72b_sft", "qwen3_vl_8b_sft", "qwen3_vl_30b_a3b_sft",
-                "wan2_1_t2v_1_3b", "wan2_1_t2v_14b", "cogvideox_5b_t2v", "cogvideox1_5_5b_i2v",
+                "qwen2_5_omni_7b_sft", "wan2_1_t2v_1_3b", "wan2_1_t2v_14b", "cogvideox_5b_t2v", "cogvideox1_5_5b_i2v",
                 "cogvideox1_5_5b_t2v_lora"]
 
 CASES = {
@@ -309,3 +310,71 @@ def test_online_encoding_costs_every_rank_the_vae_and_t5_forward_of_its_samples(
         want = flops * samples_per_rank / (peak * known["efficiency"]["encode"])
         assert online["breakdown"]["encode"] == pytest.approx(want, rel=1e-9)
         assert any("5B vae and text_encoder shapes" in note for note in online["notes"])
+
+
+
+def _tower_and_model(tower_flops: float = 5e12, model_flops: float = 7e12):
+    from mm_train.plan.workload import LayerStack, Workload
+
+    tower = LayerStack("tower", 4, 1024, 64, outside=256, inside=768, heads=4, keys=64, reference=1600,
+                       pipelined=False, runs_whole=True, flops=tower_flops)
+    model = LayerStack("model", 8, 2048, 128, outside=512, inside=2048, heads=8, keys=2048, reference=3000)
+    return Workload([tower, model], tower_flops + model_flops, 2048, boundary_hidden=128), \
+        Workload([model], model_flops, 2048, boundary_hidden=128)
+
+
+def test_a_tower_runs_whole_on_each_rank_of_the_first_stage():
+    """The VL towers are plain linears every rank of the first stage runs on its whole sample: tp,
+    sp and cp divide neither their activations nor their FLOPs, and pp puts their FLOPs on the
+    first stage alone (before, all were divided like the language model's)."""
+    from mm_parallel.topology import Topology
+    from mm_train.plan import load_devices, timing
+
+    device = load_devices()["devices"]["ascend-910b2"]
+    both, model_only = _tower_and_model()
+    tower_bytes = {}
+    for layout in ("parallel.tp=1", "parallel.tp=2", "parallel.tp=2 parallel.sequence_parallel=true",
+                   "parallel.cp=2", "parallel.tp=2 parallel.pp=2"):
+        recipe = load_recipe("qwen2_5_vl_tiny", layout.split() + ["model.recompute=none"])
+        topo = Topology.build(recipe.parallel, 4, 0)
+
+        def kept(workload):
+            return memory.activation_bytes(workload, recipe, topo, device, 4)["activations_layers_bytes"]
+
+        tower_bytes[layout] = kept(both) - kept(model_only)
+        passes, t, c, p = 3, topo.tp.size, topo.cp.size, topo.pp.size
+        first = timing.rank_step_flops(both, passes, topo)
+        assert first == pytest.approx(passes * 7e12 / (t * c * p) + passes * 5e12)
+        if p > 1:
+            last = Topology.build(recipe.parallel, 4, 2)
+            assert last.is_last_stage and timing.rank_step_flops(both, passes, last) == pytest.approx(
+                passes * 7e12 / (t * c * p))
+    b, size = recipe.train.micro_batch_size, memory.DTYPE_BYTES[recipe.train.precision]
+    # layers x tokens x b x (outside + inside) elements, whatever the layout
+    assert len(set(tower_bytes.values())) == 1 and tower_bytes["parallel.tp=1"] == 4 * 1024 * b * 1024 * size
+    frozen = dataclasses.replace(both, stacks=[dataclasses.replace(both.stacks[0], trained=False),
+                                               both.stacks[1]], frozen_flops=5e12)
+    topo = Topology.build(load_recipe("qwen2_5_vl_tiny", ["parallel.pp=2"]).parallel, 2, 0)
+    assert timing.rank_step_flops(frozen, 4, topo) == pytest.approx(4 * 7e12 / 2 + 2 * 5e12)  # pp: 2 forwards
+    with pytest.raises(ValueError, match="a stack that runs whole sits on the first stage"):
+        dataclasses.replace(both.stacks[0], pipelined=True)
+
+
+def test_the_omni_plan_counts_its_audio_tower():
+    """Qwen2.5-Omni's workload is Qwen2.5-VL's plus one 30 s audio through the audio tower: 3000
+    feature frames, 1500 conv positions attending in chunks of n_window = 100, its FLOPs the
+    model's own count; frozen in the shipped recipe, trained it adds activations and step time."""
+    from mm_models_vl.qwen2_5_omni.flops import audio_flops
+    from mm_train.families import resolve
+
+    recipe = load_recipe("qwen2_5_omni_7b_sft", [f"model.path={_hub_folder('Qwen2.5-Omni-7B')}"])
+    config = model_config(recipe)[1]
+    workload = resolve(recipe.family.workload)(recipe, config)
+    audio, vision = workload.stacks[:2]
+    assert (audio.name, audio.layers, audio.tokens, audio.keys, audio.hidden) == ("audio tower", 32, 1500, 100, 1280)
+    assert audio.runs_whole and not audio.trained and audio.flops == audio_flops(config, [3000])
+    assert vision.runs_whole and workload.frozen_flops == audio.flops + vision.flops
+    assert "one 30 s audio" in workload.notes[0]
+    frozen, trained = _planned("qwen2_5_omni_7b_sft"), _planned("qwen2_5_omni_7b_sft", "model.freeze=[vision]")
+    assert trained["ranks"][0]["activations_bytes"] > frozen["ranks"][0]["activations_bytes"]
+    assert trained["step_time_s"] > frozen["step_time_s"]

@@ -82,6 +82,39 @@ class OmniTask(VLTask):
         return {**batch, "use_audio_in_video": bool(self.recipe.data.use_audio_in_video)}
 
 
+PLANNED_AUDIO_SECONDS = 30  # the planner's audio per sample: Whisper's window (the features hold up to 300 s)
+
+
+def workload(recipe, config):
+    """The planner's shapes (mm_train.plan.workload): Qwen2.5-VL's sample (data.max_length tokens,
+    one picture of data.max_pixels) plus one audio of PLANNED_AUDIO_SECONDS through the audio
+    tower (whole on each rank of the first stage; frozen under model.freeze [audio]). Its layers
+    see the audio's conv positions (100 feature frames a second, halved), each attending within
+    its chunk of n_window positions, and keep what the vision blocks keep per token (pre-LN,
+    gelu MLP)."""
+    import dataclasses
+
+    from mm_models_vl.qwen2_5_omni.flops import audio_flops
+    from mm_train.families.qwen2_5_vl import workload as vl_workload
+    from mm_train.plan.workload import LayerStack
+
+    audio = config.audio_config
+    frames = PLANNED_AUDIO_SECONDS * 100  # 10 ms hops (the Whisper features')
+    positions = (frames - 1) // 2 + 1
+    d, ffn = audio.d_model, audio.encoder_ffn_dim
+    inside = 6 * d + 2 * ffn
+    frozen = "audio" in (recipe.model.freeze or [])
+    flops = float(audio_flops(config, [frames]))
+    stack = LayerStack("audio tower", audio.encoder_layers, positions, d, outside=4 * d, inside=inside,
+                       heads=audio.encoder_attention_heads, keys=min(positions, audio.n_window),
+                       reference=13 * d + inside, reference_emulated=42 * d, pipelined=False, trained=not frozen,
+                       runs_whole=True, flops=flops)
+    vl = vl_workload(recipe, config)
+    return dataclasses.replace(vl, stacks=[stack] + vl.stacks, flops_per_sample=vl.flops_per_sample + flops,
+                               frozen_flops=vl.frozen_flops + (flops if frozen else 0.0),
+                               notes=[vl.notes[0] + f", one {PLANNED_AUDIO_SECONDS} s audio"] + vl.notes[1:])
+
+
 SPEC = register(FamilySpec(
     name="qwen2_5_omni",
     description="Qwen2.5-Omni thinker (3B / 7B): SFT on images, videos and audio, LoRA",
@@ -94,7 +127,7 @@ SPEC = register(FamilySpec(
     extra="vl",
     processing="mm_train.families.qwen2_5_vl:write_processing_files",
     preflight="mm_train.families.qwen2_5_omni:preflight",
-    workload="mm_train.families.qwen2_5_vl:workload",  # the audio tower (first stage, once per audio) not counted
+    workload="mm_train.families.qwen2_5_omni:workload",
     recipes=(
         BuiltinRecipe("qwen2_5_omni_tiny", "qwen2_5_omni_tiny.yaml",
                       "a tiny random Qwen2.5-Omni thinker captions generated pictures and sounds (about a minute)",

@@ -282,8 +282,8 @@ class VLTask(FamilyTask):
 
 def workload(recipe, config):
     """The planner's shapes (mm_train.plan.workload) of one sample: data.max_length tokens with
-    one picture of data.max_pixels, through the vision tower (on the first stage; frozen under
-    model.freeze [vision]) and the language model. Serves Qwen2.5-VL (windowed vision attention)
+    one picture of data.max_pixels, through the vision tower (whole on each rank of the first
+    stage; frozen under model.freeze [vision]) and the language model. Serves Qwen2.5-VL (windowed vision attention)
     and Qwen3-VL (whole-image attention; MoE layers count their k routed experts and the
     dispatched / combined copies of each token)."""
     import math
@@ -313,7 +313,8 @@ def workload(recipe, config):
         keys, vision_inside = patches, 6 * hv + 2 * fv
         flops = text_flops(config, seq) + vision_flops(config, grid)
     frozen = "vision" in (recipe.model.freeze or [])
-    frozen_flops = float(vision_flops(config, grid)) if frozen else 0.0
+    tower_flops = float(vision_flops(config, grid))
+    frozen_flops = tower_flops if frozen else 0.0
     # the reference kernels' norms and rotary embeddings keep ~9 hidden-sized copies more per
     # token and layer (29.3 h in all), emulated bf16 42 h more (measured with 3 h of MLP per h:
     # benchmarks/plan_activation_memory.py); the vision blocks are taken to keep alike
@@ -322,7 +323,8 @@ def workload(recipe, config):
     text_inside = 3 * h + 3 * kv + 4 * mlp + dispatch
     stacks = [LayerStack("vision tower", vision.depth, patches, hv, outside=4 * hv, inside=vision_inside,
                          heads=vision.num_heads, keys=int(keys), reference=13 * hv + vision_inside,
-                         reference_emulated=42 * hv, pipelined=False, trained=not frozen),
+                         reference_emulated=42 * hv, pipelined=False, trained=not frozen, runs_whole=True,
+                         flops=tower_flops),
               LayerStack("language model", text.num_hidden_layers, seq, h, outside=4 * h, inside=text_inside,
                          heads=text.num_attention_heads, keys=seq, reference=13 * h + text_inside,
                          reference_emulated=42 * h)]

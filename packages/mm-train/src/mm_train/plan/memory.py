@@ -16,7 +16,7 @@ ranks, the family's plan (recompute, LoRA, freezing) applied — inside
 
 Activations of one micro-batch on a stage, with t = tp, s = the stack's tokens per sample / cp,
 b = micro_batch_size and L the stage's layers of a stack, in the activation dtype (float32 where
-the device emulates low precision):
+the device emulates low precision); a stack that runs whole (the VL towers) has t = t_sp = cp = 1:
 
     per layer   fused kernels (Ascend): s b (outside / t_sp + inside / t)  (workload.LayerStack;
                 the attention kernel keeps only its log-sum-exp); reference kernels (CPU): the
@@ -174,8 +174,8 @@ def activation_bytes(workload, recipe, topo, device: dict, micro_batches: int) -
     kernels or the reference ones, low-precision activations stored as such or emulated in
     float32) (module docstring)."""
     par, b = topo.config, recipe.train.micro_batch_size
-    t, cp = topo.tp.size, topo.cp.size
-    t_sp = t if par.sequence_parallel else 1
+    tp = topo.tp.size
+    tp_sp = tp if par.sequence_parallel else 1
     fused = device["fused_kernels"]
     size = DTYPE_BYTES[recipe.train.precision]
     emulated = size < 4 and device.get("emulated_low_precision", False)
@@ -186,6 +186,7 @@ def activation_bytes(workload, recipe, topo, device: dict, micro_batches: int) -
         if not stack.trained or (not stack.pipelined and not topo.is_first_stage):
             continue
         layers = stage_layers(stack.layers, topo) if stack.pipelined else stack.layers
+        t, t_sp, cp = (1, 1, 1) if stack.runs_whole else (tp, tp_sp, topo.cp.size)
         s = stack.tokens / cp
         split = stack.outside / t_sp + stack.inside / t
         if fused:  # the kernel keeps only its log-sum-exp of the scores
@@ -208,11 +209,11 @@ def activation_bytes(workload, recipe, topo, device: dict, micro_batches: int) -
                               else RECOMPUTED_WORKING * gradient_sized)
         working = max(working, whole + recomputed_working if recomputed else BACKWARD_WORKING * gradient_sized)
         if stack.pipelined:
-            boundary = s * b * workload.boundary_hidden / t_sp * size
+            boundary = s * b * workload.boundary_hidden / tp_sp * size
     flight = in_flight(topo.pp.size, par.vpp, topo.pp.rank, micro_batches) * boundary
     logits = 0.0
     if workload.logits_vocab and topo.is_last_stage:
-        logits = 2 * 4 * workload.pipelined.tokens / cp * b * workload.logits_vocab / t
+        logits = 2 * 4 * workload.pipelined.tokens / topo.cp.size * b * workload.logits_vocab / tp
     parts = {"activations_layers_bytes": int(kept), "activations_backward_bytes": int(working),
              "activations_in_flight_bytes": int(flight), "logits_bytes": int(logits)}
     parts["activations_bytes"] = sum(parts.values())

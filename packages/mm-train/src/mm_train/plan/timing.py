@@ -7,7 +7,8 @@ micro-batches per data-parallel rank and step, and E_c, E_n the compute and link
     compute     passes F G / (dp tp cp pp) / (peak E_c) per rank, passes = 3 (forward, backward
                 = 2 forwards) + the share of layers recomputed (full: 1, block N of L: N / L;
                 under pp a stage's backward always recomputes its forward, mm_parallel.pipeline);
-                a frozen tower's FLOPs count one forward (two under pp)
+                a frozen tower's FLOPs count one forward (two under pp); a stack that runs whole
+                (the VL towers) is not divided by tp, cp or pp: the first stage runs all of it
     bubble      compute (pp - 1) / (m vpp)  (1F1B; interleaving divides the idle ticks by vpp)
     encode      online encoding: the encoders' FLOPs of each of the rank's G / dp samples over
                 (peak E_e), not divided by tp, cp or pp (every rank of a group encodes its sample);
@@ -51,6 +52,16 @@ def step_flops(workload, passes: float, pp: int) -> float:
     return passes * (workload.flops_per_sample - frozen) + (2 if pp > 1 else 1) * frozen
 
 
+def rank_step_flops(workload, passes: float, topo) -> float:
+    """FLOPs of one sample in a step on ``topo``'s rank: the split part over tp cp pp, plus on the
+    first stage the stacks that run whole (module docstring)."""
+    p = topo.pp.size
+    trained, frozen = workload.whole_flops(True), workload.whole_flops(False)
+    whole = passes * trained + (2 if p > 1 else 1) * frozen
+    split = step_flops(workload, passes, p) - whole
+    return split / (topo.tp.size * topo.cp.size * p) + (whole if topo.is_first_stage else 0.0)
+
+
 def _recomputed_share(recipe, workload, pp: int) -> float:
     """The share of the layers whose forward runs again in the backward."""
     mode = recipe.model.recompute
@@ -73,7 +84,7 @@ def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: d
     passes = 3 + _recomputed_share(recipe, workload, p)
     samples_per_rank = recipe.train.global_batch_size / dp
     peak = device["peak_tflops"] * 1e12 * efficiency["compute"]
-    compute = step_flops(workload, passes, p) * samples_per_rank / (t * c * p) / peak
+    compute = rank_step_flops(workload, passes, topo) * samples_per_rank / peak
     bubble = compute * (p - 1) / (micro_batches * par.vpp) if p > 1 else 0.0
     comm_eff = efficiency["communication"]
     b = recipe.train.micro_batch_size
@@ -88,6 +99,8 @@ def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: d
         layers = stage_layers(stack.layers, topo) if stack.pipelined else stack.layers
         layer_passes = layers * (passes if stack.trained else (2 if p > 1 else 1))
         times["launch_s"] += micro_batches * layer_passes * per_layer_pass
+        if stack.runs_whole:  # no tp / cp collectives
+            continue
         activation = stack.tokens / c * b * stack.hidden * size  # bytes of one layer's s b h values
         if t > 1:
             per_layer = (6 if recomputed else 4) * 2 * (t - 1) / t * activation

@@ -20,7 +20,10 @@ them (Korthikanti et al., "Reducing Activation Recomputation in Large Transforme
               written as element-wise ops on tiled operands keep more; measured per family by
               benchmarks/plan_activation_memory.py, split over tp like outside and inside
 
-Context parallelism divides a stack's tokens by cp (its layers see tokens / cp each).
+Context parallelism divides a stack's tokens by cp (its layers see tokens / cp each). A stack that
+``runs_whole`` (the VL towers: plain linears, every rank of the first stage runs the whole tower
+on its sample) is divided by none of tp, sp and cp, has no tp / cp collectives, and its forward
+FLOPs (``flops``) are the first stage's alone, undivided.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ class LayerStack:
     reference_emulated: float = 0.0  # ... more when they emulate bf16 / fp16 (rounded copies)
     pipelined: bool = True  # its layers are cut over the pipeline stages (else: all on the first stage)
     trained: bool = True  # False: frozen, its activations are not kept for a backward
+    runs_whole: bool = False  # every rank of the first stage runs it unsplit (module docstring)
+    flops: float = 0.0  # forward FLOPs per sample, for a stack that runs whole (part of flops_per_sample)
+
+    def __post_init__(self):
+        if self.runs_whole and self.pipelined:
+            raise ValueError(f"stack {self.name!r}: a stack that runs whole sits on the first stage (pipelined=False)")
 
 
 @dataclass(frozen=True)
@@ -63,3 +72,7 @@ class Workload:
     @property
     def pipelined(self) -> LayerStack:
         return next(s for s in self.stacks if s.pipelined)
+
+    def whole_flops(self, trained: bool) -> float:
+        """Forward FLOPs per sample of the stacks that run whole, trained or frozen ones."""
+        return sum(s.flops for s in self.stacks if s.runs_whole and s.trained == trained)
