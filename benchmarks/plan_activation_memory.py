@@ -1,11 +1,12 @@
 """The planner's activation memory against a measured train step, side by side.
 
-    python benchmarks/plan_activation_memory.py [--case qwen2_5_vl wan cogvideox qwen2_5_vl-other ...]
+    python benchmarks/plan_activation_memory.py [--case qwen2_5_vl wan cogvideox qwen2_5_omni qwen2_5_vl-other ...]
                                                 [--precision fp32 bf16] [--recompute none full]
 
 For each case (a small Qwen2.5-VL: 1024 tokens with a 224 x 224 picture; a small Wan2.1 DiT:
 33 frames of 256 x 256, 2304 video tokens; a CogVideoX 1.0 DiT of its width on the same clips
-after 64 text rows; each again in another shape — wider, other head
+after 64 text rows; Qwen2.5-VL's case with a 30 s audio through a Qwen2.5-Omni audio tower of
+the vision tower's width; each but the last again in another shape — wider, other head
 counts, shorter — that the planner's measured constants were not fitted on), precision and
 recompute mode, a fresh process builds
 the model as a run does (the recipe's inline config, random weights, the precision policy and the
@@ -58,7 +59,17 @@ COG = ["model.config.num_attention_heads=4", "model.config.attention_head_dim=32
        "data.max_area=65536", "data.text_max_length=64", "train.micro_batch_size=2"]
 COG_OTHER = COG + ["model.config.num_attention_heads=6", "model.config.num_layers=3", "data.num_frames=25",
                    "data.max_area=36864"]
+# Qwen2.5-Omni's thinker of the Qwen2.5-VL case's widths with an audio tower of the vision tower's
+# width: each sample one 224 x 224 picture and one 30 s audio (the planner's, 750 audio tokens)
+OMNI = [s.replace("image_token_id", "image_token_index").replace("video_token_id", "video_token_index")
+        for s in QWEN] + [
+    "model.config.audio_config.d_model=128", "model.config.audio_config.encoder_layers=4",
+    "model.config.audio_config.encoder_attention_heads=4", "model.config.audio_config.encoder_ffn_dim=512",
+    "model.config.audio_config.n_window=100", "model.config.audio_config.output_dim=256",
+    "model.config.audio_config.max_source_positions=1500", "model.config.audio_token_index=1004",
+    "model.config.audio_start_token_id=1005", "model.config.audio_end_token_id=1006"]
 CASES = {"qwen2_5_vl": ("qwen2_5_vl_tiny", QWEN), "wan": ("wan2_1_t2v_tiny", WAN),
+         "qwen2_5_omni": ("qwen2_5_omni_tiny", OMNI),
          "cogvideox": ("cogvideox_t2v_tiny", COG),
          "qwen2_5_vl-other": ("qwen2_5_vl_tiny", QWEN_OTHER), "wan-other": ("wan2_1_t2v_tiny", WAN_OTHER),
          "cogvideox-other": ("cogvideox_t2v_tiny", COG_OTHER)}
@@ -91,6 +102,25 @@ def qwen_batch(config, b: int, seq: int, side: int, rng) -> dict:
             "image_grid_thw": np.array([[1, side * merge, side * merge]] * b, np.int64)}
 
 
+def omni_batch(config, b: int, seq: int, side: int, frames: int, rng) -> dict:
+    """`qwen_batch` with token ids as the thinker names them, plus one audio of ``frames`` feature
+    frames per sample after the picture (its pads: the audio tower's output length)."""
+    from mm_models_vl.qwen2_5_omni.audio import output_lengths
+
+    names = {"image_token_id": config.image_token_index, "video_token_id": config.video_token_index}
+    batch = qwen_batch(type("Ids", (), {**{k: getattr(config, k) for k in ("vision_config", "vision_start_token_id",
+                                                                           "vision_end_token_id")}, **names}),
+                       b, seq, side, rng)
+    pads, start = int(output_lengths([frames])[0]), 7 + side * side
+    batch["input_ids"][:, start] = config.audio_start_token_id
+    batch["input_ids"][:, start + 1:start + 1 + pads] = config.audio_token_index
+    batch["input_ids"][:, start + 1 + pads] = config.audio_end_token_id
+    batch["labels"][:, :start + 2 + pads] = -100
+    batch["input_features"] = rng.standard_normal((b, config.audio_config.num_mel_bins, frames)).astype(np.float32)
+    batch["feature_attention_mask"] = np.ones((b, frames), np.int64)
+    return batch
+
+
 def wan_batch(config, b: int, frames: int, side: int, text: int, rng) -> dict:
     """``b`` clips of ``frames`` latent frames of side x side latents with ``text`` text tokens."""
     shape = (b, config.in_channels, frames, side, side)
@@ -117,6 +147,13 @@ def batches(family: str, recipe, config, rng):
     import math
 
     b = recipe.train.micro_batch_size
+    if family.startswith("qwen2_5_omni"):
+        from mm_train.families.qwen2_5_omni import PLANNED_AUDIO_SECONDS
+
+        vision = config.vision_config
+        side = math.isqrt(recipe.data.max_pixels // (vision.patch_size * vision.spatial_merge_size) ** 2)
+        return (omni_batch(config, 1, 48, 1, 100, rng),
+                omni_batch(config, b, recipe.data.max_length, side, PLANNED_AUDIO_SECONDS * 100, rng))
     if family.startswith("qwen2_5_vl"):
         vision = config.vision_config
         side = math.isqrt(recipe.data.max_pixels // (vision.patch_size * vision.spatial_merge_size) ** 2)

@@ -106,6 +106,26 @@ def test_attention_segments_equal_cu_seqlens():
     np.testing.assert_allclose(by_bounds.asnumpy(), ref(q, k, v), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_segments_run_as_padded_blocks(causal):
+    """Contiguous segments of a packed batch of one (windows, audio chunks) run as a batch of
+    segments padded to the longest: the same values and gradients as the masked N x N scores."""
+    from mm_parallel.ops.attention import segment_blocks
+
+    seg = np.repeat([3, 0, 7, 1], [5, 8, 3, 8])[None]  # ids need not be ordered, only contiguous
+    gather, valid, scatter = segment_blocks(seg)
+    assert gather.shape == (4, 8) and valid.sum() == 24 and gather[0, 5] == 24  # padding -> the zero row
+    assert (gather.reshape(-1)[scatter] == np.arange(24)).all()
+    assert segment_blocks(np.array([[0, 0, 1, 1, 0, 0]])) is None  # segment 0 in two pieces: masked path
+    assert segment_blocks(np.repeat([0, 1], [20, 4])[None]) is None  # 2 x 20^2 x 2 > 24^2: no saving
+    q, k, v = rand(1, 24, 4, 4), rand(1, 24, 2, 4), rand(1, 24, 2, 4)
+    allowed = seg[:, None, :, None] == seg[:, None, None, :]
+    if causal:
+        allowed = allowed & causal_allowed(24, 24)
+    check(lambda a, b, c: K.attention(a, b, c, causal=causal, segment_ids=Tensor(seg)),
+          lambda a, b, c: np_attention(a, b, c, allowed)[0], [q, k, v])
+
+
 def test_attention_lse_and_fully_masked_rows():
     q, k, v = rand(1, 4, 2, 4), rand(1, 4, 2, 4), rand(1, 4, 2, 4)
     pad = np.array([[0, 0, 1, 1]])
