@@ -184,6 +184,7 @@ class VLSFTDataset:
             seconds.append(videos.temporal_patch_size / (count / info.num_frames * info.fps))  # as `_video`
         return image_tokens, video_tokens, timestamps, grids, np.array(seconds, np.float32)
 
+
 def _timestamps(processor, indices, video_fps) -> Optional[List[float]]:
     """The seconds of each temporal patch when the processor writes them into the text (Qwen3-VL)."""
     return processor.timestamps(indices, video_fps) if hasattr(processor, "timestamps") else None

@@ -283,9 +283,9 @@ class VLTask(FamilyTask):
 def workload(recipe, config):
     """The planner's shapes (mm_train.plan.workload) of one sample: data.max_length tokens with
     one picture of data.max_pixels, through the vision tower (whole on each rank of the first
-    stage; frozen under model.freeze [vision]) and the language model. Serves Qwen2.5-VL (windowed vision attention)
-    and Qwen3-VL (whole-image attention; MoE layers count their k routed experts and the
-    dispatched / combined copies of each token)."""
+    stage; frozen under model.freeze [vision]) and the language model. Serves Qwen2.5-VL
+    (windowed vision attention) and Qwen3-VL (whole-image attention; MoE layers count their k
+    routed experts and the dispatched / combined copies of each token)."""
     import math
 
     from mm_train.plan.workload import LayerStack, Workload
