@@ -161,6 +161,18 @@ def test_fused_attention_equals_the_reference_path(case):
                 ["flash_attention_score"])
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_attention_equals_the_reference_path_run_in_segment_blocks(causal):
+    """A packed batch of one in contiguous segments: the reference path runs them as a padded
+    batch of segments (ops.attention.segment_blocks); the kernel takes them as TND segments."""
+    from mm_parallel.ops.attention import segment_blocks
+
+    segments = np.repeat([0, 1, 2, 3], [5, 8, 3, 8])[None].astype(np.int32)
+    assert segment_blocks(segments) is not None
+    _both_paths(lambda q, k, v: kernels.attention(q, k, v, segment_ids=Tensor(segments), causal=causal),
+                [_t(1, 24, H, D), _t(1, 24, KV, D), _t(1, 24, KV, D)], ["flash_attention_score"])
+
+
 def test_float32_attention_stays_on_the_reference_path_without_the_widening():
     q = _t(1, 4, 2, 16)
     with ascend_stand_ins(float32=False) as calls:

@@ -250,9 +250,10 @@ def attention(
     scale = head_dim ** -0.5 if scale is None else scale
     if use_fused() and not return_lse and bias is None and q.dtype in FLASH_ATTENTION_DTYPES:
         return fused_attention(q, k, v, scale, causal, key_padding_mask, segment_ids, kv_segment_ids)
-    if (segment_ids is not None and batch == 1 and key_padding_mask is None and bias is None and not return_lse
-            and (kv_segment_ids is segment_ids or np.array_equal(host_array(kv_segment_ids), host_array(segment_ids)))):
-        blocks = segment_blocks(host_array(segment_ids))
+    if segment_ids is not None and batch == 1 and key_padding_mask is None and bias is None and not return_lse:
+        segments = host_array(segment_ids)  # read once: on a device each read is a copy to the host
+        same_keys = kv_segment_ids is segment_ids or np.array_equal(host_array(kv_segment_ids), segments)
+        blocks = segment_blocks(segments) if same_keys else None
         if blocks is not None:
             return _attention_in_blocks(q, k, v, blocks, causal, scale)
     mask = _allowed(batch, q_len, k_len, causal, key_padding_mask, segment_ids, kv_segment_ids)
