@@ -148,7 +148,7 @@ def batches(family: str, recipe, config, rng):
 
     b = recipe.train.micro_batch_size
     if family.startswith("qwen2_5_omni"):
-        from mm_train.families.qwen2_5_omni import PLANNED_AUDIO_SECONDS
+        from mm_train.families.vl.qwen2_5_omni import PLANNED_AUDIO_SECONDS
 
         vision = config.vision_config
         side = math.isqrt(recipe.data.max_pixels // (vision.patch_size * vision.spatial_merge_size) ** 2)
@@ -158,7 +158,7 @@ def batches(family: str, recipe, config, rng):
         vision = config.vision_config
         side = math.isqrt(recipe.data.max_pixels // (vision.patch_size * vision.spatial_merge_size) ** 2)
         return qwen_batch(config, 1, 16, 1, rng), qwen_batch(config, b, recipe.data.max_length, side, rng)
-    from mm_train.video_data import clip_shape
+    from mm_train.families.video.data import clip_shape
 
     shape = clip_shape(recipe.data, read_cache=True)
     side = math.isqrt(shape["max_area"] // 64)

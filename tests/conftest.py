@@ -10,7 +10,7 @@ The workers of one process count are started once per session and kept for the n
 """
 
 import pytest
-from references import reference_problems
+from helpers.references import reference_problems
 
 from mm_parallel import testing
 from mm_parallel.testing.pool import WorkerPool

@@ -3,7 +3,7 @@ session without them (or with other versions) stops before running anything."""
 
 import pathlib
 
-from references import REFERENCES, reference_problems
+from helpers.references import REFERENCES, reference_problems
 
 TESTS = pathlib.Path(__file__).resolve().parents[1]
 

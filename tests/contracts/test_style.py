@@ -78,6 +78,6 @@ def test_the_public_names_design_lists_exist():
                  "recv"):
         assert callable(getattr(mm_parallel.comm, name)), name
     assert callable(mm_parallel.lora.apply_lora) and callable(mm_parallel.lora.merge_lora)
-    from mm_train import families
+    from mm_train import registry
 
-    assert callable(families.get) and families.FamilySpec
+    assert callable(registry.get) and registry.FamilySpec

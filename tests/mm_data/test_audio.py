@@ -3,7 +3,7 @@ transformers' WhisperFeatureExtractor with Qwen2.5-Omni's settings (128 mel bins
 
 import numpy as np
 import pytest
-from media import tone, truncate, write_audio, write_video
+from helpers.media import tone, truncate, write_audio, write_video
 
 from mm_data.audio import WhisperFeatureExtractor, load_audio
 from mm_data.errors import BadSample

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from media import OMNI_SPECIAL, qwen_tokenizer, tone, write_audio, write_image, write_video
+from helpers.media import OMNI_SPECIAL, qwen_tokenizer, tone, write_audio, write_image, write_video
 
 from mm_data import BucketBatchSampler, DataLoader
 from mm_data.audio import WhisperFeatureExtractor, load_audio

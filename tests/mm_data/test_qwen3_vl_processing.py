@@ -14,7 +14,7 @@ import types
 
 import numpy as np
 import pytest
-from media import qwen_tokenizer, write_image, write_video
+from helpers.media import qwen_tokenizer, write_image, write_video
 
 from mm_data.vl import Qwen2VLImageProcessor, Qwen3VLVideoProcessor, VLSFTDataset, smart_resize_video
 

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from media import bpe_tokenizer, decode_all, truncate, write_video
+from helpers.media import bpe_tokenizer, decode_all, truncate, write_video
 
 from mm_data.errors import BadSample, DataError
 from mm_data.feature_cache import FeatureDataset, build_feature_cache

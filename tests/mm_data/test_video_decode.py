@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from media import decode_all, truncate, write_video
+from helpers.media import decode_all, truncate, write_video
 
 from mm_data.errors import BadInputLog, BadSample, DataError
 from mm_data.video import AspectBuckets, FrameBuckets, clip_indices, frames_available, load_records, probe, read_frames

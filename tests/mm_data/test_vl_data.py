@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 import pytest
-from media import QWEN_SPECIAL, qwen_tokenizer, write_image, write_video
+from helpers.media import QWEN_SPECIAL, qwen_tokenizer, write_image, write_video
 
 from mm_data.errors import BadInputLog, BadSample
 from mm_data.loader import DataLoader

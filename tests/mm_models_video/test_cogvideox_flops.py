@@ -8,8 +8,8 @@ import pytest
 def test_cogvideox_flops_equal_torch_flop_counter(kind):
     import numpy as np
     import torch
-    from cogvideox_reference import CONFIGS, TEXT, inputs, pipeline_rotary
     from diffusers import CogVideoXTransformer3DModel
+    from helpers.cogvideox_reference import CONFIGS, TEXT, inputs, pipeline_rotary
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 

@@ -8,8 +8,8 @@ See cogvideox_parallel_cases.py."""
 
 import diffusers  # noqa: F401  (the parity reference: required, see tests/conftest.py)
 import pytest
-from cogvideox_parallel_cases import run_parallel_cases
-from cogvideox_reference import CONFIGS, write_adapters, write_reference
+from helpers.cogvideox_parallel_cases import run_parallel_cases
+from helpers.cogvideox_reference import CONFIGS, write_adapters, write_reference
 
 from mm_parallel.testing.equivalence import BF16_TOLERANCE, check_results
 

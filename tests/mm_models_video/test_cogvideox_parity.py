@@ -7,9 +7,9 @@ import json
 import diffusers  # noqa: F401  (the parity reference: required, see tests/conftest.py)
 import numpy as np
 import pytest
-from cogvideox_reference import CONFIGS, inputs, pipeline_rotary, reference_forward, write_reference
-from torch_reference import rel_err
-from wan_reference import our_forward
+from helpers.cogvideox_reference import CONFIGS, inputs, pipeline_rotary, reference_forward, write_reference
+from helpers.torch_reference import rel_err
+from helpers.wan_reference import our_forward
 
 CASES = {  # kind, frames, (height, width) of the latents, batch
     "1.0-t2v": ("1.0-t2v", 3, (6, 8), 2),

@@ -6,7 +6,7 @@ import diffusers  # noqa: F401  (the reference: required, see tests/conftest.py)
 import numpy as np
 import pytest
 import torch
-from torch_reference import assert_same_state, rel_err
+from helpers.torch_reference import assert_same_state, rel_err
 
 # 3 blocks: spatial / 4 and time / 4 (both compressing blocks compress time), 4 groups
 CONFIG = dict(in_channels=3, out_channels=3, block_out_channels=[8, 16, 16], latent_channels=4, layers_per_block=1,
@@ -132,9 +132,9 @@ def test_i2v_condition_equals_the_image_to_video_pipelines(folder, tmp_path, mon
     diffusers' CogVideoXImageToVideoPipeline.prepare_latents builds, the VAE's mode taken on both
     sides (the pipeline samples; training uses the mean)."""
     import diffusers.pipelines.cogvideo.pipeline_cogvideox_image2video as pipeline_module
-    from cogvideox_reference import CONFIGS
     from diffusers import AutoencoderKLCogVideoX as Reference
     from diffusers import CogVideoXDDIMScheduler, CogVideoXTransformer3DModel
+    from helpers.cogvideox_reference import CONFIGS
 
     from mm_models_video.cogvideox.conditioning import image_condition, image_latent_scale, pad_to_patch_frames
     from mm_models_video.cogvideox.vae import AutoencoderKLCogVideoX

@@ -6,7 +6,7 @@ whole clip equals diffusers with its frame batches as large (test_cogvideox_vae.
 
 import numpy as np
 import pytest
-from vae_context_parallel_cases import CONFIG, run_vae_cases
+from helpers.vae_context_parallel_cases import CONFIG, run_vae_cases
 
 pytestmark = pytest.mark.distributed
 

@@ -6,7 +6,7 @@ pooled output)."""
 import numpy as np
 import pytest
 import torch
-from torch_reference import assert_same_state, rel_err
+from helpers.torch_reference import assert_same_state, rel_err
 
 
 def randomise(model, seed: int = 0):

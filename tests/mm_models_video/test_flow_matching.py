@@ -48,7 +48,7 @@ def test_densities_and_weightings_equal_diffusers_formulas():
 
 def test_weighted_model_loss_equals_the_training_script_loss(tmp_path):
     """loss = mean_b(w_b mean((pred_b - target_b)^2)), as diffusers' scripts reduce it."""
-    from wan_reference import write_reference
+    from helpers.wan_reference import write_reference
 
     from mm_models_video import WanTransformer3DModel
 

@@ -8,8 +8,8 @@ import diffusers  # noqa: F401  (the parity reference: required, see tests/conft
 import numpy as np
 import pytest
 import torch
-from torch_reference import rel_err, rms_err
-from wan_reference import inputs, our_forward, write_reference
+from helpers.torch_reference import rel_err, rms_err
+from helpers.wan_reference import inputs, our_forward, write_reference
 
 
 def bf16_values(a):

@@ -7,8 +7,8 @@ mm_parallel.testing.equivalence.BF16_TOLERANCE."""
 
 import diffusers  # noqa: F401  (the parity reference: required, see tests/conftest.py)
 import pytest
-from wan_parallel_cases import run_parallel_cases
-from wan_reference import write_adapters, write_reference
+from helpers.wan_parallel_cases import run_parallel_cases
+from helpers.wan_reference import write_adapters, write_reference
 
 from mm_parallel.testing.device_path import HCCL_CALLS, on_stand_ins
 from mm_parallel.testing.device_path import check_stand_in_calls as stand_in_calls
@@ -96,7 +96,7 @@ def test_save_under_layouts_gives_the_original_checkpoint(run_distributed, check
     """save_pretrained under tp2+sp / pp2 / pp2 x vpp2 / I2V tp2 writes what was loaded (one file,
     or one per virtual stage plus an index); diffusers loads it; the adapters round-trip in PEFT names."""
     from diffusers import WanTransformer3DModel as Reference
-    from wan_parallel_cases import save_under_layouts
+    from helpers.wan_parallel_cases import save_under_layouts
 
     from mm_parallel.testing.equivalence import saved_folder_problems
 

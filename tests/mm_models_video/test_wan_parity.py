@@ -6,8 +6,8 @@ import json
 import diffusers  # noqa: F401  (the parity reference: required, see tests/conftest.py)
 import numpy as np
 import pytest
-from torch_reference import rel_err
-from wan_reference import inputs, our_forward, reference_forward, write_reference
+from helpers.torch_reference import rel_err
+from helpers.wan_reference import inputs, our_forward, reference_forward, write_reference
 
 CASES = {
     "t2v": dict(i2v=False),

@@ -6,7 +6,7 @@ import diffusers  # noqa: F401  (the parity reference: required, see tests/conft
 import numpy as np
 import pytest
 import torch
-from torch_reference import assert_same_state, rel_err
+from helpers.torch_reference import assert_same_state, rel_err
 
 MEAN, STD = [0.1, -0.2, 0.3, 0.0], [1.5, 2.0, 0.5, 1.0]
 

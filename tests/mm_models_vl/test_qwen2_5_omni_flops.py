@@ -4,7 +4,7 @@ transformers' thinker (every matmul, bmm and convolution it runs), forward only.
 import numpy as np
 import pytest
 import torch  # noqa: F401  (the parity reference: required, see tests/conftest.py)
-from omni_reference import audio_placeholder, features, sample, tiny_config, with_labels
+from helpers.omni_reference import audio_placeholder, features, sample, tiny_config, with_labels
 
 
 def _count(model, inputs):

@@ -5,9 +5,9 @@ an image. See omni_parallel_cases.py."""
 
 import pytest
 import torch  # noqa: F401  (the parity reference: required, see tests/conftest.py)
-from omni_parallel_cases import run_parallel_cases
-from omni_reference import write_reference
-from qwen_vl_reference import LORA_TARGETS
+from helpers.omni_parallel_cases import run_parallel_cases
+from helpers.omni_reference import write_reference
+from helpers.qwen_vl_reference import LORA_TARGETS
 
 from mm_parallel.testing.equivalence import check_results
 
@@ -33,7 +33,7 @@ TWO = {
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    from torch_reference import write_peft_adapters
+    from helpers.torch_reference import write_peft_adapters
 
     root = tmp_path_factory.mktemp("omni_parallel")
     write_peft_adapters(root / "adapters", write_reference(root), LORA_TARGETS)
@@ -49,7 +49,7 @@ def test_save_under_layouts_gives_the_original_checkpoint(run_distributed, check
     """save_pretrained under tp2 / pp2 x vpp2 writes the thinker that was loaded (one file, or one
     per virtual stage plus an index) and transformers' thinker class loads it; the adapters, audio
     encoder's included, round-trip in PEFT names."""
-    from omni_parallel_cases import save_under_layouts
+    from helpers.omni_parallel_cases import save_under_layouts
     from transformers import Qwen2_5OmniThinkerForConditionalGeneration as Reference
 
     from mm_parallel.testing.equivalence import saved_folder_problems

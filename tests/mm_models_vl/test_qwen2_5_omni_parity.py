@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch  # noqa: F401  (the parity reference: required, see tests/conftest.py)
-from omni_reference import (
+from helpers.omni_reference import (
     AUDIO,
     AUDIO_END,
     AUDIO_START,
@@ -24,7 +24,7 @@ from omni_reference import (
     tiny_config,
     write_reference,
 )
-from qwen_vl_reference import assert_matches_reference, merged, our_forward, reference_forward, rel_err
+from helpers.qwen_vl_reference import assert_matches_reference, merged, our_forward, reference_forward, rel_err
 
 
 @pytest.fixture(scope="module")

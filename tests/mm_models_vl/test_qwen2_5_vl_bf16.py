@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from qwen_vl_reference import our_forward, reference_forward, rel_err, sample, write_reference
-from torch_reference import rms_err
+from helpers.qwen_vl_reference import our_forward, reference_forward, rel_err, sample, write_reference
+from helpers.torch_reference import rms_err
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch  # noqa: F401  (the parity reference: required, see tests/conftest.py)
-from qwen_vl_reference import our_forward, reference_forward, rel_err, sample, write_reference
+from helpers.qwen_vl_reference import our_forward, reference_forward, rel_err, sample, write_reference
 
 
 def _params(model):

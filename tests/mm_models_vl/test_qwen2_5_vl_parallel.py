@@ -7,8 +7,8 @@ mm_parallel.testing.equivalence.BF16_TOLERANCE."""
 
 import pytest
 import torch  # noqa: F401  (the parity reference: required, see tests/conftest.py)
-from qwen_vl_parallel_cases import run_parallel_cases
-from qwen_vl_reference import write_adapters, write_reference
+from helpers.qwen_vl_parallel_cases import run_parallel_cases
+from helpers.qwen_vl_reference import write_adapters, write_reference
 
 from mm_parallel.testing.device_path import HCCL_CALLS, on_stand_ins
 from mm_parallel.testing.device_path import check_stand_in_calls as stand_in_calls
@@ -89,7 +89,7 @@ def test_four_process_layouts_equal_single_process(run_distributed, checkpoints)
 def test_save_under_layouts_gives_the_original_checkpoint(run_distributed, checkpoints, tmp_path):
     """save_pretrained under tp2 / pp2 / pp2 x vpp2 writes what was loaded (one file, or one per
     virtual stage plus an index); transformers loads it; the adapters round-trip in PEFT names."""
-    from qwen_vl_parallel_cases import save_under_layouts
+    from helpers.qwen_vl_parallel_cases import save_under_layouts
     from transformers import Qwen2_5_VLForConditionalGeneration as Reference
 
     from mm_parallel.testing.equivalence import saved_folder_problems
@@ -110,7 +110,7 @@ def test_a_device_path_step_reads_the_host_only_for_the_loss(checkpoints):
     """On the Ascend path (stand-ins) a Qwen2.5-VL training step's forward and backward and its
     optimizer step (clipping on) read nothing from the device but the loss this harness reads
     (mm-train's loop defers that one too: tests/mm_train/test_device_path_run.py)."""
-    from qwen_vl_parallel_cases import batch, spec
+    from helpers.qwen_vl_parallel_cases import batch, spec
 
     from mm_parallel import ParallelConfig
     from mm_parallel.optimizer import DistributedOptimizer, OptimizerConfig

@@ -5,7 +5,7 @@ greedy generation token for token, M-RoPE positions exactly."""
 import numpy as np
 import pytest
 import torch  # noqa: F401  (the parity reference: required, see tests/conftest.py)
-from qwen_vl_reference import IMAGE, VIDEO, assert_matches_reference, padded_pair, sample, write_reference
+from helpers.qwen_vl_reference import IMAGE, VIDEO, assert_matches_reference, padded_pair, sample, write_reference
 
 CASES = ["text", "image", "video", "image_video", "padded_pair"]
 

@@ -6,8 +6,8 @@ checkpoints, and layouts the model cannot take are refused with the rule."""
 import numpy as np
 import pytest
 import torch  # noqa: F401  (the parity reference: required, see tests/conftest.py)
-from forward_counts import counted_forwards
-from qwen_vl_reference import our_forward, padded_pair, write_reference
+from helpers.forward_counts import counted_forwards
+from helpers.qwen_vl_reference import our_forward, padded_pair, write_reference
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_lora_model_saves_base_checkpoint(checkpoint, tmp_path):
 
 
 def test_layouts_the_model_cannot_take_are_refused():
-    from qwen_vl_reference import tiny_config
+    from helpers.qwen_vl_reference import tiny_config
 
     from mm_models_vl import Qwen2_5_VLForConditionalGeneration
     from mm_parallel import ParallelConfig

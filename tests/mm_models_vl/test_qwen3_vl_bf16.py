@@ -4,9 +4,9 @@ bf16 save is what transformers loads, bit for bit (the fused expert tensors in b
 
 import numpy as np
 import torch
-from qwen3_vl_reference import sample, write_reference
-from qwen_vl_reference import our_forward, reference_forward
-from torch_reference import rms_err
+from helpers.qwen3_vl_reference import sample, write_reference
+from helpers.qwen_vl_reference import our_forward, reference_forward
+from helpers.torch_reference import rms_err
 
 
 def test_moe_bf16_matches_transformers_bf16_and_saves_what_it_loads(tmp_path):

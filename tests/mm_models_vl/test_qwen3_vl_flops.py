@@ -4,7 +4,7 @@ experts as transformers runs them, each token through its top-k), forward only."
 
 import numpy as np
 import pytest
-from qwen3_vl_reference import sample, tiny_config
+from helpers.qwen3_vl_reference import sample, tiny_config
 
 
 @pytest.mark.parametrize("moe,case", [(False, "text"), (False, "image_video"), (True, "image_video")])

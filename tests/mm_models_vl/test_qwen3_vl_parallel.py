@@ -5,9 +5,9 @@ Under pipeline parallelism the DeepStack levels and the MoE statistics cross sta
 checkpoint puts one layer on each of 4 virtual stages. See qwen3_vl_parallel_cases.py."""
 
 import pytest
-from qwen3_vl_parallel_cases import run_parallel_cases
-from qwen3_vl_reference import write_reference
-from qwen_vl_reference import write_adapters
+from helpers.qwen3_vl_parallel_cases import run_parallel_cases
+from helpers.qwen3_vl_reference import write_reference
+from helpers.qwen_vl_reference import write_adapters
 
 from mm_parallel.testing.equivalence import check_results
 

@@ -6,8 +6,8 @@ save_pretrained writes loads in transformers with the same tensors, experts in t
 
 import numpy as np
 import pytest
-from qwen3_vl_reference import IMAGE, VIDEO, padded_pair, sample, video_placeholders, write_reference
-from qwen_vl_reference import assert_matches_reference
+from helpers.qwen3_vl_reference import IMAGE, VIDEO, padded_pair, sample, video_placeholders, write_reference
+from helpers.qwen_vl_reference import assert_matches_reference
 
 CASES = ["text", "image", "video", "image_video", "padded_pair"]
 MOE_CASES = ["text", "image_video", "padded_pair"]

@@ -6,7 +6,7 @@ its own test here, so a failure names the op, group, dim and dtype.
 """
 
 import pytest
-from collective_cases import case_names, native_case_names, run_cases
+from helpers.collective_cases import case_names, native_case_names, run_cases
 
 pytestmark = pytest.mark.distributed
 

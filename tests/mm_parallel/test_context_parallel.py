@@ -3,7 +3,7 @@ outputs and q/k/v gradients, on 2 and 4 processes; a sequence padded at its end 
 equals attention over its real rows (cp 1 too: the dp2 layout)."""
 
 import pytest
-from cp_cases import run_cp_cases
+from helpers.cp_cases import run_cp_cases
 
 pytestmark = pytest.mark.distributed
 

@@ -5,7 +5,7 @@ steps with LoRA under tp: test_training.py.)"""
 import json
 
 import pytest
-from lora_cases import run_lora_cases, write_adapters
+from helpers.lora_cases import run_lora_cases, write_adapters
 
 LAYOUTS = {"tp2": {"tp": 2}, "tp2_sp": {"tp": 2, "sequence_parallel": True}}
 
@@ -29,7 +29,7 @@ def test_lora_tp2_equals_single_process(run_distributed, tmp_path):
 
 
 def test_lora_errors(tmp_path):
-    from reference_model import build_stack
+    from helpers.reference_model import build_stack
 
     from mm_parallel import ParallelConfig
     from mm_parallel.lora import apply_lora

@@ -7,8 +7,8 @@ import pytest
 
 @pytest.mark.distributed
 def test_moe_layouts_equal_one_process(run_distributed, tmp_path):
-    from moe_cases import CASES, run_moe_cases
-    from moe_model import write_checkpoints
+    from helpers.moe_cases import CASES, run_moe_cases
+    from helpers.moe_model import write_checkpoints
 
     write_checkpoints(str(tmp_path))
     results = run_distributed(run_moe_cases, nproc=4, timeout=1500, root=str(tmp_path))

@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 import pytest
-from optimizer_cases import CFG, B, batches, numpy_adamw, run_optimizer_cases, train
-from reference_model import build_stack, run_stack
+from helpers.optimizer_cases import CFG, B, batches, numpy_adamw, run_optimizer_cases, train
+from helpers.reference_model import build_stack, run_stack
 
 from mm_parallel import ParallelConfig
 from mm_parallel.grad_buckets import Piece, cut_into_buckets, no_weight_decay

@@ -8,7 +8,7 @@ first-step gradients, final parameters)."""
 
 import numpy as np
 import pytest
-from pipeline_cases import run_pipeline_cases
+from helpers.pipeline_cases import run_pipeline_cases
 
 from mm_parallel.pipeline import stage_layer_ranges
 
@@ -61,9 +61,9 @@ def test_interleaved_needs_micro_batches_in_multiples_of_pp():
 
 def test_accumulation_equals_one_larger_batch():
     import mindspore as ms
+    from helpers.pipeline_cases import loss_fn, micro_batches
+    from helpers.reference_model import build_stack, run_stack
     from mindspore import ops
-    from pipeline_cases import loss_fn, micro_batches
-    from reference_model import build_stack, run_stack
 
     from mm_parallel import ParallelConfig
     from mm_parallel.pipeline import train_step_1f1b

@@ -4,9 +4,9 @@ happens: the recomputed cells' forwards run again in the backward, the others' d
 
 import numpy as np
 import pytest
-from forward_counts import counted_forwards
-from reference_model import H, build_stack, run_stack
-from training_cases import run_training_cases
+from helpers.forward_counts import counted_forwards
+from helpers.reference_model import H, build_stack, run_stack
+from helpers.training_cases import run_training_cases
 
 from mm_parallel import ParallelConfig
 from mm_parallel.recompute import apply_recompute

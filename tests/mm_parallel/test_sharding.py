@@ -73,7 +73,7 @@ def test_the_layers_declare_their_sharding():
 
 @pytest.mark.distributed
 def test_expert_parameters_over_ep_equal_one_process(run_distributed, tmp_path):
-    from sharding_cases import run_sharding_cases
+    from helpers.sharding_cases import run_sharding_cases
 
     for rank, problems in enumerate(run_distributed(run_sharding_cases, nproc=4, timeout=300, root=str(tmp_path))):
         assert not problems, (rank, problems)

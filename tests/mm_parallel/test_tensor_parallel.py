@@ -3,8 +3,8 @@ gathered gradients of a tiny LM block, on 2 and 4 processes; plus single-process
 
 import numpy as np
 import pytest
+from helpers.tp_cases import run_tp_cases
 from mindspore import Tensor
-from tp_cases import run_tp_cases
 
 from mm_parallel import ParallelConfig
 from mm_parallel.tensor_parallel import ColumnParallelLinear, shard, vocab_parallel_cross_entropy

@@ -3,8 +3,8 @@ first-step gradients, final parameters): tp2, tp2+sp, cp2 Ulysses, cp2 Ring (cau
 cp4 hybrid, tp2 x cp2, tp2+sp x ring2, each with recompute; LoRA on tp2 and tp2+sp."""
 
 import pytest
-from lora_cases import write_adapters
-from training_cases import run_training_cases
+from helpers.lora_cases import write_adapters
+from helpers.training_cases import run_training_cases
 
 pytestmark = pytest.mark.distributed
 

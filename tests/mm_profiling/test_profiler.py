@@ -5,7 +5,7 @@ import glob
 import os
 
 import pytest
-from profile_cases import STEP_OPS, run_steps
+from helpers.profile_cases import STEP_OPS, run_steps
 
 
 def _operators(save_path, rank):

@@ -7,8 +7,8 @@ import os
 
 import numpy as np
 import pytest
+from helpers.mm_train_cli import mm_train
 from safetensors.numpy import load_file
-from test_run import mm_train
 
 
 def _expected(base_state, adapters, alpha, r):
@@ -33,7 +33,7 @@ def _check(base_state, merged_state, expected):
 
 
 def test_merge_lora_qwen2_5_vl(tmp_path):
-    from qwen_vl_reference import write_adapters, write_reference
+    from helpers.qwen_vl_reference import write_adapters, write_reference
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     from mm_train.convert import merge_lora
@@ -53,8 +53,8 @@ def test_merge_lora_qwen2_5_vl(tmp_path):
 
 def test_merge_lora_wan(tmp_path):
     from diffusers import WanTransformer3DModel
-    from torch_reference import write_peft_adapters
-    from wan_reference import write_reference
+    from helpers.torch_reference import write_peft_adapters
+    from helpers.wan_reference import write_reference
 
     from mm_models_video.wan.parallel_plan import LORA_TARGETS
     from mm_train.convert import merge_lora
@@ -75,7 +75,7 @@ def _check_processing_files(folder, step, data):
     from transformers import AutoImageProcessor, AutoTokenizer
 
     from mm_data.vl import Qwen2VLVideoProcessor, QwenChatTemplate
-    from mm_train.families.qwen2_5_vl import VLTask, vl_tokenizer
+    from mm_train.families.vl.qwen2_5_vl import VLTask, vl_tokenizer
     from mm_train.recipe import load_recipe
 
     recipe = load_recipe(str(step / "recipe.json"))

@@ -6,7 +6,7 @@ figures, and the rows equal the CPU path's."""
 import json
 
 import pytest
-from train_runs import train
+from helpers.train_runs import train
 
 from mm_train import step_rows
 

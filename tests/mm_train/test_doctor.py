@@ -6,7 +6,7 @@ import json
 import subprocess
 
 import pytest
-from test_run import mm_train_command
+from helpers.mm_train_cli import mm_train_command
 
 pytestmark = pytest.mark.distributed
 
@@ -26,9 +26,9 @@ def test_the_doctor_passes_on_two_cpu_processes(tmp_path):
     assert len(kernels) == 8 and all(status[c] == "pass" for c in kernels)
     launch = next(row for row in rows if row["check"] == "launch-mode self-check")
     assert "under asynchronous launch: runs use blocking launch (always on CPU: " in launch["detail"], launch
-    from mm_train import families
+    from mm_train import registry
 
-    assert {c for c in status if c.startswith("family ")} == {f"family {name}" for name in families.families()}
+    assert {c for c in status if c.startswith("family ")} == {f"family {name}" for name in registry.families()}
 
 
 def test_a_failure_exits_non_zero_with_what_to_do(monkeypatch, capsys):

@@ -10,7 +10,7 @@ import pytest
 
 def poisoned_run(tmp_path, monkeypatch, bad_steps, steps, *extra):
     from mm_train import loop
-    from mm_train.families.qwen2_5_vl import VLTask
+    from mm_train.families.vl.qwen2_5_vl import VLTask
     from mm_train.recipe import load_recipe
 
     real_stream = VLTask.stream

@@ -261,7 +261,7 @@ def test_on_ascend_the_run_is_planned_on_the_recipes_device(monkeypatch):
 def test_a_ready_feature_cache_is_planned_at_its_largest_clip(tmp_path):
     """data.kind video_features: the plan reads the cache's index (its latents' shapes), not the
     data section's defaults (81 frames of 480 x 832), which would refuse a run of small clips."""
-    from mm_train.video_data import clip_shape
+    from mm_train.families.video.data import clip_shape
 
     lines = [{"index": i, "features": {"latents": [16, f, 8, 12], "prompt_embeds": [64, 32]}} for i, f in
              enumerate((3, 5))]
@@ -295,7 +295,7 @@ def test_online_encoding_costs_every_rank_the_vae_and_t5_forward_of_its_samples(
     encodes its sample); without a readable encoder folder the 5B's shapes are assumed, and said."""
     from mm_models_video.cogvideox.flops import vae_encode_flops
     from mm_models_video.encoders.t5 import t5_encoder_flops
-    from mm_train.families.cogvideox import T5_XXL
+    from mm_train.families.video.cogvideox import T5_XXL
     from mm_train.plan import load_devices
 
     cached = _planned("cogvideox_5b_t2v")
@@ -365,7 +365,7 @@ def test_the_omni_plan_counts_its_audio_tower():
     feature frames, 1500 conv positions attending in chunks of n_window = 100, its FLOPs the
     model's own count; frozen in the shipped recipe, trained it adds activations and step time."""
     from mm_models_vl.qwen2_5_omni.flops import audio_flops
-    from mm_train.families import resolve
+    from mm_train.registry import resolve
 
     recipe = load_recipe("qwen2_5_omni_7b_sft", [f"model.path={_hub_folder('Qwen2.5-Omni-7B')}"])
     config = model_config(recipe)[1]

@@ -8,8 +8,8 @@ import os
 import shutil
 
 import pytest
-from test_run import mm_train
-from train_runs import train
+from helpers.mm_train_cli import mm_train
+from helpers.train_runs import train
 
 pytestmark = pytest.mark.distributed
 

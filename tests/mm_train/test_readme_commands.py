@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_run import mm_train_command
+from helpers.mm_train_cli import mm_train_command
 
 pytestmark = pytest.mark.distributed
 
@@ -56,8 +56,8 @@ def test_every_readme_command_is_run_or_says_why_not():
 def _placeholders(folder: Path, data: Path):
     """The folders the convert commands' placeholders stand for: a LoRA run's checkpoint (BASE, ADAPTERS,
     a step folder) and a MoE model folder (SRC)."""
-    from qwen3_vl_reference import write_reference
-    from train_runs import train
+    from helpers.qwen3_vl_reference import write_reference
+    from helpers.train_runs import train
 
     lora = folder / "setup" / "lora"
     train(None, "qwen2_5_vl_tiny_lora", *SHORT, "--set", "checkpoint.every=2", "--set", f"output_dir={lora}",

@@ -78,9 +78,9 @@ def test_a_file_may_write_exponents_and_a_saved_recipe_json_loads_back(tmp_path)
     checkpoint's recipe.json (JSON writes 1e-08) loads back to the same recipe."""
     import yaml
 
-    from mm_train import families
+    from mm_train import registry
 
-    values = yaml.safe_load(families.default_recipe().read_text())
+    values = yaml.safe_load(registry.default_recipe().read_text())
     values.setdefault("optim", {}).update(yaml.safe_load("eps: 1e-8\nlr: 3E-4"))
     assert values["optim"]["eps"] == "1e-8"  # what PyYAML makes of it
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(values).replace("'1e-8'", "1e-8"))

@@ -6,7 +6,8 @@ import json
 import os
 
 import pytest
-from train_runs import train
+from helpers.mm_train_cli import mm_train_command, val_losses
+from helpers.train_runs import train
 
 pytestmark = pytest.mark.distributed
 
@@ -126,7 +127,6 @@ def test_a_killed_worker_stops_the_run_and_resume_continues(tmp_path):
     import subprocess
     import time
 
-    from test_run import mm_train_command
 
     data, out = tmp_path / "data", tmp_path / "killed"
     args = [mm_train_command(), "run", *SHORT, "--set", "checkpoint.every=2", "--set", "train.steps=400",
@@ -165,7 +165,6 @@ def test_virtual_pipeline_stages_train_like_one_process_and_resume_on_one(tmp_pa
     """PP2 x VPP2 (4 decoder layers, one per virtual stage; the interleaved schedule) gives the
     losses and validation losses of one process, and its checkpoint (one model file per virtual
     stage) resumes there."""
-    from test_run import val_losses
 
     # validated every 3 steps on a held-out quarter: forward passes through the virtual stages
     data = tmp_path / "data"

@@ -5,53 +5,12 @@ failure ends with its own error line; a layout the processes cannot hold is refu
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 
 import pytest
+from helpers.mm_train_cli import losses, mm_train, mm_train_command, val_losses
 
 pytestmark = pytest.mark.distributed
-
-FIELDS = {"step", "loss", "grad_norm", "lr", "samples_per_s", "tokens_per_s", "mfu", "mem_bytes", "skipped"}
-
-
-def mm_train_command() -> str:
-    """The `mm-train` of this interpreter's environment (hatch's test env), else the one on PATH."""
-    return shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
-
-
-def mm_train(*args, data, timeout=600):
-    env = {**os.environ, "MM_TRAIN_DATA": str(data)}
-    return subprocess.run([mm_train_command(), *args], env=env, capture_output=True, text=True, timeout=timeout)
-
-
-EVAL_FIELDS = {"val_loss", "samples"}  # the rows of the steps that validate / sample (mm_train.evaluation)
-
-
-def rows_of(out):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
-    assert rows and all(FIELDS <= set(row) <= FIELDS | EVAL_FIELDS for row in rows)
-    return rows
-
-
-def losses(out):
-    return [row["loss"] for row in rows_of(out)]
-
-
-def val_losses(out):
-    """{step: validation loss} of a run."""
-    return {row["step"]: row["val_loss"] for row in rows_of(out) if "val_loss" in row}
-
-
-def sample_pixels(out, step, name="sample_0.png"):
-    """A sample's contact sheet (uint8) as integers."""
-    import numpy as np
-    from PIL import Image
-
-    return np.asarray(Image.open(os.path.join(out, "samples", f"step_{step}", name))).astype(int)
-
 
 def test_help_everywhere(tmp_path):
     for args in (["--help"], ["run", "--help"]):
@@ -62,7 +21,7 @@ def test_help_everywhere(tmp_path):
 def test_the_default_trains_the_same_under_dp2_tp2_pp2_and_cp2(tmp_path, run_distributed):
     """dp2 through the launcher (rank 0's lines relayed); the other layouts as its workers run them
     (train_runs)."""
-    from train_runs import train
+    from helpers.train_runs import train
 
     # a held-out quarter validated every 2 steps in batches of 8: the same validation loss under every layout
     short = ["--set", "train.steps=4", "--set", "data.samples=32", "--set", "eval.every=2", "--set",
@@ -139,7 +98,8 @@ def test_a_run_the_model_or_data_cannot_hold_is_refused_before_launch(tmp_path, 
     """Heads, vocabulary, layers per stage, Ulysses heads, experts, missing data and tokenizer:
     each a line saying what to change, exit 2, no process started and nothing written
     (mm_train.preflight)."""
-    from mm_train import cli, tiny_data
+    from mm_train import cli
+    from mm_train.families.vl import tiny as tiny_data
 
     tiny_data.generate(str(tmp_path / "data"), 32)  # the tokenizer the vocabulary comes from
     monkeypatch.setenv("MM_TRAIN_DATA", str(tmp_path / "data"))
@@ -198,7 +158,7 @@ def launch_two_nodes(tmp_path, *args, outs, data, expect_ok=True):
 
 def test_two_nodes_on_loopback_train_like_one_process(tmp_path):
     """A data-parallel world of two over two launches; the losses equal one process's."""
-    from train_runs import train
+    from helpers.train_runs import train
 
     short = ["--set", "train.steps=3", "--set", "data.samples=32", "--no-progress"]
     train(None, *short, "--set", f"output_dir={tmp_path / 'single'}", data=tmp_path / "data")
@@ -213,7 +173,7 @@ def test_node_local_disks_keep_each_nodes_part_and_resume_across_both(tmp_path):
     manifests (equal) name the node of every file. A truncated file on node 1 makes both nodes
     skip that checkpoint; the resumed run continues from the one before with the uninterrupted
     losses. Resuming under another layout is refused naming the files on the other node."""
-    from train_runs import train
+    from helpers.train_runs import train
 
     short = ["--set", "train.steps=4", "--set", "data.samples=32", "--set", "checkpoint.every=2", "--no-progress"]
     local = [*short, "--set", "parallel.pp=2", "--set", "checkpoint.shared_fs=false"]
@@ -252,7 +212,7 @@ def test_node_local_disks_keep_each_nodes_part_and_resume_across_both(tmp_path):
 def test_the_lora_recipe_trains_adapters_and_checkpoints_them(tmp_path):
     from pathlib import Path
 
-    from train_runs import train
+    from helpers.train_runs import train
 
     import mm_train as package
 

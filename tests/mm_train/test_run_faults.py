@@ -9,7 +9,7 @@ import subprocess
 import time
 
 import pytest
-from test_families import toy_cli, toy_command
+from helpers.mm_train_cli import toy_cli, toy_command
 
 
 @pytest.mark.distributed

@@ -15,7 +15,7 @@ import subprocess
 import time
 
 import pytest
-from test_run import mm_train, mm_train_command
+from helpers.mm_train_cli import mm_train, mm_train_command
 
 pytestmark = [pytest.mark.soak, pytest.mark.distributed]
 

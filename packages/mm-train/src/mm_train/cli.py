@@ -89,10 +89,10 @@ def _run_folder_options(parser) -> None:
 
 
 def _recipes(args) -> int:
-    from mm_train import families
+    from mm_train import registry
 
     rows = [(r.name, spec.name, r.trains, r.machines + (" (the default)" if r.default else ""))
-            for spec, r in families.recipes()]
+            for spec, r in registry.recipes()]
     header = ("recipe", "family", "trains", "machines")
     widths = [max(len(row[i]) for row in rows + [header]) for i in range(3)]
     for row in [header] + rows:

@@ -26,7 +26,7 @@ import json
 import os
 import shutil
 
-from mm_train import families
+from mm_train import registry
 
 WEIGHT_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth", ".ckpt")
 
@@ -42,7 +42,7 @@ def merge_lora(base: str, adapters: str, out: str) -> str:
     if config.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"{adapters} holds {config.get('peft_type')} adapters; only LoRA can be merged")
     topo = mm_parallel.initialize(mm_parallel.ParallelConfig())  # one process holds the whole model
-    model = families.model_class_of(base).from_pretrained(base, topo)
+    model = registry.model_class_of(base).from_pretrained(base, topo)
     targets = config["target_modules"]
     apply_lora(model, [targets] if isinstance(targets, str) else list(targets), int(config["r"]),
                float(config.get("lora_alpha", config["r"])), float(config.get("lora_dropout", 0.0)))
@@ -92,7 +92,7 @@ def _processing_files(step_dir: str, out: str) -> list:
         return [f"copied from {source}: {', '.join(sorted(set(os.listdir(out)) - before)) or 'nothing new'}"]
     if recipe.family.processing is None:
         return []
-    written = families.resolve(recipe.family.processing, recipe.family.extra)(recipe, out)
+    written = registry.resolve(recipe.family.processing, recipe.family.extra)(recipe, out)
     return [f"wrote {', '.join(written)} (the run's tokenizer and processor settings)"]
 
 

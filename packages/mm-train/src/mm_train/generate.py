@@ -15,7 +15,7 @@ SOURCE is one of
 - a Hugging Face VL folder (config.json, its tokenizer and preprocessor_config.json).
 
 Video models write the clip as an mp4 at --out and its frames as a contact sheet beside it
-(.png); the sampler is the one training samples with (mm_train.video_samples), so a checkpoint's
+(.png); the sampler is the one training samples with (mm_train.families.video.samples), so a checkpoint's
 clip equals the run's sample of the same prompt, seed and settings. VL models print the greedy
 answer and write it to --out. ``--nproc N`` starts msrun (N local workers) with the layout the
 ``--set parallel.*`` values give (default: one process holds the whole model).
@@ -28,7 +28,7 @@ import os
 import sys
 from typing import Dict, Optional, Tuple
 
-from mm_train import families
+from mm_train import registry
 
 
 def add_parser(commands) -> None:
@@ -69,16 +69,16 @@ def _checkpoint_recipe(folder: str, overrides):
     return build_recipe(values)
 
 
-def resolve_source(source: str, overrides) -> Tuple[families.FamilySpec, str, Optional[object]]:
+def resolve_source(source: str, overrides) -> Tuple[registry.FamilySpec, str, Optional[object]]:
     """(the family, the model folder, the checkpoint's recipe or None) of SOURCE."""
     if os.path.isfile(os.path.join(source, "recipe.json")) and os.path.isdir(os.path.join(source, "model")):
         recipe = _checkpoint_recipe(source, overrides)
         return recipe.family, os.path.join(source, "model"), recipe
     if os.path.isfile(os.path.join(source, "model_index.json")):
         folder = os.path.join(source, "transformer")
-        return families.family_of(folder), folder, None
+        return registry.family_of(folder), folder, None
     if os.path.isfile(os.path.join(source, "config.json")):
-        return families.family_of(source), source, None
+        return registry.family_of(source), source, None
     raise FileNotFoundError(f"{source} is neither a training checkpoint (recipe.json, model/), a diffusers pipeline "
                             "folder (model_index.json) nor a model folder (config.json)")
 
@@ -99,7 +99,7 @@ def _layout(overrides) -> dict:
 def load_model(spec, folder: str, topo, recipe=None, checkpoint: Optional[str] = None):
     """The model chunks this rank holds (one per virtual pipeline stage), with the checkpoint's
     LoRA adapters when its run trained some."""
-    from mm_train.families import resolve
+    from mm_train.registry import resolve
     from mm_train.task import plan_options
 
     chunks = [spec.model_class(_config(folder)).from_pretrained(folder, topo, chunk=c) for c in range(topo.config.vpp)]
@@ -122,7 +122,7 @@ def _config(folder: str) -> dict:
 
 
 def video_settings(args, sampler_class, recipe):
-    from mm_train import video_samples
+    from mm_train.families.video import samples as video_samples
 
     base = video_samples.recipe_settings(recipe) if recipe is not None else \
         video_samples.Settings(**{k: v for k, v in sampler_class.defaults.items()})
@@ -133,8 +133,9 @@ def video_settings(args, sampler_class, recipe):
 
 
 def generate_video(args, spec, folder, recipe, topo, chunks) -> Dict:
-    from mm_train import samples, video_samples
-    from mm_train.families import resolve
+    from mm_train import samples
+    from mm_train.families.video import samples as video_samples
+    from mm_train.registry import resolve
 
     sampler_class = resolve(spec.task_class().clip_sampler)
     config = chunks[0].config
@@ -163,7 +164,8 @@ def generate_video(args, spec, folder, recipe, topo, chunks) -> Dict:
 
 
 def generate_answer(args, spec, folder, recipe, topo, chunks) -> Dict:
-    from mm_train import samples, vl_samples
+    from mm_train import samples
+    from mm_train.families.vl import samples as vl_samples
 
     tokenizer, processors, system = spec.task_class().answer_kit(recipe, folder)
     with samples.inference(chunks):

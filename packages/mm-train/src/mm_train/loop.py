@@ -19,7 +19,7 @@ end, OUT/loss.png with the validation loss beside the training loss. A step whos
 gradient is not finite (on any rank) is skipped — no update — and counted;
 ``train.max_nonfinite_steps`` skipped steps in a row stop the run with an error.
 
-The task (`mm_train.task.Task`, made by the recipe's family: mm_train.families) supplies the
+The task (`mm_train.task.Task`, made by the recipe's family: mm_train.registry) supplies the
 model class, its plan and the data; MFU counts the model's FLOPs on the first micro-batch.
 """
 

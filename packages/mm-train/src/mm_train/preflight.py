@@ -5,7 +5,7 @@ A tensor-parallel split needs tp to divide what it cuts (heads, key / value head
 vocabulary rows), Ulysses needs its degree to divide each tp rank's heads, pipeline stages need
 whole layers, expert parallelism whole experts. The model code checks each of these when it is
 built — in every worker, ~20 s after launch on this machine, one message among many. A family's
-``preflight`` (`mm_train.families.FamilySpec`) lists the same constraints over its config.json
+``preflight`` (`mm_train.registry.FamilySpec`) lists the same constraints over its config.json
 (from model.path, or the recipe's inline config), and the files its data section names, so that
 `check_before_launch` refuses the run at once, one line per problem saying what to change. A key
 the config does not hold is not checked here (the model's default applies; the model's own
@@ -75,10 +75,10 @@ def require_exists(problems: List[str], field: str, path: Optional[str], what: s
 def check_before_launch(recipe) -> None:
     """Refuse (ValueError, every problem on its own line) a layout the model's shapes cannot hold
     or data the run cannot read."""
-    from mm_train import families, tensorboard_log
+    from mm_train import registry, tensorboard_log
 
     rules = recipe.family.preflight
-    problems = families.resolve(rules, recipe.family.extra)(recipe, model_config(recipe)) if rules else []
+    problems = registry.resolve(rules, recipe.family.extra)(recipe, model_config(recipe)) if rules else []
     if recipe.logging.tensorboard and not tensorboard_log.available():
         problems.append(tensorboard_log.EXTRA_HINT)
     if problems:

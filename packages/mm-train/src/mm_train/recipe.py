@@ -3,7 +3,7 @@
     model:      family (a registered family: `mm-train recipes` lists them), path (a Hugging Face
                 folder) or config (a tiny one inline), recompute, lora, freeze
     data:       kind (one of the family's data kinds), path, num_workers, max_bad_fraction and the
-                fields of that kind's own typed section (mm_train.families.<family>)
+                fields of that kind's own typed section (mm_train.families.<wing>.<family>)
     parallel:   the fields of mm_parallel.ParallelConfig (tp, pp, vpp, cp, cp_algo, ...)
     optim:      the fields of mm_parallel.OptimizerConfig (lr, lr_schedule, warmup_steps, ...)
     train:      steps, global_batch_size, micro_batch_size, seed, log_every, precision (bf16 | fp16 |
@@ -23,7 +23,7 @@
 one; `check_layout` refuses a layout the world size or the batch sizes cannot hold. The global batch
 is a property of the run, not of the layout: micro-batches per step = global / (micro x dp), so the
 losses of one recipe are comparable across layouts. A recipe is a file or the name of a built-in
-one (`mm_train.families.find_recipe`).
+one (`mm_train.registry.find_recipe`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import yaml
 
 @dataclass
 class ModelSection:
-    family: str = ""  # a registered family (mm_train.families)
+    family: str = ""  # a registered family (mm_train.registry)
     path: Optional[str] = None  # a Hugging Face folder; None: build from ``config`` with random weights
     config: Dict[str, Any] = field(default_factory=dict)  # the model's config.json, inline; with path: overrides
     recompute: str = "none"
@@ -230,10 +230,10 @@ class Recipe:
 
     @property
     def family(self):
-        """The model family's FamilySpec (mm_train.families)."""
-        from mm_train import families
+        """The model family's FamilySpec (mm_train.registry)."""
+        from mm_train import registry
 
-        return families.get(self.model.family)
+        return registry.get(self.model.family)
 
     def to_dict(self) -> dict:
         out = {}
@@ -328,10 +328,10 @@ def parse_override(text: str):
 
 def build_recipe(values: Optional[dict] = None, overrides: Sequence[str] = ()) -> Recipe:
     """A Recipe from a mapping (a loaded YAML file) and ``--set`` overrides."""
-    from mm_train import families
+    from mm_train import registry
 
     values = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (values or {}).items()}
-    known = set(GENERIC_SECTIONS) | {name for f in families.families().values() for name in f.sections}
+    known = set(GENERIC_SECTIONS) | {name for f in registry.families().values() for name in f.sections}
     for key in values:  # a misspelt section is named before the family decides which ones exist
         if key not in known:
             raise _unknown("recipe section", key, known)
@@ -397,24 +397,24 @@ def _chosen(values: dict, overrides: Sequence[str], section: str, key: str):
 
 def _family(values: dict, overrides: Sequence[str]):
     """The FamilySpec the recipe's model.family names (after overrides)."""
-    from mm_train import families
+    from mm_train import registry
 
     name = _chosen(values, overrides, "model", "family")
     if not name:
-        raise ValueError(f"the recipe names no model.family; choose one of {sorted(families.families())}")
-    return families.get(str(name))
+        raise ValueError(f"the recipe names no model.family; choose one of {sorted(registry.families())}")
+    return registry.get(str(name))
 
 
 def resolve_recipe(path: Optional[str]) -> Path:
     """A recipe file: ``path`` itself, else the built-in recipe of that name; None: the default."""
-    from mm_train import families
+    from mm_train import registry
 
     if not path:
-        return families.default_recipe()
+        return registry.default_recipe()
     source = Path(path)
     if source.is_file():
         return source
-    builtin = families.find_recipe(path)
+    builtin = registry.find_recipe(path)
     if builtin is not None and builtin.is_file():
         return builtin
     raise FileNotFoundError(f"no recipe file {path} and no built-in recipe of that name; `mm-train recipes` lists "

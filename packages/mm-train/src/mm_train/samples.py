@@ -3,7 +3,7 @@
 Every ``eval.sample_every`` steps (and at the last step) the family's task draws one sample per
 prompt of ``eval.prompts`` with the weights of that step and rank 0 writes them under
 ``OUT/samples/step_N/``: for video families an mp4 per prompt (PyAV, H.264) and a contact sheet
-PNG of its frames (mm_train.video_samples); for VL families a Markdown page of the greedy answers
+PNG of its frames (mm_train.families.video.samples); for VL families a Markdown page of the greedy answers
 beside their pictures. With TensorBoard on, each contact sheet is also an image event.
 
 Every rank runs the model (its collectives need everyone): `predict` runs the whole model under

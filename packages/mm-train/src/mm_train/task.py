@@ -17,7 +17,7 @@ import json
 import os
 from typing import Callable, Dict, Iterator, List, Optional, Protocol, Tuple
 
-from mm_train.families import resolve
+from mm_train.registry import resolve
 
 
 def plan_options(recipe, lora) -> dict:

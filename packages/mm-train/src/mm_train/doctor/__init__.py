@@ -163,14 +163,14 @@ def _tiny_recipe(spec) -> Optional[str]:
 
 def check_families(workdir: str) -> List[Dict]:
     """One training step of each family's tiny recipe, in this process (data generated in workdir)."""
-    from mm_train import families, loop
+    from mm_train import loop, registry
     from mm_train.recipe import load_recipe
 
     rows = []
     before = os.environ.get("MM_TRAIN_DATA")
     os.environ["MM_TRAIN_DATA"] = os.path.join(workdir, "data")
     try:
-        for name, spec in families.families().items():
+        for name, spec in registry.families().items():
             recipe_name = _tiny_recipe(spec)
             if recipe_name is None:
                 rows.append(_row(f"family {name}", "skip", detail="no tiny built-in recipe"))

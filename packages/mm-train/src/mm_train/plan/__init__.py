@@ -86,9 +86,9 @@ def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] =
     ``configs`` (`model_config`); ``built``: a cache of shape-only chunks by model-parallel
     position, shared by plans that differ only in what leaves the parameters alone (`search`)."""
     from mm_parallel.topology import Topology
-    from mm_train.families import resolve
     from mm_train.plan import memory, timing
     from mm_train.recipe import check_layout
+    from mm_train.registry import resolve
 
     spec_device = device_spec(cluster["device"], known)
     world = cluster["nodes"] * cluster["devices_per_node"]

@@ -80,7 +80,7 @@ def build_chunks(spec, recipe, raw_config: dict, model_config, topo, values: boo
 
     import mm_parallel.precision
     from mm_parallel import census
-    from mm_train.families import resolve
+    from mm_train.registry import resolve
     from mm_train.task import plan_options
 
     model_class = spec.model_class(raw_config)

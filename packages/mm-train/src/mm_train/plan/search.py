@@ -62,8 +62,8 @@ def search(recipe, nodes: Optional[int] = None, devices_per_node: Optional[int] 
            devices_file: Optional[str] = None) -> Dict:
     """{cluster, layouts: the fitting ones, fastest first, each {layout, peak_bytes, step_time_s,
     samples_per_s, tokens_per_s, mfu, dominant}, tried, fitting, refused: {reason: count}}."""
-    from mm_train.families import resolve
     from mm_train.plan import cluster_of, load_devices, model_config, plan_on
+    from mm_train.registry import resolve
 
     cluster = cluster_of(recipe, nodes, devices_per_node, device)
     known = load_devices(devices_file)

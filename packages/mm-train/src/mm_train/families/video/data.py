@@ -1,0 +1,405 @@
+"""A video recipe's data: clips encoded into features (once into a cache, or online), then flow matching.
+
+`WanTrainData` (the data of the Wan family's task, mm_train.families.video.wan) makes sure a feature cache exists — for
+``tiny_video`` (the built-in set, encoded
+by its tiny random VAE and UMT5) and ``video`` (the user's annotations, encoded by the recipe's
+VAE and text encoder), every rank encodes its share (mm-data's `build_feature_cache`: centre
+crops, VAE latent means normalised by the VAE's latents_mean / std, text embeddings zeroed past
+the caption) — or uses a ready one (``video_features``). Training then reads `FeatureDataset`
+in global batches of one latent shape (`BucketBatchSampler` keyed by feature shapes), this rank's
+share split into micro-batches, and turns each sample into flow-matching inputs: u, noise and
+caption dropout drawn from a generator seeded by (train.seed, step, sample), so a step's inputs
+are the same under every layout and after resuming. For an I2V DiT (config ``image_dim``) the
+cache also holds the first frame's CLIP features (penultimate layer) and the VAE latents of the
+first frame followed by black frames; the model's input is [noisy latents | 4 mask channels (1 on
+the first latent frame) | those latents], as diffusers' Wan I2V pipeline builds it.
+
+With ``data.online`` the clips are decoded and encoded every step instead (random clip starts and
+crops seeded by (seed, epoch, sample), captions dropped by the data set): no cache, fresh
+augmentation, the encoders' cost paid in every step. Latents are the VAE's means either way.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from mm_train.recipe import Recipe
+from mm_train.task import FamilyTask, load_tokenizer, once_on_rank_zero
+
+NULL_CAPTION = "null_prompt_embeds.safetensors"  # the empty caption's embedding, for caption dropout
+
+
+def default_folder() -> str:
+    """Where the tiny video set lives unless the recipe says: $MM_TRAIN_VIDEO_DATA or ~/.cache/mm-train/tiny_video."""
+    return os.environ.get("MM_TRAIN_VIDEO_DATA",
+                          os.path.join(os.path.expanduser("~"), ".cache", "mm-train", "tiny_video"))
+
+
+def _encoders(vae, text, image_encoder=None, image_processor=None):
+    """Feature-cache encoders from a MindSpore VAE and UMT5 (numpy in, numpy out); for I2V also
+    the first frame's CLIP features and the VAE latents of [first frame, black frames...]."""
+    import mindspore as ms
+
+    def latents(batch):
+        return vae.normalize_latents(vae.encode(ms.Tensor(batch["video"])).mean).asnumpy()
+
+    def prompt_embeds(batch):
+        mask = batch["attention_mask"]
+        hidden = text(ms.Tensor(batch["input_ids"]), ms.Tensor(mask)).last_hidden_state.asnumpy()
+        return hidden * mask[..., None]  # as the Wan pipelines: nothing past the caption
+
+    encoders = {"latents": latents, "prompt_embeds": prompt_embeds}
+    if image_encoder is None:
+        return encoders
+
+    def image_embeds(batch):  # the penultimate layer of CLIP on the first frame, as diffusers' I2V pipeline
+        first = np.rint((batch["video"][:, :, 0].transpose(0, 2, 3, 1) + 1.0) * 127.5).astype(np.uint8)
+        pixels = image_processor(images=list(first), return_tensors="np")["pixel_values"]
+        return image_encoder(ms.Tensor(pixels), output_hidden_states=True).hidden_states[-2].asnumpy()
+
+    def condition(batch):  # what the I2V DiT sees beside the noise: the image, then nothing
+        video = np.zeros_like(batch["video"])
+        video[:, :, 0] = batch["video"][:, :, 0]
+        return vae.normalize_latents(vae.encode(ms.Tensor(video)).mean).asnumpy()
+
+    encoders.update(image_embeds=image_embeds, condition=condition)
+    return encoders
+
+
+def encoder_sources(data, topo, family: str = "wan") -> Dict[str, str]:
+    """{vae, text_encoder, tokenizer, image_encoder, image_processor: folder} of a ``video`` data
+    section: its own folders, and for each set to ``tiny`` the ``family``'s tiny random encoders'
+    (written once under the tiny set's folder, `tiny_video.encoder_folders`). The tokenizer
+    defaults to the text encoder's folder, the image processor to the image encoder's."""
+    from mm_train.families.video import tiny as tiny_video
+
+    given = {field: getattr(data, field) for field in tiny_video.ENCODER_FIELDS}
+    if tiny_video.TINY in given.values():
+        root = os.path.join(default_folder(), "tiny_encoders" if family == "wan" else f"tiny_encoders-{family}")
+        once_on_rank_zero(topo, lambda: tiny_video.encoder_folders(root, family=family))
+        tiny = tiny_video.encoder_folders(root, family=family)
+        given = {field: tiny.get(field) if value == tiny_video.TINY else value for field, value in given.items()}
+        for encoder, companion in (("text_encoder", "tokenizer"), ("image_encoder", "image_processor")):
+            if getattr(data, encoder) == tiny_video.TINY and not getattr(data, companion):
+                given[companion] = tiny.get(companion)
+    given["tokenizer"] = given["tokenizer"] or given["text_encoder"]
+    given["image_processor"] = given["image_processor"] or given["image_encoder"]
+    return given
+
+
+def clip_shape(data, read_cache: bool = False) -> Dict[str, int]:
+    """{num_frames, max_area, text_length} of a recipe's clips: the built-in clips' own for
+    data.kind tiny_video, else the data section's (clips are resampled to num_frames, areas kept
+    <= max_area); with ``read_cache`` (the planner) a ready cache's largest clip for
+    video_features, when its index is there."""
+    from mm_train.families.video import tiny as tiny_video
+
+    if data.kind == "tiny_video":
+        return {"num_frames": tiny_video.FRAMES, "max_area": tiny_video.SIZE ** 2, "text_length": 16}
+    if data.kind == "video_features" and read_cache:
+        cached = _cached_shape(data.path)
+        if cached:
+            return cached
+    return {"num_frames": data.num_frames, "max_area": data.max_area, "text_length": data.text_max_length}
+
+
+def _cached_shape(folder: str):
+    """The largest clip of a feature cache's index (VAE latents (C, F, H, W): 4 x temporal and 8 x
+    spatial compression), or None without an index."""
+    from mm_data.feature_cache import FeatureDataset
+
+    try:
+        entries = FeatureDataset(folder or "").entries  # reads the index only
+    except ValueError:  # no index (the preflight names the missing cache)
+        return None
+    frames = area = text = 0
+    for entry in entries:
+        shapes = entry["features"]
+        _, f, h, w = shapes["latents"]
+        frames, area = max(frames, (f - 1) * 4 + 1), max(area, h * w * 64)
+        text = max(text, shapes.get("prompt_embeds", [0])[0])
+    return {"num_frames": frames, "max_area": area, "text_length": text}
+
+
+class _Source:
+    """Where a recipe's clips come from and how they are read and encoded (``family``: the data
+    class, whose `tiny_encoders` / `folder_encoders` build the feature encoders)."""
+
+    def __init__(self, recipe: Recipe, topo, i2v: bool, family=None):
+        from mm_data.video import AspectBuckets, FrameBuckets
+        from mm_train.families.video import tiny as tiny_video
+
+        data = recipe.data
+        self.i2v, self.data, self.family = i2v, data, family
+        shape = clip_shape(data)
+        self.frames = FrameBuckets(num_frames=shape["num_frames"])
+        self.buckets = AspectBuckets(max_area=shape["max_area"], stride=16)
+        self.text_length = shape["text_length"]
+        if data.kind == "tiny_video":
+            source = data.path or default_folder()
+            once_on_rank_zero(topo, lambda: tiny_video.generate(source, data.samples))
+            self.annotations, self.tokenizer = os.path.join(source, "data.json"), tiny_video.tokenizer(source)
+            kind = "i2v" if i2v else "t2v"
+            self.cache = data.features_dir or os.path.join(source, f"features-{family.cache_name}-{kind}"
+                                                           if family.cache_name else f"features-{kind}")
+            self.fps = tiny_video.FPS
+        else:
+            self.folders = encoder_sources(data, topo, family.cache_name or "wan")
+            self.annotations = data.path
+            self.tokenizer = load_tokenizer(self.folders["tokenizer"], pad_token="<pad>", eos_token="</s>")
+            self.cache = data.features_dir or os.path.join(recipe.output_dir, "features")
+            self.fps = data.fps
+
+    def dataset(self, random_crop: bool, caption_dropout: float = 0.0, seed: int = 0):
+        from mm_data.video import VideoTextDataset
+
+        return VideoTextDataset.from_annotations(
+            self.annotations, max_bad_fraction=self.data.max_bad_fraction, frames=self.frames, buckets=self.buckets,
+            fps=self.fps, tokenizer=self.tokenizer, max_text_length=self.text_length, random_crop=random_crop,
+            caption_dropout=caption_dropout, seed=seed)
+
+    def encoders(self):
+        """{feature name: numpy-in numpy-out encoder}: the tiny set's random ones or the recipe's."""
+        if self.data.kind == "tiny_video":
+            return self.family.tiny_encoders(self.i2v)
+        return self.family.folder_encoders(self.folders, self.i2v)
+
+
+def wan_folder_encoders(folders, i2v: bool):
+    """The feature encoders of a Wan recipe's encoder folders (AutoencoderKLWan, UMT5; I2V: CLIP)."""
+    from mm_models_video import AutoencoderKLWan, UMT5EncoderModel
+
+    vae = AutoencoderKLWan.from_pretrained(folders["vae"])
+    text = UMT5EncoderModel.from_pretrained(folders["text_encoder"])
+    if not i2v:
+        return _encoders(vae, text)
+    if not folders["image_encoder"]:
+        raise ValueError("an I2V model needs data.image_encoder: a CLIP vision folder (with its "
+                         "preprocessor_config.json, or data.image_processor), or tiny")
+    from transformers import CLIPImageProcessorPil
+
+    from mm_models_video import CLIPVisionModel
+
+    return _encoders(vae, text, CLIPVisionModel.from_pretrained(folders["image_encoder"]),
+                     CLIPImageProcessorPil.from_pretrained(folders["image_processor"]))
+
+
+class WanTrainData:
+    """See the module docstring. A family's data class derives from it and changes what is its
+    own: `tiny_encoders` / `folder_encoders` (the feature encoders), `make_schedule` and
+    `flow_inputs` (features to the model's keywords), ``cache_name`` (the tiny set's cache folder)."""
+
+    cache_name = ""  # Wan's tiny caches keep their names: features-t2v / features-i2v
+    splits_vae_frames = False  # whether data.vae_context_parallel > 1 is supported (CogVideoX's VAE)
+    i2v_features = ("image_embeds", "condition")  # what an I2V model's cache must hold
+
+    @staticmethod
+    def tiny_encoders(i2v: bool):
+        from mm_train.families.video import tiny as tiny_video
+
+        return _encoders(*tiny_video.encoders(image=i2v))
+
+    folder_encoders = staticmethod(wan_folder_encoders)
+
+    def make_schedule(self):
+        from mm_models_video.flow_matching import FlowMatchingSchedule
+
+        d = self.recipe.diffusion
+        return FlowMatchingSchedule(d.num_train_timesteps, d.shift)
+
+    def __init__(self, recipe: Recipe, topo, i2v: bool):
+        from mm_data import BucketBatchSampler, FeatureDataset
+        from mm_train.evaluation import training_split
+
+        self.recipe, self.topo = recipe, topo
+        data, train = recipe.data, recipe.train
+        self.i2v = i2v  # an I2V DiT (its config has an image_dim)
+        self.online = data.online and data.kind != "video_features"
+        self.cache_folder, self.cache_skips = None, []
+        self.frame_group = self._vae_group(data, topo)
+        if self.online:  # clips decoded and encoded every step (random crops and clip starts)
+            source = _Source(recipe, topo, self.i2v, self)
+            self.annotations = source.annotations
+            self.dataset = source.dataset(random_crop=True, caption_dropout=data.caption_dropout, seed=train.seed)
+            self.encoders, self.null_embeds = source.encoders(), None
+        else:
+            folder = data.path if data.kind == "video_features" else self._encode(_Source(recipe, topo, self.i2v, self),
+                                                                                  topo)
+            self.dataset, self.cache_folder = FeatureDataset(folder), folder
+            missing = [n for n in self.i2v_features if n not in self.dataset.entries[0]["features"]] if self.i2v else []
+            if missing:
+                raise ValueError(f"the feature cache {folder} has no I2V features ({', '.join(missing)}); build it "
+                                 "for an I2V model")
+            null = os.path.join(folder, NULL_CAPTION)
+            self.null_embeds = load_file(null)["prompt_embeds"] if os.path.exists(null) else None
+            if data.caption_dropout and self.null_embeds is None:
+                raise ValueError(f"data.caption_dropout needs the empty caption's embedding {null}; "
+                                 "rebuild the cache with mm-train (it writes one)")
+        # eval.fraction: held out for validation (mm_train.evaluation), never trained on
+        indices, self.held_out = training_split(recipe, len(self.dataset))
+        self.sampler = BucketBatchSampler(len(self.dataset), train.global_batch_size, topo.dp.rank, topo.dp.size,
+                                          keys=self.dataset.keys, seed=train.seed, indices=indices)
+        self.schedule = self.make_schedule()
+
+    def for_recipe(self, recipe):
+        """The data of another recipe of this family (the validation split at eval.path)."""
+        return type(self)(recipe, self.topo, self.i2v)
+
+    def _vae_group(self, data, topo):
+        """The ranks this one encodes each clip with (data.vae_context_parallel consecutive ranks), or None."""
+        n = data.vae_context_parallel
+        if n == 1:
+            return None
+        if not self.splits_vae_frames:
+            raise ValueError("data.vae_context_parallel splits the CogVideoX VAE's frames; this family's VAE encodes "
+                             "whole clips on each rank: leave it 1")
+        if self.online or data.kind == "video_features":
+            raise ValueError("data.vae_context_parallel applies while the feature cache is built (data.kind video or "
+                             "tiny_video, data.online false)")
+        if topo.world_size % n:
+            raise ValueError(f"data.vae_context_parallel={n} must divide the {topo.world_size} ranks")
+        from mm_parallel.topology import Group
+
+        first = topo.rank - topo.rank % n
+        return Group(tuple(range(first, first + n)), topo.rank % n, "vae_context_parallel")
+
+    def files(self):
+        """(annotation files, media files) of what is trained on: the clips, or the feature cache."""
+        if self.cache_folder is None:
+            return [self.annotations], [record.path for record in self.dataset.records]
+        names = sorted(os.listdir(self.cache_folder))
+        return ([os.path.join(self.cache_folder, n) for n in names if n.endswith(".jsonl")],
+                [os.path.join(self.cache_folder, n) for n in names if n.endswith(".safetensors")])
+
+    def _encode(self, source: _Source, topo) -> str:
+        """Build (or finish) the feature cache, every rank its share; returns its folder. The clips
+        this rank skipped while encoding are kept in ``cache_skips`` (source, reason)."""
+        from mm_data import build_feature_cache
+        from mm_data.feature_cache import cached_indices
+        from mm_parallel import comm
+
+        folder, encoders, clips = source.cache, source.encoders(), source.dataset(random_crop=False)
+        group, done = self.frame_group, None
+        if group is not None:  # a group encodes each clip together, its first rank writes
+            done = cached_indices(folder)
+            comm.barrier(topo.world)  # every rank has read the index before any writes
+        n = 1 if group is None else group.size
+        writer = group is None or group.rank == 0
+        build_feature_cache(clips, encoders, folder, batch_size=1, rank=topo.rank // n,
+                            world_size=topo.world_size // n, done=done, write=writer)
+        self.cache_skips = list(clips.bad_input.skipped) if writer else []
+        if topo.rank == 0 and not os.path.exists(os.path.join(folder, NULL_CAPTION)):
+            empty = source.tokenizer("", padding="max_length", max_length=source.text_length, return_tensors="np")
+            null = encoders["prompt_embeds"]({k: v.astype(np.int64) for k, v in empty.items()})[0]
+            save_file({"prompt_embeds": np.ascontiguousarray(null, np.float32)}, os.path.join(folder, NULL_CAPTION))
+        if topo.world_size > 1:
+            comm.barrier(topo.world)  # every rank's shards are written
+        return folder
+
+    def caption_dropout(self, step: int) -> float:
+        """The share of captions flow_inputs drops at ``step``: none when the data set already
+        dropped them (online) or for validation."""
+        from mm_train.evaluation import VALIDATION_STEP
+
+        return 0.0 if self.online or step == VALIDATION_STEP else self.recipe.data.caption_dropout
+
+    def flow_inputs(self, step: int, batch: Dict) -> Dict[str, np.ndarray]:
+        """The model's keywords for a micro-batch of features at ``step`` (cached, or just encoded:
+        then the data set already dropped captions)."""
+        d = self.recipe.diffusion
+        dropout = self.caption_dropout(step)
+        rows, texts = [], []
+        for row, index in enumerate(batch["index"]):
+            rng = np.random.default_rng([self.recipe.train.seed, step, int(index)])
+            rows.append(self.schedule.training_batch(batch["latents"][row:row + 1], rng, d.density, d.weighting))
+            dropped = dropout and rng.random() < dropout
+            texts.append(self.null_embeds if dropped else batch["prompt_embeds"][row])
+        out = {key: np.concatenate([r[key] for r in rows]) for key in ("hidden_states", "timestep", "target")}
+        out["encoder_hidden_states"] = np.stack(texts).astype(np.float32)
+        if self.i2v:  # [noisy latents | mask: the first latent frame is given | the image's latents]
+            condition = batch["condition"]
+            mask = np.zeros((len(condition), 4) + condition.shape[2:], np.float32)
+            mask[:, :, 0] = 1.0
+            out["hidden_states"] = np.concatenate([out["hidden_states"], mask, condition], 1)
+            out["encoder_hidden_states_image"] = batch["image_embeds"].astype(np.float32)
+        if d.weighting != "none":
+            out["loss_weights"] = np.concatenate([r["loss_weights"] for r in rows])
+        return out
+
+    def prepare(self, step: int, batches):
+        """A step's micro-batches of features (of clips, encoded now when training online) as
+        flow-matching forward keywords."""
+        if self.online:
+            batches = [{"index": b["index"], **{name: encode(b) for name, encode in self.encoders.items()}}
+                       for b in batches]
+        return [self.flow_inputs(step, batch) for batch in batches]
+
+
+class VideoTask(FamilyTask):
+    """The part of a video family's task its data object (``self.data``, a WanTrainData) decides:
+    the files it reads, the clips it skipped, and the stream of forward keywords."""
+
+    def data_files(self):
+        return self.data.files()
+
+    def bad_samples(self):
+        """The clips skipped while training online or while building the feature cache."""
+        return super().bad_samples() + self.data.cache_skips
+
+    clip_sampler = "mm_train.families.video.samples:WanSampler"  # how samples are drawn (families/video/samples.py)
+
+    def write_samples(self, chunks, out: str, writer: bool):
+        """One clip per eval prompt (mm_train.samples / video_samples)."""
+        from mm_train import samples
+        from mm_train.families.video import samples as video_samples
+        from mm_train.registry import resolve
+
+        if getattr(self, "_clip_sampler", None) is None:
+            self._clip_sampler = video_samples.recipe_sampler(resolve(self.clip_sampler), self.recipe, self.topo,
+                                                              chunks[0].config)
+        e = self.recipe.eval
+        return video_samples.write_clips(self._clip_sampler, lambda inputs, shape: samples.predict(
+            chunks, self.topo, inputs, shape), e.prompts, e.images, video_samples.recipe_settings(self.recipe), out,
+            writer)
+
+    def validation_source(self):
+        """The held-out part of the training features (eval.fraction), or the clips / feature
+        cache at eval.path (encoded into OUT/features-eval like the training data)."""
+        if not self.recipe.eval.path:
+            return self.data.dataset, self.data.dataset.keys, self.data.held_out
+        if self.recipe.data.kind == "tiny_video":
+            raise ValueError("eval.path with data.kind tiny_video: the built-in clips have no separate file; "
+                             "use eval.fraction")
+        if getattr(self, "_validation_data", None) is None:
+            import dataclasses
+
+            data = dataclasses.replace(self.recipe.data, path=self.recipe.eval.path, online=False,
+                                       features_dir=os.path.join(self.recipe.output_dir, "features-eval"))
+            recipe = dataclasses.replace(self.recipe, data=data, eval=dataclasses.replace(self.recipe.eval, path=None))
+            self._validation_data = self.data.for_recipe(recipe)
+        return self._validation_data.dataset, self._validation_data.dataset.keys, None
+
+    def validation_inputs(self, batches):
+        from mm_train.evaluation import VALIDATION_STEP
+
+        data = getattr(self, "_validation_data", None) or self.data
+        return [self.model_inputs(b) for b in data.prepare(VALIDATION_STEP, batches)]
+
+    def stream(self, first_step: int):
+        """The shared loader's micro-batches of features as the model's forward keywords."""
+        features = super().stream(first_step)
+        try:
+            for step, batches in enumerate(features, first_step):
+                yield self.data.prepare(step, batches)
+        finally:
+            features.close()
+
+
+def latent_tokens(batch: Dict, patch_size) -> int:
+    _, _, frames, height, width = batch["hidden_states"].shape
+    pt, ph, pw = patch_size
+    return len(batch["hidden_states"]) * (frames // pt) * (height // ph) * (width // pw)

@@ -1,0 +1,360 @@
+"""The Qwen2.5-VL family: vision-language SFT on LLaMA-Factory data.
+
+`VLTask` supplies the model (Qwen2.5-VL from a Hugging Face folder, or an inline config with the
+tokenizer's vocabulary and special tokens) and the data: mm-data's `VLSFTDataset` from the
+recipe's data section (the tiny built-in set is generated first), a `BucketBatchSampler` over
+global batches (seed = train.seed) and the shared loader. Step ``s`` is global batch ``s mod B``
+of epoch ``s div B`` (B batches an epoch), so the stream is a function of the step: resuming at
+any step, under any layout, continues it exactly. Bad samples are replaced by mm-data and
+counted; past ``data.max_bad_fraction`` the run stops naming them. Micro-batches are padded to a
+length every layout can cut: a multiple of 2 cp (and of tp under sequence parallelism), so the
+padding — ignored by the loss — is the same for one process as for the layout.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+from mm_train.recipe import DataSection
+from mm_train.registry import BuiltinRecipe, FamilySpec, register
+from mm_train.task import FamilyTask, load_tokenizer, once_on_rank_zero
+
+QWEN_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+
+
+@dataclass
+class VLDataSection(DataSection):
+    """data.kind tiny_vl (the built-in set, generated at data.path or a cache folder) or
+    llamafactory (a LLaMA-Factory JSON / JSONL file at data.path)."""
+
+    kind: str = "tiny_vl"
+    media_dir: Optional[str] = None  # where image / video paths start (default: the file's folder)
+    tokenizer: Optional[str] = None  # a folder or tokenizer.json (default: model.path)
+    samples: int = 256  # tiny_vl only
+    max_length: int = 2048
+    system: Optional[str] = "You are a helpful assistant."  # the default system turn; "" or null: none
+    min_pixels: Optional[int] = None  # image / video frame pixel bounds (default: the processors')
+    max_pixels: Optional[int] = None
+    video_fps: float = 2.0
+
+    def __post_init__(self):
+        if self.kind == "llamafactory":
+            self.require_path("a LLaMA-Factory JSON / JSONL file")
+
+
+def pixel_bounds(data) -> Dict[str, int]:
+    return {k: v for k, v in (("min_pixels", data.min_pixels), ("max_pixels", data.max_pixels)) if v}
+
+
+# data.kind of a built-in set -> the module that generates it (generate, default_folder)
+BUILTIN_SETS = {"tiny_vl": "mm_train.families.vl.tiny", "tiny_omni": "mm_train.families.vl.tiny_omni"}
+
+
+def data_sources(recipe):
+    """(the built-in set's folder or None, the annotation file, the tokenizer's folder or file)."""
+    import importlib
+
+    data = recipe.data
+    if data.kind in BUILTIN_SETS:
+        folder = data.path or importlib.import_module(BUILTIN_SETS[data.kind]).default_folder()
+        return folder, os.path.join(folder, "data.json"), os.path.join(folder, "tokenizer.json")
+    return None, data.path, data.tokenizer or recipe.model.path
+
+
+def vl_tokenizer(path: str):
+    return load_tokenizer(path, pad_token="<|endoftext|>", eos_token="<|im_end|>")
+
+
+def write_processing_files(recipe, out: str) -> list:
+    """What a model folder needs beside its weights to be used as trained — the tokenizer with
+    the run's chat template (its default system turn), preprocessor_config.json and
+    video_preprocessor_config.json with the run's processor settings — written into ``out``
+    (`mm-train convert checkpoint`). Returns the files written."""
+    import json
+
+    from mm_data.vl import QwenChatTemplate, template
+
+    _, _, tokenizer_path = data_sources(recipe)
+    if not tokenizer_path or not os.path.exists(tokenizer_path):
+        raise FileNotFoundError(f"the tokenizer this run trained with is not at {tokenizer_path}; set data.tokenizer "
+                                "(or model.path) to it")
+    before = set(os.listdir(out))
+    task = recipe.family.task_class()
+    tokenizer = vl_tokenizer(tokenizer_path)
+    media = getattr(template, task.chat_media)
+    tokenizer.chat_template = QwenChatTemplate(tokenizer, recipe.data.system, media=media).jinja()
+    tokenizer.save_pretrained(out)
+    image, video = task.processors(recipe.data)
+    kinds = {"preprocessor_config.json": (image, "image_processor_type", "Qwen2VLImageProcessor"),
+             "video_preprocessor_config.json": (video, "video_processor_type", type(video).__name__)}
+    for name, (processor, key, kind) in kinds.items():
+        extra = task.audio_settings() if name == "preprocessor_config.json" else {}  # Omni: one file, both
+        with open(os.path.join(out, name), "w") as f:
+            json.dump({**processor.to_dict(), key: kind, **extra, "processor_class": task.processor_class}, f,
+                      indent=2)
+    return sorted(set(os.listdir(out)) - before)
+
+
+def preflight(recipe, config: dict) -> List[str]:
+    """Qwen2.5-VL / Qwen3-VL (dense, MoE): the annotations and the tokenizer are there; the text
+    model's heads, FFN, vocabulary (the tokenizer's, rounded up to 64, for an inline config),
+    layers and experts against the layout, the vision tower's heads and FFN against tp
+    (`mm_train.preflight`)."""
+    from mm_train.preflight import attention_rules, layer_rules, require_divisible, require_exists
+
+    par, problems, data = recipe.parallel, [], recipe.data
+    if data.kind not in BUILTIN_SETS:
+        require_exists(problems, "data.path", data.path, "a LLaMA-Factory JSON / JSONL file")
+        require_exists(problems, "data.media_dir", data.media_dir, "the folder the media paths start in", True)
+        if not (data.tokenizer or recipe.model.path):
+            problems.append("no tokenizer: set data.tokenizer (a model folder or a tokenizer.json) or model.path")
+        require_exists(problems, "data.tokenizer", data.tokenizer, "a model folder or a tokenizer.json")
+    text = {**config, **config.get("text_config", {})}  # hub folders hold the text fields at the top
+    attention_rules(problems, "text_config.", text.get("num_attention_heads"), text.get("num_key_value_heads"), par)
+    require_divisible(problems, "text_config.intermediate_size", text.get("intermediate_size"), "parallel.tp", par.tp)
+    if recipe.model.path:
+        require_divisible(problems, "text_config.vocab_size", text.get("vocab_size"), "parallel.tp", par.tp)
+    else:
+        tokens = _inline_vocabulary(recipe, par.tp)
+        require_divisible(problems, f"the vocabulary size (the tokenizer's {tokens} tokens rounded up to 64)",
+                          tokens and -(-tokens // 64) * 64, "parallel.tp", par.tp)
+    layer_rules(problems, "text_config.num_hidden_layers", text.get("num_hidden_layers"), par)
+    require_divisible(problems, "text_config.num_experts", text.get("num_experts"), "parallel.ep", par.ep)
+    if text.get("num_experts"):
+        require_divisible(problems, "text_config.moe_intermediate_size", text.get("moe_intermediate_size"),
+                          "the experts' tp (parallel.expert_tp)", par.expert_tp_size)
+    vision = config.get("vision_config", {})
+    require_divisible(problems, "vision_config.num_heads", vision.get("num_heads"), "parallel.tp", par.tp)
+    require_divisible(problems, "vision_config.intermediate_size", vision.get("intermediate_size"), "parallel.tp",
+                      par.tp)
+    return problems
+
+
+def _inline_vocabulary(recipe, tp: int) -> Optional[int]:
+    """The tokenizer's size, which an inline config's vocabulary rounds up to 64
+    (`VLTask.token_ids`); None when tp does not split it or the tokenizer is not written yet (the
+    built-in set's is made by the first run; the model checks it then)."""
+    _, _, path = data_sources(recipe)
+    if tp <= 1 or not path or not os.path.exists(path):
+        return None
+    return len(vl_tokenizer(path))
+
+
+class VLTask(FamilyTask):
+    """See the module docstring and mm_train.task. A sibling family (Qwen3-VL) changes the class
+    attributes: its transformers config class and its processors' settings."""
+
+    config_class = "Qwen2_5_VLConfig"
+    processor_class = "Qwen2_5_VLProcessor"  # what a saved folder's preprocessor_config.json names
+    processor_options: Dict = {}  # patch size, mean / std ... of both processors (defaults: Qwen2-VL's)
+    chat_media = "QWEN_MEDIA"  # the chat template's media tokens (a name in mm_data.vl.template)
+    dataset_class = "VLSFTDataset"  # what encodes training samples and prompts (a name in mm_data.vl)
+    data_section = VLDataSection  # a Hugging Face folder's answers use its defaults
+    media_tokens = dict(zip(("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"),
+                            QWEN_TOKENS))  # an inline config's token-id fields and their tokens
+
+    @staticmethod
+    def audio_settings() -> Dict:
+        """What preprocessor_config.json holds beside the image processor's (Omni: its feature extractor)."""
+        return {}
+
+    @classmethod
+    def processors(cls, data):
+        """(image processor, video processor) with the data section's pixel bounds."""
+        from mm_data.vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+        options = {**cls.processor_options, **pixel_bounds(data)}
+        return Qwen2VLImageProcessor(**options), Qwen2VLVideoProcessor(**options)
+
+    def __init__(self, recipe, topo):
+        import importlib
+
+        from mm_data import BucketBatchSampler
+
+        super().__init__(recipe, topo)
+        data, train = recipe.data, recipe.train
+        if data.kind in BUILTIN_SETS:  # the set exists before anyone reads it
+            generate = importlib.import_module(BUILTIN_SETS[data.kind]).generate
+            once_on_rank_zero(topo, lambda: generate(data_sources(recipe)[0], data.samples))
+        _, annotations, tokenizer_path = data_sources(recipe)
+        self.annotations = annotations
+        self.tokenizer = vl_tokenizer(tokenizer_path)
+        self.dataset = self.read_dataset(annotations)
+        self.sampler = BucketBatchSampler(len(self.dataset), train.global_batch_size, topo.dp.rank, topo.dp.size,
+                                          seed=train.seed, indices=self.training_indices(len(self.dataset)))
+        par = recipe.parallel  # sequences cut into equal parts: 2 per cp rank (load-balanced ring), tp under sp
+        self.collate = self.dataset.collator((2 * par.cp if par.cp > 1 else 1) *
+                                             (par.tp if par.sequence_parallel else 1))
+
+    def read_dataset(self, annotations: str):
+        """The SFT data set (``dataset_class``) of a LLaMA-Factory file with the recipe's tokenizer and
+        processors, plus the family's ``dataset_options()``."""
+        from mm_data import vl
+
+        data = self.recipe.data
+        image_processor, video_processor = self.processors(data)
+        return getattr(vl, self.dataset_class).from_file(
+            annotations, self.tokenizer, media_dir=data.media_dir, max_bad_fraction=data.max_bad_fraction,
+            image_processor=image_processor, video_processor=video_processor,
+            max_length=data.max_length, video_fps=data.video_fps, default_system=data.system,
+            **self.dataset_options())
+
+    def dataset_options(self) -> Dict:
+        """What the family's data set takes beyond VLSFTDataset's arguments."""
+        return {}
+
+    def validation_source(self):
+        """The held-out part of the training set, or the LLaMA-Factory file at eval.path (its
+        media paths start at data.media_dir, else the file's folder)."""
+        if not self.recipe.eval.path:
+            return super().validation_source()
+        if getattr(self, "_validation_set", None) is None:
+            self._validation_set = self.read_dataset(self.recipe.eval.path)
+        return self._validation_set, None, None
+
+    @classmethod
+    def answer_kit(cls, recipe=None, folder: Optional[str] = None):
+        """(tokenizer, (image, video) processors, default system turn) to answer prompts with: a
+        run's (its recipe), or a Hugging Face folder's (its tokenizer, the pixel bounds of its
+        preprocessor_config.json, the default system turn)."""
+        if recipe is not None:
+            return vl_tokenizer(data_sources(recipe)[2]), cls.processors(recipe.data), recipe.data.system
+        import json
+
+        bounds, path = {}, os.path.join(folder, "preprocessor_config.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                config = json.load(f)
+            size = config.get("size") or {}
+            bounds = {"min_pixels": config.get("min_pixels") or size.get("shortest_edge"),
+                      "max_pixels": config.get("max_pixels") or size.get("longest_edge")}
+        data = cls.data_section(kind="llamafactory", path=folder, **{k: v for k, v in bounds.items() if v})
+        return vl_tokenizer(folder), cls.processors(data), data.system
+
+    def write_samples(self, chunks, out: str, writer: bool):
+        """Greedy answers to the eval prompts (mm_train.families.vl.samples)."""
+        from mm_train.families.vl import samples as vl_samples
+
+        e = self.recipe.eval
+        media = {"images": e.images, "videos": e.videos, "audios": e.audios}
+        return vl_samples.write_answers(self, chunks, e.prompts, media, e.max_new_tokens, out, writer)
+
+    def data_files(self):
+        media = [p for c in self.dataset.conversations for p in c.images + c.videos + c.audios if "://" not in p]
+        return [self.annotations], media
+
+    def token_ids(self) -> dict:
+        """Vocabulary size (rounded up to 64, so any tp up to 64 divides it) and special-token ids
+        for an inline model config."""
+        ids = {name: self.tokenizer.convert_tokens_to_ids(token) for name, token in self.media_tokens.items()}
+        ids["vocab_size"] = -(-len(self.tokenizer) // 64) * 64
+        ids["pad_token_id"] = self.tokenizer.pad_token_id
+        ids["eos_token_id"] = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        return ids
+
+    def inline_config(self):
+        """The recipe's inline transformers config with the tokenizer's vocabulary and special tokens."""
+        import transformers
+
+        values = dict(self.recipe.model.config)
+        ids = self.token_ids()
+        values["text_config"] = {**values.get("text_config", {}), "vocab_size": ids["vocab_size"],
+                                 "pad_token_id": ids["pad_token_id"], "eos_token_id": ids["eos_token_id"],
+                                 "bos_token_id": ids["eos_token_id"]}
+        media = {name: ids[name] for name in self.media_tokens}
+        config_class = getattr(transformers, self.config_class)
+        return config_class(**values, **media, bos_token_id=ids["eos_token_id"], eos_token_id=ids["eos_token_id"],
+                            pad_token_id=ids["pad_token_id"])
+
+    @staticmethod
+    def tokens(batch: Dict) -> int:
+        return int(batch["attention_mask"].sum())
+
+    def model_inputs(self, batch: Dict) -> Dict:
+        if self.topo.cp.size > 1:
+            # the model takes whole unpadded rows under cp; right padding is harmless without the
+            # mask: causal attention keeps real tokens from seeing it and its labels are -100
+            return {k: v for k, v in batch.items() if k != "attention_mask"}
+        return batch
+
+
+def workload(recipe, config):
+    """The planner's shapes (mm_train.plan.workload) of one sample: data.max_length tokens with
+    one picture of data.max_pixels, through the vision tower (whole on each rank of the first
+    stage; frozen under model.freeze [vision]) and the language model. Serves Qwen2.5-VL
+    (windowed vision attention) and Qwen3-VL (whole-image attention; MoE layers count their k
+    routed experts and the dispatched / combined copies of each token)."""
+    import math
+
+    from mm_train.plan.workload import LayerStack, Workload
+
+    text, vision = config.text_config, config.vision_config
+    seq, merge = recipe.data.max_length, vision.spatial_merge_size
+    pixels = recipe.data.max_pixels or 1280 * (vision.patch_size * merge) ** 2  # unset: 1280 merged tokens
+    side = max(1, math.isqrt(pixels // (vision.patch_size * merge) ** 2))  # merged tokens a side
+    grid = [[1, side * merge, side * merge]]
+    patches = (side * merge) ** 2
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv = text.num_key_value_heads * head_dim
+    mlp = getattr(text, "moe_intermediate_size", 0) * getattr(text, "num_experts_per_tok", 0) or text.intermediate_size
+    h, hv, fv = text.hidden_size, vision.hidden_size, vision.intermediate_size
+    if hasattr(vision, "window_size"):  # Qwen2.5-VL: windows of window_size pixels, some blocks whole
+        from mm_models_vl.qwen2_5_vl.flops import qwen2_5_vl_flops, vision_flops
+
+        window = min(patches, (vision.window_size // vision.patch_size) ** 2)
+        full = len(vision.fullatt_block_indexes)
+        keys = (full * patches + (vision.depth - full) * window) / vision.depth
+        flops, vision_inside = qwen2_5_vl_flops(config, seq, image_grid_thw=grid), 6 * hv + 4 * fv
+    else:
+        from mm_models_vl.qwen3_vl.flops import text_flops, vision_flops
+
+        keys, vision_inside = patches, 6 * hv + 2 * fv
+        flops = text_flops(config, seq) + vision_flops(config, grid)
+    frozen = "vision" in (recipe.model.freeze or [])
+    tower_flops = float(vision_flops(config, grid))
+    frozen_flops = tower_flops if frozen else 0.0
+    # the reference kernels' norms and rotary embeddings keep ~9 hidden-sized copies more per
+    # token and layer (29.3 h in all), emulated bf16 42 h more (measured with 3 h of MLP per h:
+    # benchmarks/plan_activation_memory.py); the vision blocks are taken to keep alike
+    # MoE: each token's k routed copies, dispatched to the experts and combined back
+    dispatch = 2 * getattr(text, "num_experts_per_tok", 0) * h if getattr(text, "moe_intermediate_size", 0) else 0
+    text_inside = 3 * h + 3 * kv + 4 * mlp + dispatch
+    stacks = [LayerStack("vision tower", vision.depth, patches, hv, outside=4 * hv, inside=vision_inside,
+                         heads=vision.num_heads, keys=int(keys), reference=13 * hv + vision_inside,
+                         reference_emulated=42 * hv, pipelined=False, trained=not frozen, runs_whole=True,
+                         flops=tower_flops),
+              LayerStack("language model", text.num_hidden_layers, seq, h, outside=4 * h, inside=text_inside,
+                         heads=text.num_attention_heads, keys=seq, reference=13 * h + text_inside,
+                         reference_emulated=42 * h)]
+    return Workload(stacks, float(flops), seq, boundary_hidden=h, logits_vocab=text.vocab_size,
+                    frozen_flops=frozen_flops,
+                    notes=[f"one {grid[0][1] * vision.patch_size} x {grid[0][2] * vision.patch_size} picture and "
+                           f"{seq} tokens per sample (data.max_pixels, data.max_length)"])
+
+
+SPEC = register(FamilySpec(
+    name="qwen2_5_vl",
+    description="Qwen2.5-VL (3B / 7B / 32B / 72B): vision-language SFT and LoRA",
+    models={"qwen2_5_vl": "mm_models_vl:Qwen2_5_VLForConditionalGeneration"},
+    task="mm_train.families.vl.qwen2_5_vl:VLTask",
+    data_sections={"tiny_vl": VLDataSection, "llamafactory": VLDataSection},
+    plan="mm_models_vl.qwen2_5_vl.parallel_plan:parallelize",
+    lora_config="mm_models_vl.qwen2_5_vl.parallel_plan:LoraConfig",
+    extra="vl",
+    processing="mm_train.families.vl.qwen2_5_vl:write_processing_files",
+    preflight="mm_train.families.vl.qwen2_5_vl:preflight",
+    workload="mm_train.families.vl.qwen2_5_vl:workload",
+    recipes=(
+        BuiltinRecipe("qwen2_5_vl_tiny", "qwen2_5_vl_tiny.yaml",
+                      "a tiny random Qwen2.5-VL captions generated pictures (about a minute)", "1-2 CPU processes",
+                      default=True),
+        BuiltinRecipe("qwen2_5_vl_tiny_lora", "qwen2_5_vl_tiny_lora.yaml",
+                      "LoRA adapters on the tiny Qwen2.5-VL", "1-2 CPU processes"),
+        BuiltinRecipe("qwen2_5_vl_7b_sft", "qwen2_5_vl_7b_sft.yaml",
+                      "Qwen2.5-VL-7B-Instruct SFT on LLaMA-Factory data (TP1 PP2 ZeRO-1)", "1 x 8 Ascend NPUs"),
+        BuiltinRecipe("qwen2_5_vl_72b_sft", "qwen2_5_vl_72b_sft.yaml",
+                      "Qwen2.5-VL-72B-Instruct SFT (TP2 PP8 DP4)", "8 x 8 Ascend NPUs"),
+    ),
+))

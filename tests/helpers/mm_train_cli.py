@@ -1,0 +1,65 @@
+"""`mm-train` as a user runs it, in a subprocess: the command, its metrics rows, and the toy family.
+
+The toy family (tests/helpers/toy_family) is importable only through $MM_TRAIN_FAMILIES with this
+folder's parent on PYTHONPATH: nothing in mm-train names it.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def mm_train_command() -> str:
+    """The `mm-train` of this interpreter's environment (hatch's test env), else the one on PATH."""
+    return shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
+
+
+def mm_train(*args, data, timeout=600):
+    env = {**os.environ, "MM_TRAIN_DATA": str(data)}
+    return subprocess.run([mm_train_command(), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+FIELDS = {"step", "loss", "grad_norm", "lr", "samples_per_s", "tokens_per_s", "mfu", "mem_bytes", "skipped"}
+EVAL_FIELDS = {"val_loss", "samples"}  # the rows of the steps that validate / sample (mm_train.evaluation)
+
+
+def rows_of(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    assert rows and all(FIELDS <= set(row) <= FIELDS | EVAL_FIELDS for row in rows)
+    return rows
+
+
+def losses(out):
+    return [row["loss"] for row in rows_of(out)]
+
+
+def val_losses(out):
+    """{step: validation loss} of a run."""
+    return {row["step"]: row["val_loss"] for row in rows_of(out) if "val_loss" in row}
+
+
+def sample_pixels(out, step, name="sample_0.png"):
+    """A sample's contact sheet (uint8) as integers."""
+    import numpy as np
+    from PIL import Image
+
+    return np.asarray(Image.open(os.path.join(out, "samples", f"step_{step}", name))).astype(int)
+
+
+def toy_command(*args):
+    """(argv, env) of `mm-train ARGS` with the toy family importable."""
+    command = mm_train_command()
+    env = {**os.environ, "MM_TRAIN_FAMILIES": "helpers.toy_family",
+           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    return [command, *args], env
+
+
+def toy_cli(*args, timeout=600):
+    argv, env = toy_command(*args)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)

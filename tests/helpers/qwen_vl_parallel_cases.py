@@ -1,0 +1,104 @@
+"""Qwen2.5-VL under a layout vs one process, inside one msrun launch.
+
+Every case loads the same transformers checkpoint with from_pretrained under its topology (each
+rank reading its shard), applies the plan (recompute, LoRA with PEFT adapters read from
+``path/adapters``, freezing), then runs two DistributedOptimizer steps on a batch of two
+image+text samples, compared with one process by mm_parallel.testing.equivalence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+from helpers.qwen_vl_reference import IMAGE, PATCH_DIM, merged, placeholder, with_types_and_labels
+
+
+def batch(seed: int = 0):
+    """Two samples of one structure (same image grid, same length 32: divisible by 2 x cp x tp),
+    so every data-parallel rank averages over as many tokens as the other."""
+    rng = np.random.default_rng(seed)
+    grid = (1, 4, 8)
+    rows = [rng.integers(3, 240, 5).tolist() + placeholder(IMAGE, merged(grid)) + rng.integers(3, 240, 17).tolist()
+            for _ in range(2)]
+    inputs = {"input_ids": np.array(rows, np.int64),
+              "pixel_values": rng.standard_normal((2 * int(np.prod(grid)), PATCH_DIM)).astype(np.float32),
+              "image_grid_thw": np.array([grid, grid], np.int64)}
+    assert inputs["input_ids"].shape[1] == 32
+    return with_types_and_labels(inputs)
+
+
+def sample_part(inputs, index: int, parts: int):
+    """Part ``index`` of ``parts`` equal slices of the samples (and their images and videos: every
+    sample holds as many of each, of the same grids)."""
+    samples = inputs["input_ids"].shape[0]
+    per = samples // parts
+    lo, hi = index * per, (index + 1) * per
+    media = (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw"))
+    out = {k: v[lo:hi] for k, v in inputs.items() if k not in sum(media, ())}
+    for pixels, grids in media:
+        if grids in inputs:
+            rows = len(inputs[grids]) // samples  # grid rows per sample
+            patches = int(np.prod(inputs[grids][:rows], axis=1).sum())
+            out[pixels] = inputs[pixels][lo * patches:hi * patches]
+            out[grids] = inputs[grids][lo * rows:hi * rows]
+    return out
+
+
+def model_class(path):
+    """The mm_models_vl class of the checkpoint at ``path`` (its config.json's model_type)."""
+    import mm_models_vl
+
+    with open(os.path.join(path, "config.json")) as f:
+        model_type = json.load(f)["model_type"]
+    return getattr(mm_models_vl, {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+                                  "qwen3_vl": "Qwen3VLForConditionalGeneration",
+                                  "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
+                                  "qwen2_5_omni_thinker": "Qwen2_5OmniThinkerForConditionalGeneration"}[model_type])
+
+
+def build(path, topo, case):
+    """This rank's model chunks (one without virtual pipeline stages), loaded and planned (the
+    Qwen VL models share one plan)."""
+    from mm_models_vl.qwen2_5_vl.parallel_plan import LoraConfig, parallelize
+    chunks = []
+    for chunk in range(topo.config.vpp):
+        model = model_class(path).from_pretrained(path, topology=topo, chunk=chunk,
+                                                  pipeline_num_layers=case.get("pipeline_num_layers"))
+        parallelize(model, recompute=case.get("recompute", "none"), recompute_num_layers=1,
+                    lora=LoraConfig(r=4, alpha=8.0) if case.get("lora") else None, freeze=case.get("freeze", ()))
+        if case.get("lora"):
+            model.load_adapter(os.path.join(path, "adapters"))
+        chunks.append(model)
+    return chunks
+
+
+def spec():
+    from mm_parallel.testing.equivalence import ModelSpec
+
+    return ModelSpec(build=build, split=sample_part, samples=lambda b: b["input_ids"].shape[0], save=_save)
+
+
+def _save(chunks, folder):
+    from mm_models_vl.qwen2_5_vl.parallel_plan import LoraConfig
+
+    chunks[0].save_pretrained(folder, chunks)
+    chunks[0].save_adapter(os.path.join(folder, "adapters"), LoraConfig(r=4, alpha=8.0), chunks)
+
+
+def run_parallel_cases(path, cases):
+    """cases: {name: {"layout": ParallelConfig kwargs, "recompute", "lora", "freeze", "checkpoint":
+    sub-folder of path}} -> mm_parallel.testing.equivalence.run_cases' results."""
+    from mm_parallel.testing.equivalence import run_cases
+
+    return run_cases(spec(), path, cases, batch(),
+                     reference_key=lambda case: (bool(case.get("lora")), tuple(case.get("freeze", ()))))
+
+
+def save_under_layouts(path, out, layouts):
+    """layouts: {name: (ParallelConfig kwargs, checkpoint sub-folder)} -> {name: [problems]}
+    (mm_parallel.testing.equivalence.save_under_layouts)."""
+    from mm_parallel.testing.equivalence import save_under_layouts as save_all
+
+    return save_all(spec(), path, out, layouts)
