@@ -114,7 +114,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     sizes = [_parse_size(s) for s in args.sizes]
 
-    from mm_parallel.testing import run_distributed
+    from mm_parallel.launch import run_distributed
 
     for nproc in args.nproc:
         per_rank = run_distributed(measure, nproc=nproc, timeout=1800, sizes=sizes, rounds=args.rounds)

@@ -131,7 +131,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=50)
     args = parser.parse_args()
-    from mm_parallel.testing import run_distributed
+    from mm_parallel.launch import run_distributed
 
     print(f"1. dispatch + combine, forward and backward, H {H}, {E} experts, top {K}; median of {args.rounds} (rank 0)")
     print(f"{'ep':>3} {'tokens':>7} {'alltoall s':>11} {'allgather s':>12} {'allgather / alltoall':>21}")

@@ -68,7 +68,7 @@ def main():
     parser.add_argument("--millions", type=float, default=48.0, help="parameters per rank, in millions")
     parser.add_argument("--bucket-millions", type=float, default=4.0)
     args = parser.parse_args()
-    from mm_parallel.testing import run_distributed
+    from mm_parallel.launch import run_distributed
 
     bounded = int(args.bucket_millions * 1e6)
     print(f"one step above its start, worst rank, in units of 4 N bytes (N = {args.millions:g}M fp32 parameters "

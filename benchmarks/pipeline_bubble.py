@@ -93,7 +93,7 @@ def main():
     parser.add_argument("--work", type=float, default=0.15)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    from mm_parallel.testing import run_distributed
+    from mm_parallel.launch import run_distributed
 
     print(f"synthetic stage forward {args.work * 1000:.0f} ms; bubble = 1 - m * 2 * work / step time (rank 0)")
     print(f"{'pp':>3} {'m':>3} {'step s':>8} {'measured':>9} {'simulated':>10} {'textbook':>9}")

@@ -65,7 +65,7 @@ def main():
     parser.add_argument("--channels", type=int, default=32)
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     args = parser.parse_args()
-    from mm_parallel.testing import run_distributed
+    from mm_parallel.launch import run_distributed
 
     shape = dict(frames=args.frames, size=args.size, channels=args.channels)
     print(f"one clip of {args.frames} frames of {args.size} x {args.size}, VAE widths {args.channels} .. "

@@ -67,7 +67,7 @@ def main():
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
     args = parser.parse_args()
-    from mm_parallel.testing import run_distributed
+    from mm_parallel.launch import run_distributed
 
     stages = [0, 1, 2]
     solo = measure(args.layers, args.hidden, [0])

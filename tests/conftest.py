@@ -5,15 +5,15 @@ without them, or with other versions than the ones the twins are tested against,
 with what to install — a missing reference never turns parity tests into skips.
 
 The workers of one process count are started once per session and kept for the next test
-(mm_parallel.testing.pool: a launch costs 14-20 s before any test code runs). A call with
-``env`` or ``fresh=True`` gets a launch of its own (mm_parallel.testing.run_distributed).
+(mm_parallel.launch.pool: a launch costs 14-20 s before any test code runs). A call with
+``env`` or ``fresh=True`` gets a launch of its own (mm_parallel.launch.run_distributed).
 """
 
 import pytest
 from helpers.references import reference_problems
 
-from mm_parallel import testing
-from mm_parallel.testing.pool import WorkerPool
+from mm_parallel import launch
+from mm_parallel.launch.pool import WorkerPool
 
 
 def pytest_sessionstart(session):
@@ -30,7 +30,7 @@ def run_distributed():
 
     def run(fn, nproc, timeout=300.0, env=None, fresh=False, **kwargs):
         if env is not None or fresh:
-            return testing.run_distributed(fn, nproc, timeout, env, **kwargs)
+            return launch.run_distributed(fn, nproc, timeout, env, **kwargs)
         pool = pools.setdefault(nproc, WorkerPool(nproc))
         return pool.run(fn, timeout, **kwargs)
 

@@ -151,7 +151,8 @@ def test_mm_parallel_wheel_installs_alone_in_a_fresh_venv(tmp_path):
     (Path(venv_site) / "shared_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-index", str(wheel)], check=True)
     check = (
-        "import sys, importlib.util, mm_parallel, mm_parallel.comm, mm_parallel.mappings, mm_parallel.testing\n"
+        "import sys, importlib.util, mm_parallel, mm_parallel.comm, mm_parallel.mappings\n"
+        "import mm_parallel.launch, mm_parallel.testing\n"
         f"assert mm_parallel.__file__.startswith({str(venv)!r}), mm_parallel.__file__\n"
         "assert mm_parallel.ParallelConfig(tp=2).tp == 2\n"
         "for sibling in ('mm_data', 'mm_profiling', 'mm_models_vl', 'mm_models_video', 'mm_train'):\n"

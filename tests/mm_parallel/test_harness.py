@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mm_parallel.testing import DistributedRunError, decode, encode
+from mm_parallel.launch import DistributedRunError, decode, encode
 
 pytestmark = pytest.mark.distributed
 
@@ -109,7 +109,7 @@ def test_encoding_round_trip_without_pickle():
 OWNER = """
 import json, sys, time
 sys.path.insert(0, {tests!r})
-from mm_parallel.testing.pool import WorkerPool
+from mm_parallel.launch.pool import WorkerPool
 from test_harness import pid
 pool = WorkerPool(2)
 print(json.dumps(pool.run(pid, timeout=120)), flush=True)

@@ -220,7 +220,7 @@ def test_bad_sample_requests_are_refused_with_what_to_change():
     from mm_train.families.vl.samples import prompt_inputs
 
     with pytest.raises(ValueError, match="2 <image> placeholders for 1 images: give one \\(--image / eval.images\\)"):
-        prompt_inputs(None, (None, None), None, "<image> and <image>?", {"images": ["one.png"]})
+        prompt_inputs(None, (None, None), None, "<image> and <image>?", {"images": ["one.png"]}, None)
     with pytest.raises(ValueError, match="1 \\+ 4k"):
         Settings(num_frames=8, height=32, width=32)
     with pytest.raises(ValueError, match="use one of \\('ddim', 'dpm'\\)"):

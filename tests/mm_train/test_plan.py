@@ -44,7 +44,7 @@ def test_predicted_parameter_and_optimizer_bytes_equal_the_real_build(case, tmp_
     import mindspore as ms
 
     import mm_parallel
-    from mm_parallel.hf_checkpoint import owned_parameters
+    from mm_parallel.census import owned_parameters
     from mm_parallel.ops import low_precision
     from mm_parallel.topology import Topology
 
@@ -365,11 +365,10 @@ def test_the_omni_plan_counts_its_audio_tower():
     feature frames, 1500 conv positions attending in chunks of n_window = 100, its FLOPs the
     model's own count; frozen in the shipped recipe, trained it adds activations and step time."""
     from mm_models_vl.qwen2_5_omni.flops import audio_flops
-    from mm_train.registry import resolve
 
     recipe = load_recipe("qwen2_5_omni_7b_sft", [f"model.path={_hub_folder('Qwen2.5-Omni-7B')}"])
     config = model_config(recipe)[1]
-    workload = resolve(recipe.family.workload)(recipe, config)
+    workload = recipe.family.workload(recipe, config)
     audio, vision = workload.stacks[:2]
     assert (audio.name, audio.layers, audio.tokens, audio.keys, audio.hidden) == ("audio tower", 32, 1500, 100, 1280)
     assert audio.runs_whole and not audio.trained and audio.flops == audio_flops(config, [3000])

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from mm_train.recipe import build_recipe, check_layout, load_recipe
+from mm_train.recipe import LoraSection, build_recipe, check_layout, load_recipe
 
 
 def test_the_default_recipe_loads_and_overrides_apply():
@@ -59,7 +59,10 @@ def test_nested_overrides_reach_into_mapping_fields():
     recipe = load_recipe(None, ["model.config.text_config.num_hidden_layers=4", "model.lora.r=4"])
     assert recipe.model.config["text_config"]["num_hidden_layers"] == 4
     assert recipe.model.config["text_config"]["hidden_size"] == 64  # the rest of the mapping stays
-    assert recipe.model.lora == {"r": 4}
+    assert recipe.model.lora == LoraSection(r=4)  # typed, the family's defaults for the rest
+    assert recipe.model.lora.options() == {"r": 4, "alpha": 16.0, "dropout": 0.0}
+    with pytest.raises(ValueError, match="unknown model.lora key 'alfa'; did you mean 'alpha'"):
+        load_recipe(None, ["model.lora.alfa=4"])
     with pytest.raises(ValueError, match="train.steps is not a mapping"):
         load_recipe(None, ["train.steps.x=4"])
 

@@ -131,7 +131,7 @@ def launch_two_nodes(tmp_path, *args, outs, data, expect_ok=True):
     """Two `mm-train launch` (node_rank 0 and 1, one worker each, one scheduler port) on this
     machine; ``outs``: each node's output_dir (two folders stand for two nodes' own disks).
     Returns each node's stderr."""
-    from mm_parallel.testing import free_port
+    from mm_parallel.launch import free_port
 
     port = str(free_port())
     env = {**os.environ, "MM_TRAIN_DATA": str(data)}

@@ -28,7 +28,8 @@ from mm_parallel.tensor_parallel import (
     unshard,
     vocab_parallel_cross_entropy,
 )
-from mm_parallel.topology import Group, Topology, get_topology, initialize
+from mm_parallel.topology import Group, Topology, get_topology
+from mm_parallel.world import initialize
 
 __all__ = [
     "ColumnParallelLinear",

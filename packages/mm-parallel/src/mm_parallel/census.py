@@ -18,11 +18,11 @@ and MindSpore's own layers skip their initialisation (``no_init_parameters``).
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence, Tuple
 
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, Tensor
+from mindspore import Parameter, Tensor, nn
 
 _shapes_only = False
 
@@ -57,3 +57,14 @@ def parameter(shape: Sequence[int], name: str, value: Callable[[], np.ndarray], 
 def filled(shape: Sequence[int], name: str, fill: float, requires_grad: bool = True):
     """A float32 parameter of ``shape`` with every value ``fill`` (norm weights 1, biases 0)."""
     return parameter(shape, name, lambda: np.full(tuple(shape), fill, np.float32), requires_grad)
+
+
+def owned_parameters(model: nn.Cell) -> Iterator[Tuple[str, Parameter, nn.Cell, str]]:
+    """(path name, parameter, owning cell, attribute) for every parameter, each once (tied ones too)."""
+    seen = set()
+    for prefix, cell in model.cells_and_names():
+        for attr, param in cell._params.items():
+            if param is None or id(param) in seen:
+                continue
+            seen.add(id(param))
+            yield (f"{prefix}.{attr}" if prefix else attr), param, cell, attr

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
-from mindspore import Parameter, Tensor, nn
+from mindspore import Tensor, nn
 
+from mm_parallel.census import owned_parameters
 from mm_parallel.precision import DTYPES
 from mm_parallel.sharding import sharding_of
 from mm_parallel.topology import get_topology
@@ -101,17 +102,6 @@ def _inside(folder: str, file: str, index: str) -> str:
 def safetensor_names(file: str):
     """The tensor names a safetensors file holds."""
     return [name for name in _header(file)[0] if name != "__metadata__"]
-
-
-def owned_parameters(model: nn.Cell) -> Iterator[Tuple[str, Parameter, nn.Cell, str]]:
-    """(path name, parameter, owning cell, attribute) for every parameter, each once (tied ones too)."""
-    seen = set()
-    for prefix, cell in model.cells_and_names():
-        for attr, param in cell._params.items():
-            if param is None or id(param) in seen:
-                continue
-            seen.add(id(param))
-            yield (f"{prefix}.{attr}" if prefix else attr), param, cell, attr
 
 
 def load_weights(model: nn.Cell, path: str, name_map: Callable[[str], Optional[str]] = lambda n: n) -> int:

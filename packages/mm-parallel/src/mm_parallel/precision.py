@@ -26,6 +26,7 @@ from typing import Iterable, Sequence
 
 import mindspore as ms
 
+from mm_parallel.census import owned_parameters
 from mm_parallel.ops import low_precision
 
 DTYPES = {"fp32": ms.float32, "bf16": ms.bfloat16, "fp16": ms.float16}
@@ -100,8 +101,6 @@ def cast_parameters(model, precision: Precision, keep_in_fp32: Iterable[str] = (
     """Cast ``model``'s floating parameters (frozen ones too) to the precision's dtype in place,
     except those under ``keep_in_fp32`` modules and those marked by `keep_in_fp32`; returns how
     many were cast."""
-    from mm_parallel.hf_checkpoint import owned_parameters
-
     keep, cast = tuple(keep_in_fp32 or ()), 0
     if precision.param_dtype == ms.float32:
         return 0

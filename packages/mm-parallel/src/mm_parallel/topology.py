@@ -154,22 +154,11 @@ def launched() -> bool:
     return any(os.environ.get(v) for v in _LAUNCHER_VARS)
 
 
-def initialize(config: Optional[ParallelConfig] = None) -> Topology:
-    """Join the launcher's world (if any), check the layout against it, and make it the default.
-
-    Under ``msrun`` this calls ``mindspore.communication.init()``; without a launcher the world is
-    one process and nothing communicates. Raises ValueError when the layout does not fit the world.
-    """
+def set_default(topology: Topology) -> Topology:
+    """Make ``topology`` the one every ``topology=None`` means (`mm_parallel.world.initialize` calls it)."""
     global _DEFAULT
-    config = config or ParallelConfig()
-    if launched():
-        from mm_parallel.comm import get_backend
-
-        world_size, rank = get_backend().init_world()
-    else:
-        world_size, rank = 1, 0
-    _DEFAULT = Topology.build(config, world_size, rank)
-    return _DEFAULT
+    _DEFAULT = topology
+    return topology
 
 
 def get_topology(topology: Optional[Topology] = None) -> Topology:

@@ -1,4 +1,7 @@
-"""What each msrun worker of ``mm-train run --nproc N`` runs: the same command, inside the launch.
+"""What each msrun worker of ``mm-train run --nproc N`` (or ``launch``, ``generate``) runs.
+
+A training worker loads the run record its launcher wrote (``--run-record PATH``, mm_train.cli):
+the recipe as the launcher resolved and checked it. A generate worker runs the same command.
 
 It first records its pid as ``$MM_TRAIN_PID_DIR/rank_<RANK_ID>.pid`` (``scheduler.pid`` in
 msrun's scheduler process, which runs this script too, with MS_ROLE=MS_SCHED and RANK_ID=0) so
@@ -10,8 +13,8 @@ import os
 import sys
 
 import mm_parallel  # noqa: F401  (before any MindSpore op: blocking launch on CPU)
-from mm_parallel.testing import die_with_parent
-from mm_train.cli import main
+from mm_parallel.launch import die_with_parent
+from mm_train.cli import main, run_recorded
 
 if __name__ == "__main__":
     die_with_parent()
@@ -21,4 +24,6 @@ if __name__ == "__main__":
         name = "scheduler" if os.environ.get("MS_ROLE") == "MS_SCHED" else f"rank_{os.environ['RANK_ID']}"
         with open(os.path.join(pid_dir, f"{name}.pid"), "w") as f:
             f.write(str(os.getpid()))
-    sys.exit(main(sys.argv[1:]))
+    if sys.argv[1] == "--run-record":  # mm-train run / launch: the run its launcher resolved
+        sys.exit(run_recorded(sys.argv[2]))
+    sys.exit(main(sys.argv[1:]))  # mm-train generate: the same command

@@ -40,6 +40,10 @@ import re
 import shutil
 from typing import Dict, List, Optional, Tuple
 
+from mm_train import node_disks
+
+# Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore).
+
 MANIFEST, TRAINER_STATE, RECIPE = "manifest.json", "trainer_state.json", "recipe.json"
 _STEP = re.compile(r"^step_(\d+)$")
 _HIDDEN = re.compile(r"^\.step_(\d+)\.(tmp|old)$")
@@ -225,7 +229,7 @@ def recover(out: str) -> List[str]:
 
 def _names(chunks, optimizer):
     """Each optimizer parameter's name in the whole model (pipeline stages numbered as one)."""
-    from mm_parallel.hf_checkpoint import owned_parameters
+    from mm_parallel.census import owned_parameters
 
     names = {id(p): chunk.adapter_name(chunk, name) for chunk in chunks for name, p, _, _ in owned_parameters(chunk)}
     return [names[id(p)] for p in optimizer.params]
@@ -241,7 +245,6 @@ def save(out: str, step: int, chunks, optimizer, topo, lora=None, keep: int = 2,
     ``run_id``, ``recipe``, ``versions``, ``data_fingerprint``); ``disks``: who shares a disk
     (`mm_train.node_disks`; default one shared file system)."""
     from mm_parallel import comm
-    from mm_train import node_disks
 
     run, disks = dict(run or {}), disks or node_disks.shared(topo)
     root = os.path.join(out, "checkpoints")

@@ -18,13 +18,25 @@ refuse a layout whose plan (``mm-train plan`` on these machines) does not fit, u
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional
+from typing import Callable, Dict, List, Mapping, Optional
 
+from mm_train import convert, doctor, generate, registry
+from mm_train.doctor import add_parser as add_doctor
+from mm_train.node_disks import NODE_VARIABLE
+from mm_train.plan import command as plan_command
+from mm_train.plan import refuse_unfitting
+from mm_train.preflight import check_before_launch
+from mm_train.recipe import build_recipe, check_layout, load_recipe
+from mm_train.run_folder import check_unclaimed
 from mm_train.worker_output import LogRelay, report_failure
+
+# Deferred imports: MindSpore, mm-parallel and mm_train.loop (which loads both): the CLI starts without
+# loading MindSpore.
 
 RECIPE_HELP = "a recipe YAML file or a built-in recipe's name (default: the built-in tiny default)"
 
@@ -60,16 +72,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds to wait for every node's workers to join (msrun's cluster_time_out)")
     commands.add_parser("recipes", help="list the built-in recipes",
                         description="The built-in recipes: name, family, what it trains, the machines it is for.")
-    from mm_train import convert
 
     convert.add_parser(commands)
-    from mm_train.plan import command as plan_command
 
     plan_command.add_parser(commands)
-    from mm_train import generate
 
     generate.add_parser(commands)
-    from mm_train.doctor import add_parser as add_doctor
 
     add_doctor(commands)
     return parser
@@ -89,8 +97,6 @@ def _run_folder_options(parser) -> None:
 
 
 def _recipes(args) -> int:
-    from mm_train import registry
-
     rows = [(r.name, spec.name, r.trains, r.machines + (" (the default)" if r.default else ""))
             for spec, r in registry.recipes()]
     header = ("recipe", "family", "trains", "machines")
@@ -103,10 +109,6 @@ def _recipes(args) -> int:
 
 def _run(args) -> int:
     from mm_parallel import runtime
-    from mm_train.plan import refuse_unfitting
-    from mm_train.preflight import check_before_launch
-    from mm_train.recipe import check_layout, load_recipe
-    from mm_train.run_folder import check_unclaimed
 
     recipe = load_recipe(args.recipe, args.overrides)
     in_launch = "RANK_ID" in os.environ  # a worker msrun started
@@ -118,11 +120,21 @@ def _run(args) -> int:
         check_unclaimed(recipe.output_dir, args.resume or bool(args.resume_from), args.overwrite)
     settle_runtime(recipe, in_launch)
     if args.nproc > 1 and not in_launch:
-        return _launch(args)
+        return _launch(args, recipe)
+    return _train(recipe, _run_options(args))
+
+
+def _run_options(args) -> Dict:
+    """What `loop.train` takes from the command line beside the recipe."""
+    return {"progress": not args.no_progress, "resume": args.resume, "resume_from": args.resume_from,
+            "overwrite": args.overwrite}
+
+
+def _train(recipe, options: Mapping) -> int:
+    """Train on this process (one of a launch, or alone) and say how it went (rank 0)."""
     from mm_train import loop
 
-    metrics = loop.train(recipe, progress=not args.no_progress, resume=args.resume, resume_from=args.resume_from,
-                         overwrite=args.overwrite)
+    metrics = loop.train(recipe, **options)
     if metrics and os.environ.get("RANK_ID", "0") == "0":
         first, last = metrics[0]["loss"], metrics[-1]["loss"]
         bad = loop.bad_sample_count(recipe.output_dir)
@@ -149,15 +161,36 @@ def settle_runtime(recipe, in_launch: bool) -> None:
         print(f"mm-train: {decisions['device']}; {decisions['launch']}", file=sys.stderr)
 
 
-def _worker_argv(args, world: int) -> List[str]:
-    """The ``run`` command every worker executes (it sees msrun's RANK_ID and trains)."""
-    argv = ["run"] + ([args.recipe] if args.recipe else [])
-    for override in args.overrides:
-        argv += ["--set", override]
-    argv += ["--nproc", str(world)] + (["--resume"] if args.resume else []) + \
-        (["--resume-from", args.resume_from] if args.resume_from else []) + \
-        (["--overwrite"] if args.overwrite else []) + (["--no-progress"] if args.no_progress else [])
-    return argv
+RUN_RECORD = "run.json"  # beside the workers' logs: what every worker of a launch trains
+
+
+def write_run_record(folder: Path, recipe, options: Mapping) -> Path:
+    """The run as the launcher resolved it (the recipe with its file, --set values and defaults
+    applied, as checkpoints record it; the command line's options), for its workers to load: they
+    parse no YAML and no argv settings, so every worker trains what was checked before launch."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / RUN_RECORD
+    staged = path.with_name(f".{RUN_RECORD}.tmp")
+    staged.write_text(json.dumps({"recipe": recipe.to_dict(), "options": dict(options)}, indent=1, default=str))
+    staged.rename(path)  # whole or absent: a worker never reads half a record
+    return path
+
+
+def recorded_run(path: str):
+    """(recipe, options) of a run record (`write_run_record`)."""
+    with open(path) as f:
+        record = json.load(f)
+    return build_recipe(record["recipe"]), record["options"]
+
+
+def run_recorded(path: str) -> int:
+    """A launched worker: train the run its launcher recorded (mm_train/_worker.py calls this)."""
+    def train() -> int:
+        recipe, options = recorded_run(path)
+        settle_runtime(recipe, in_launch=True)
+        return _train(recipe, options)
+
+    return _guarded(train)
 
 
 # CANN's default HCCL_EXEC_TIMEOUT (s): how long a collective on Ascend waits for its peers before
@@ -175,8 +208,6 @@ def worker_environment(recipe, pid_dir: str, environ: Mapping[str, str] = os.env
     ever raised above CANN's default (checkpoint writing, exempt from the watchdog, still waits
     under HCCL's timeout) and a value the user exported is kept (with a warning when it is the
     shorter one). CPU collectives ignore the variable."""
-    from mm_train.node_disks import NODE_VARIABLE
-
     env = {"MM_TRAIN_PID_DIR": pid_dir, NODE_VARIABLE: str(node_rank)}
     timeout = recipe.train.collective_timeout
     if not timeout:
@@ -198,13 +229,11 @@ def worker_environment(recipe, pid_dir: str, environ: Mapping[str, str] = os.env
     return env
 
 
-def _launch(args, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
+def _launch(args, recipe, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
             master_port: Optional[int] = None, cluster_timeout: Optional[int] = None) -> int:
-    from mm_parallel.testing import DistributedRunError, launch
-    from mm_train.recipe import load_recipe
+    from mm_parallel.launch import DistributedRunError, launch
 
     local = args.nproc if nnodes == 1 else args.nproc_per_node
-    recipe = load_recipe(args.recipe, args.overrides)
     log_dir = Path(recipe.output_dir) / "logs" / f"node_{node_rank}"
     shutil.rmtree(log_dir / "pids", ignore_errors=True)
     for old in log_dir.glob("worker_*.log"):  # a relay must not replay an earlier run's lines
@@ -213,7 +242,8 @@ def _launch(args, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0
     relay = LogRelay(log_dir / "worker_0.log") if node_rank == 0 else None
     print(f"mm-train: starting {local} workers (logs in {log_dir})", file=sys.stderr, flush=True)
     try:
-        launch(Path(__file__).with_name("_worker.py"), local, _worker_argv(args, local * nnodes),
+        record = write_run_record(log_dir, recipe, _run_options(args))
+        launch(Path(__file__).with_name("_worker.py"), local, ["--run-record", str(record)],
                timeout=args.timeout, log_dir=log_dir, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                master_port=master_port, cluster_timeout=cluster_timeout,
                env=worker_environment(recipe, str(log_dir / "pids"), node_rank=node_rank), tick=relay)
@@ -225,13 +255,8 @@ def _launch(args, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0
 
 
 def _launch_node(args) -> int:
-    from mm_train.plan import refuse_unfitting
-    from mm_train.preflight import check_before_launch
-    from mm_train.recipe import check_layout, load_recipe
-
     if not 0 <= args.node_rank < args.nnodes:
         raise ValueError(f"--node-rank {args.node_rank} is not in 0 .. {args.nnodes - 1}")
-    from mm_train.run_folder import check_unclaimed
 
     recipe = load_recipe(args.recipe, args.overrides)
     check_layout(recipe, args.nnodes * args.nproc_per_node)
@@ -239,7 +264,19 @@ def _launch_node(args) -> int:
     refuse_unfitting(recipe, args.nnodes, args.nproc_per_node, args.force)
     check_unclaimed(recipe.output_dir, args.resume or bool(args.resume_from), args.overwrite)
     settle_runtime(recipe, in_launch=False)  # each node's launcher checks its own devices
-    return _launch(args, args.nnodes, args.node_rank, args.master_addr, args.master_port, args.cluster_timeout)
+    return _launch(args, recipe, args.nnodes, args.node_rank, args.master_addr, args.master_port,
+                   args.cluster_timeout)
+
+
+# The optional packages behind mm-train's extras (pyproject.toml): a run that needs a missing one
+# is told which extra to install; any other ImportError is a bug and keeps its traceback.
+EXTRAS = {"mm_models_video": "video", "mm_models_vl": "vl", "mm_data": "data", "mm_profiling": "profiling",
+          "tensorboardX": "tensorboard"}
+
+
+def missing_extra(error: ImportError) -> Optional[str]:
+    """The extra that installs the module ``error`` could not find, or None."""
+    return EXTRAS.get((error.name or "").split(".")[0])
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -247,31 +284,37 @@ def main(argv: Optional[List[str]] = None) -> int:
     # silences only transformers' advisory notices, and the msrun workers inherit it
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     args = _parser().parse_args(argv)
+    return _guarded(lambda: _dispatch(args))
+
+
+def _dispatch(args) -> int:
+    if args.command == "run":
+        return _run(args)
+    if args.command == "launch":
+        return _launch_node(args)
+    if args.command == "recipes":
+        return _recipes(args)
+    if args.command == "doctor":
+        return doctor.run(args)
+    if args.command == "plan":
+        return plan_command.run(args)
+    if args.command == "generate":
+        return generate.run(args)
+
+    return convert.run(args)
+
+
+def _guarded(action: Callable[[], int]) -> int:
+    """``action()``'s exit status, a user's error turned into its message and status 2 (a missing
+    optional package names the extra to install), a stopped run into status 1."""
     try:
-        if args.command == "run":
-            return _run(args)
-        if args.command == "launch":
-            return _launch_node(args)
-        if args.command == "recipes":
-            return _recipes(args)
-        if args.command == "doctor":
-            from mm_train import doctor
-
-            return doctor.run(args)
-        if args.command == "plan":
-            from mm_train.plan import command as plan_command
-
-            return plan_command.run(args)
-        if args.command == "generate":
-            from mm_train import generate
-
-            return generate.run(args)
-        if args.command == "convert":
-            from mm_train import convert
-
-            return convert.run(args)
-    except ImportError as error:  # a model family / data / profiling package not installed
-        print(f"mm-train: {error}; the trainer needs the extras: pip install 'mm-train[all]'", file=sys.stderr)
+        return action()
+    except ImportError as error:
+        extra = missing_extra(error)
+        if extra is None:  # not an optional package: a real import error, shown with its traceback
+            raise
+        print(f"mm-train: {error}; {error.name} comes with mm-train's {extra!r} extra: pip install "
+              f"'mm-train[{extra}]' (or 'mm-train[all]')", file=sys.stderr)
         return 2
     except (ValueError, FileNotFoundError) as error:  # the recipe or the command line
         print(f"mm-train: {error}", file=sys.stderr)
@@ -279,7 +322,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     except RuntimeError as error:  # the run itself (e.g. non-finite losses)
         print(f"mm-train: the run stopped: {error}", file=sys.stderr)
         return 1
-    return 2
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@ import os
 import shutil
 
 from mm_train import registry
+from mm_train.recipe import load_recipe
+
+# Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore).
 
 WEIGHT_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth", ".ckpt")
 
@@ -78,8 +81,6 @@ def export_checkpoint(step_dir: str, out: str) -> str:
 
 def _processing_files(step_dir: str, out: str) -> list:
     """The files beside the weights (see the module docstring); returns what it did, a line each."""
-    from mm_train.recipe import load_recipe
-
     recorded = os.path.join(step_dir, "recipe.json")
     if not os.path.isfile(recorded):
         return [f"{step_dir} records no recipe.json (a checkpoint from before mm-train 0.1.7): only the model "
@@ -92,7 +93,7 @@ def _processing_files(step_dir: str, out: str) -> list:
         return [f"copied from {source}: {', '.join(sorted(set(os.listdir(out)) - before)) or 'nothing new'}"]
     if recipe.family.processing is None:
         return []
-    written = registry.resolve(recipe.family.processing, recipe.family.extra)(recipe, out)
+    written = recipe.family.processing(recipe, out)
     return [f"wrote {', '.join(written)} (the run's tokenizer and processor settings)"]
 
 

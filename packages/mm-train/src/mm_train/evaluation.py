@@ -26,6 +26,12 @@ from typing import Dict, Iterator, List
 
 import numpy as np
 
+from mm_train.micro_batches import MicroBatches
+from mm_train.samples import inference
+
+# Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore); mm-data (optional: a
+# missing one is named when a run needs it).
+
 VALIDATION_STEP = 1 << 40  # the step of validation's draws: one no run reaches
 
 
@@ -50,7 +56,6 @@ def micro_batch_stream(task, dataset, keys, indices, prepare) -> Iterator[List[D
     keywords; the log line names the held-out samples used and left out."""
     from mm_data import BucketBatchSampler
     from mm_data.loader import build_batch
-    from mm_train.task import MicroBatches
 
     recipe, topo = task.recipe, task.topo
     size = batch_size(recipe, topo.dp.size)
@@ -77,7 +82,6 @@ def validation_loss(chunks, task, topo) -> float:
     import mindspore as ms
 
     from mm_parallel import comm, pipeline
-    from mm_train.samples import inference
 
     total, count = 0.0, 0
     with inference(chunks):

@@ -15,7 +15,7 @@ SOURCE is one of
 - a Hugging Face VL folder (config.json, its tokenizer and preprocessor_config.json).
 
 Video models write the clip as an mp4 at --out and its frames as a contact sheet beside it
-(.png); the sampler is the one training samples with (mm_train.families.video.samples), so a checkpoint's
+(.png); the sampler is the one training samples with (the family's ``generate``), so a checkpoint's
 clip equals the run's sample of the same prompt, seed and settings. VL models print the greedy
 answer and write it to --out. ``--nproc N`` starts msrun (N local workers) with the layout the
 ``--set parallel.*`` values give (default: one process holds the whole model).
@@ -25,10 +25,15 @@ from __future__ import annotations
 
 import json
 import os
-import sys
+from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 from mm_train import registry
+from mm_train.recipe import build_recipe, parse_override
+from mm_train.task import plan_options
+from mm_train.worker_output import LogRelay, report_failure
+
+# Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore).
 
 
 def add_parser(commands) -> None:
@@ -61,8 +66,6 @@ def add_parser(commands) -> None:
 
 def _checkpoint_recipe(folder: str, overrides):
     """The recipe a checkpoint recorded, its layout replaced by the one ``overrides`` give."""
-    from mm_train.recipe import build_recipe
-
     with open(os.path.join(folder, "recipe.json")) as f:
         values = json.load(f)
     values["parallel"] = _layout(overrides)
@@ -85,8 +88,6 @@ def resolve_source(source: str, overrides) -> Tuple[registry.FamilySpec, str, Op
 
 def _layout(overrides) -> dict:
     """The parallel section the ``--set parallel.KEY=VALUE`` values give (nothing else is taken)."""
-    from mm_train.recipe import parse_override
-
     values = {}
     for text in overrides:
         section, key, value = parse_override(text)
@@ -99,14 +100,11 @@ def _layout(overrides) -> dict:
 def load_model(spec, folder: str, topo, recipe=None, checkpoint: Optional[str] = None):
     """The model chunks this rank holds (one per virtual pipeline stage), with the checkpoint's
     LoRA adapters when its run trained some."""
-    from mm_train.registry import resolve
-    from mm_train.task import plan_options
-
     chunks = [spec.model_class(_config(folder)).from_pretrained(folder, topo, chunk=c) for c in range(topo.config.vpp)]
     lora = recipe.model.lora if recipe is not None else None
     if lora:
-        config = resolve(spec.lora_config, spec.extra)(**lora)
-        parallelize = resolve(spec.plan, spec.extra)
+        config = spec.lora_config_class()(**lora.options())
+        parallelize = spec.plan_function()
         for chunk in chunks:
             parallelize(chunk, **{**plan_options(recipe, config), "recompute": "none"})
             chunk.load_adapter(os.path.join(checkpoint, "adapters"))
@@ -116,69 +114,6 @@ def load_model(spec, folder: str, topo, recipe=None, checkpoint: Optional[str] =
 def _config(folder: str) -> dict:
     with open(os.path.join(folder, "config.json")) as f:
         return json.load(f)
-
-
-# -- video ------------------------------------------------------------------------------------
-
-
-def video_settings(args, sampler_class, recipe):
-    from mm_train.families.video import samples as video_samples
-
-    base = video_samples.recipe_settings(recipe) if recipe is not None else \
-        video_samples.Settings(**{k: v for k, v in sampler_class.defaults.items()})
-    given = dict(num_frames=args.frames, height=args.height, width=args.width, steps=args.steps,
-                 guidance=args.guidance, sampler=args.sampler, negative_prompt=args.negative_prompt)
-    values = {**base.__dict__, **{k: v for k, v in given.items() if v is not None}, "seed": args.seed}
-    return video_samples.Settings(**values)
-
-
-def generate_video(args, spec, folder, recipe, topo, chunks) -> Dict:
-    from mm_train import samples
-    from mm_train.families.video import samples as video_samples
-    from mm_train.registry import resolve
-
-    sampler_class = resolve(spec.task_class().clip_sampler)
-    config = chunks[0].config
-    if recipe is not None:
-        sampler = video_samples.recipe_sampler(sampler_class, recipe, topo, config)
-    else:
-        sampler = video_samples.pipeline_sampler(sampler_class, os.path.dirname(folder), config,
-                                                 spec.sections["diffusion"])
-    settings = video_settings(args, sampler_class, recipe)
-    if not args.out:
-        raise ValueError("a video model writes an mp4: give --out FILE.mp4")
-    with samples.inference(chunks):
-        frames = video_samples.clip(sampler, lambda inputs, shape: samples.predict(chunks, topo, inputs, shape),
-                                    args.prompt, args.image, settings)
-    if topo.rank == 0:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        samples.write_mp4(args.out, frames, settings.fps)
-        sheet = os.path.splitext(args.out)[0] + ".png"
-        samples.write_png(sheet, samples.contact_sheet(frames, scale=max(1, 128 // max(frames.shape[1:3]))))
-        print(f"mm-train: {frames.shape[0]} frames of {frames.shape[2]} x {frames.shape[1]} in {args.out} "
-              f"(contact sheet {sheet})", file=sys.stderr)
-    return {"frames": frames}
-
-
-# -- VL ---------------------------------------------------------------------------------------
-
-
-def generate_answer(args, spec, folder, recipe, topo, chunks) -> Dict:
-    from mm_train import samples
-    from mm_train.families.vl import samples as vl_samples
-
-    tokenizer, processors, system = spec.task_class().answer_kit(recipe, folder)
-    with samples.inference(chunks):
-        media = {kind: [path] if path else [] for kind, path in
-                 (("images", args.image), ("videos", args.video), ("audios", args.audio))}
-        text = vl_samples.answer(chunks, topo, tokenizer, processors, system, args.prompt, media,
-                                 args.max_new_tokens, spec.task_class().dataset_class)
-    if topo.rank == 0:
-        print(text)
-        if args.out:
-            with open(args.out, "w") as f:
-                f.write(text + "\n")
-    return {"answer": text}
 
 
 # -- the command ------------------------------------------------------------------------------
@@ -191,12 +126,10 @@ def generate(args) -> Dict:
     spec, folder, recipe = resolve_source(args.source, args.overrides)
     layout = recipe.parallel if recipe is not None else mm_parallel.ParallelConfig(**_layout(args.overrides))
     topo = mm_parallel.initialize(layout)
+    if spec.generate is None:
+        raise ValueError(f"family {spec.name} has no generation")
     chunks = load_model(spec, folder, topo, recipe, args.source)
-    if getattr(spec.task_class(), "clip_sampler", None):
-        return generate_video(args, spec, folder, recipe, topo, chunks)
-    if callable(getattr(spec.task_class(), "answer_kit", None)):
-        return generate_answer(args, spec, folder, recipe, topo, chunks)
-    raise ValueError(f"family {spec.name} has no generation")
+    return spec.generate(args, spec, folder, recipe, topo, chunks)
 
 
 def run(args) -> int:
@@ -220,10 +153,7 @@ def _worker_argv(args):
 
 
 def _launch(args) -> int:
-    from pathlib import Path
-
-    from mm_parallel.testing import DistributedRunError, launch
-    from mm_train.worker_output import LogRelay, report_failure
+    from mm_parallel.launch import DistributedRunError, launch
 
     log_dir = Path(os.path.abspath(args.out or ".")).parent / "generate_logs"
     for old in log_dir.glob("worker_*.log"):

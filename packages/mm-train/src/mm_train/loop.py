@@ -32,24 +32,27 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional
 
+import mindspore as ms
 import numpy as np
+from mindspore import ops
 
+import mm_parallel
+import mm_parallel.precision
+from mm_parallel import ParallelConfig, comm, pipeline
+from mm_parallel.comm.watchdog import HANG_EXIT_CODE, Watchdog
+from mm_parallel.moe import routing_metrics
+from mm_parallel.ops import low_precision
+from mm_parallel.ops.device import as_type, use_fused
+from mm_parallel.tensor_parallel import seed_parameters
+from mm_parallel.topology import Topology
 from mm_train import checkpoint, evaluation, node_disks, run_folder, samples, tensorboard_log
 from mm_train.recipe import Recipe, check_layout
 from mm_train.step_rows import Progress, Rows, finite
 from mm_train.task import Task
 
+# Deferred imports: matplotlib, mm-profiling (optional: a missing one is named when a run needs it).
+
 TRAIN_FLOPS_FACTOR = 3  # forward + backward (twice the forward)
-
-
-def config_overrides(spec) -> dict:
-    """model.config beside model.path: flat values that override the folder's config.json (a key
-    the text config holds goes there, e.g. ``output_router_logits: true``)."""
-    nested = sorted(key for key, value in spec.config.items() if isinstance(value, dict))
-    if nested:
-        raise ValueError(f"model.config {nested} are sections; beside model.path give flat overrides "
-                         f"(e.g. output_router_logits: true), or drop model.path to build from an inline config")
-    return dict(spec.config)
 
 
 def build_model(task: Task, recipe: Recipe, topo, resume_from: Optional[str] = None, disks=None):
@@ -57,8 +60,6 @@ def build_model(task: Task, recipe: Recipe, topo, resume_from: Optional[str] = N
     LoRA config or None): from the checkpoint being resumed, the recipe's path, or its inline
     config (random weights); then the task's plan (recompute, LoRA, freezing) on each chunk.
     ``disks``: who shares a disk (`mm_train.node_disks`; default one shared file system)."""
-    import mm_parallel.precision
-
     spec = recipe.model
     source = os.path.join(resume_from, "model") if resume_from else spec.path
     if not source and topo.pp.size > 1:
@@ -67,13 +68,12 @@ def build_model(task: Task, recipe: Recipe, topo, resume_from: Optional[str] = N
         # every stage loads its part of it
         source = _initial_weights(task, recipe, topo, disks or node_disks.shared(topo))
     if source:
-        overrides = config_overrides(spec) if spec.path else {}
-        chunks = [task.model_class.from_pretrained(source, topo, chunk=c, **overrides)
+        chunks = [task.model_class.from_pretrained(source, topo, chunk=c, **spec.config_overrides)
                   for c in range(topo.config.vpp)]
     else:
-        _seed(recipe)  # the draw depends on the seed only, not on what the data preparation drew
+        seed_parameters(recipe.train.seed)  # the draw depends on the seed only, not on what the data drew
         chunks = [task.model_class(task.inline_config(), topo)]
-    lora = task.lora_config(**spec.lora) if spec.lora else None
+    lora = task.lora_config(**spec.lora.options()) if spec.lora else None
     policy = recipe.train.precision_policy()
     for chunk in chunks:
         mm_parallel.precision.apply(chunk, policy)
@@ -99,22 +99,13 @@ def _reading_checkpoint(folder: Optional[str], disks):
                          "wrote it, or copy every node's files into one folder") from error
 
 
-def _seed(recipe: Recipe) -> None:
-    from mm_parallel.tensor_parallel import seed_parameters
-
-    seed_parameters(recipe.train.seed)
-
-
 def _initial_weights(task: Task, recipe: Recipe, topo, disks) -> str:
     """Rank 0 (on node-local disks each node's first rank) draws the whole model (as one process
     would) into output_dir/initial_weights."""
-    from mm_parallel import ParallelConfig, comm
-    from mm_parallel.topology import Topology
-
     folder = os.path.join(recipe.output_dir, "initial_weights")
     if disks.folder_writer:
         solo = Topology.build(ParallelConfig(), 1, 0)
-        _seed(recipe)
+        seed_parameters(recipe.train.seed)
         task.model_class(task.inline_config(), solo).save_pretrained(folder)
     comm.barrier(topo.world)
     return folder
@@ -153,8 +144,6 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
     ``resume_from``, from that checkpoint folder. An output_dir holding another run's checkpoints
     or metrics is refused unless resuming or ``overwrite`` (mm_train.run_folder). The process's
     kernel compute dtype (set by the run's precision) is restored afterwards."""
-    from mm_parallel.ops import low_precision
-
     before = low_precision.compute_dtype()
     try:
         return _train(recipe, make_task, progress, resume, resume_from, overwrite)
@@ -162,35 +151,27 @@ def train(recipe: Recipe, make_task: Optional[Callable[..., Task]] = None, progr
         low_precision.set_compute_dtype(before)
 
 
-def _peak_flops(recipe):
+def _peak_flops(device: str, precision: str):
     """The device peak MFU is reported against (mm_profiling.throughput.step_peak_flops): the
     host's measured rate on CPU, cluster.device's table entry on Ascend (none known: no MFU)."""
-    import mindspore as ms
-
     from mm_profiling.throughput import step_peak_flops
 
     target = ms.get_context("device_target")
-    peak = step_peak_flops(target, recipe.cluster.device, recipe.train.precision)
+    peak = step_peak_flops(target, device, precision)
     if peak is None:
-        print(f"mm-train: no peak FLOP/s for cluster.device={recipe.cluster.device!r} at {recipe.train.precision} "
+        print(f"mm-train: no peak FLOP/s for cluster.device={device!r} at {precision} "
               "(mm_profiling.throughput.PEAK_FLOPS): MFU is not reported", file=sys.stderr)
     return peak
 
 
 def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[Dict]:
-    import mindspore as ms
-    from mindspore import ops
-
-    import mm_parallel
-    from mm_parallel import comm
-    from mm_parallel.ops.device import use_fused
     from mm_profiling.throughput import Throughput, step_memory_bytes
 
     topo = mm_parallel.initialize(recipe.parallel)
     device_target = ms.get_context("device_target")
     check_layout(recipe, topo.world_size)
     ms.set_seed(recipe.train.seed)
-    task = (make_task or recipe.family.task_class())(recipe, topo)
+    task = (make_task or recipe.family.task)(recipe, topo)
     samples.check(task, recipe)
     out = recipe.output_dir
     disks = node_disks.find(topo, recipe.checkpoint.shared_fs)
@@ -218,13 +199,13 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
     log = _metrics_log(os.path.join(out, "metrics.jsonl"), first) if writer else None
     board = tensorboard_log.open_for(recipe, first, writer)
     every = recipe.checkpoint.every
-    profiler = _profiler(recipe, topo)
+    profiler = _profiler(recipe.profile, topo.rank)
     rows = Rows(recipe, optimizer, global_batch // topo.dp.size, topo.dp.size, log, board, bar,
                 lambda: step_memory_bytes(device_target)["bytes"])
     on_device = use_fused()  # the device path: a step's figures are read when its row is written (step_rows)
     transfers = mm_parallel.stage_io.TransferPlan()  # pipeline headers cross once per micro-batch shape
     stream = task.stream(first)
-    watchdog = _watchdog(recipe, topo)
+    watchdog = _watchdog(recipe.train.collective_timeout, out, topo)
     try:
         for step in range(first, recipe.train.steps):
             comm.watchdog.set_step(step + 1)
@@ -233,10 +214,10 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
             start = time.perf_counter()
             batches = next(stream)
             if rows.meter is None:
-                rows.meter = Throughput(flops_per_sample=TRAIN_FLOPS_FACTOR * task.flops_per_sample(chunks[0],
-                                                                                                   batches[0]),
-                                        peak_flops=_peak_flops(recipe), world_size=topo.world_size,
-                                        dp_size=topo.dp.size)
+                flops = TRAIN_FLOPS_FACTOR * task.flops_per_sample(chunks[0], batches[0])
+                rows.meter = Throughput(flops_per_sample=flops,
+                                        peak_flops=_peak_flops(recipe.cluster.device, recipe.train.precision),
+                                        world_size=topo.world_size, dp_size=topo.dp.size)
             tokens = sum(task.tokens(b) for b in batches)
             batches = [task.model_inputs(b) for b in batches]
             losses, grads = _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer,
@@ -308,8 +289,6 @@ def _record_bad_samples(task, topo, out: str) -> None:
     """OUT/bad_samples.jsonl: every sample any rank skipped, {"source", "reason"} per line, once
     each (a resumed run adds to the rows already there). The ranks send theirs to rank 0 (a
     gather: no shared disk needed), which writes the file."""
-    from mm_parallel import comm
-
     mine = "".join(json.dumps({"source": s, "reason": r}) + "\n" for s, r in getattr(task, "bad_samples", list)())
     parts = comm.all_gather_bytes(mine.encode(), topo.world)
     if topo.rank != 0:
@@ -337,44 +316,35 @@ def bad_sample_count(out: str) -> int:
         return sum(1 for line in f if line.strip())
 
 
-def _watchdog(recipe: Recipe, topo):
+def _watchdog(timeout: float, out: str, topo):
     """The collective watchdog of the training steps (mm_parallel.comm.watchdog): a wait past
     train.collective_timeout ends the run with who waited where and which rank never came
     (heartbeats in OUT/logs/heartbeat). Inactive on one process or with a timeout of 0."""
-    from mm_parallel.comm.watchdog import HANG_EXIT_CODE, Watchdog
-
     def stop(report: str) -> None:
         print(f"mm-train: the run stopped: collective timeout: {report}", file=sys.stderr, flush=True)
         os._exit(HANG_EXIT_CODE)
 
-    watchdog = Watchdog(topo.rank, recipe.train.collective_timeout or 1.0,
-                        os.path.join(recipe.output_dir, "logs", "heartbeat"), on_hang=stop)
-    if topo.world_size > 1 and recipe.train.collective_timeout > 0:
+    watchdog = Watchdog(topo.rank, timeout or 1.0, os.path.join(out, "logs", "heartbeat"), on_hang=stop)
+    if topo.world_size > 1 and timeout > 0:
         watchdog.start()
     return watchdog
 
 
-def _profiler(recipe: Recipe, topo):
+def _profiler(profile, rank: int):
     """mm-profiling's step profiler for the recipe's profile section (steps count from 1; the
     trace goes to profile.save_path, default OUT/profile), or None when profiling is off."""
-    if not recipe.profile or not recipe.profile.get("enable"):
+    if profile is None or not profile.enable:
         return None
-    from mm_profiling.config import ProfileConfig
     from mm_profiling.control import StepProfiler
 
-    values = {"save_path": os.path.join(recipe.output_dir, "profile"), **recipe.profile}
-    return StepProfiler(ProfileConfig.from_dict(values), rank=topo.rank)
+    return StepProfiler(profile, rank=rank)
 
 
 def _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer, grad_dtype, transfers=None):
     """(micro-batch losses times the loss scale — on the last pipeline stage only under pp — and
     the gradients of their mean for this rank's parameters, in ``params`` order, summed over the
     micro-batches in ``grad_dtype``)."""
-    from mm_parallel.ops.device import as_type, use_fused
-
     if topo.pp.size > 1:
-        from mm_parallel import pipeline
-
         micro, last = [(b, b) for b in batches], chunks[-1]
         loss_fn = lambda y, batch: optimizer.scale_loss(last.pipeline_loss(y, batch))  # noqa: E731
         if len(chunks) == 1:
@@ -405,11 +375,6 @@ def _step_loss(losses, tokens: int, optimizer, topo, on_device: bool) -> Dict:
     """{"loss": the step's loss (the mean of its micro-batches', unscaled, the same on every rank),
     "tokens": the step's tokens over dp}: host numbers on the CPU path, unread (1,) tensors on the
     device path. Ranks that see no loss (pipeline stages before the last) get it from the last."""
-    import mindspore as ms
-    from mindspore import ops
-
-    from mm_parallel import comm, pipeline
-
     if not on_device:
         loss = float(np.mean(losses)) / optimizer.loss_scale if losses else 0.0
         if topo.pp.size > 1:  # only the last stage sees the loss: give it to every stage
@@ -432,8 +397,6 @@ def _step_loss(losses, tokens: int, optimizer, topo, on_device: bool) -> Dict:
 def _routing_metrics(chunks) -> Dict:
     """Per MoE layer of this rank's chunks (mm_parallel.moe.routing_metrics), keyed by the layer's
     module path in the whole model; empty without MoE layers."""
-    from mm_parallel.moe import routing_metrics
-
     out = {}
     for chunk in chunks:
         out.update(routing_metrics(chunk, names=chunk.global_name))

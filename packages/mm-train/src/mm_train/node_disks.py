@@ -20,6 +20,8 @@ import socket
 from dataclasses import dataclass
 from typing import List, Tuple
 
+# Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore).
+
 NODE_VARIABLE = "MM_TRAIN_NODE"
 
 

@@ -14,9 +14,10 @@ check remains).
 
 from __future__ import annotations
 
-import json
 import os
 from typing import List, Optional
+
+from mm_train import tensorboard_log
 
 
 def divisors(n: int, limit: int = 64) -> str:
@@ -55,15 +56,7 @@ def layer_rules(problems: List[str], what: str, layers: Optional[int], parallel)
 
 def model_config(recipe) -> dict:
     """The model's config.json: model.path's, else the recipe's inline config (as written)."""
-    path = recipe.model.path
-    if path:
-        file = os.path.join(path, "config.json")
-        if not os.path.isfile(file):
-            raise FileNotFoundError(f"model.path {path} has no config.json; point it at a Hugging Face / diffusers "
-                                    "model folder")
-        with open(file) as f:
-            return json.load(f)
-    return dict(recipe.model.config)
+    return recipe.model_source.config_json()
 
 
 def require_exists(problems: List[str], field: str, path: Optional[str], what: str, folder: bool = False) -> None:
@@ -75,10 +68,8 @@ def require_exists(problems: List[str], field: str, path: Optional[str], what: s
 def check_before_launch(recipe) -> None:
     """Refuse (ValueError, every problem on its own line) a layout the model's shapes cannot hold
     or data the run cannot read."""
-    from mm_train import registry, tensorboard_log
-
     rules = recipe.family.preflight
-    problems = registry.resolve(rules, recipe.family.extra)(recipe, model_config(recipe)) if rules else []
+    problems = rules(recipe, model_config(recipe)) if rules else []
     if recipe.logging.tensorboard and not tensorboard_log.available():
         problems.append(tensorboard_log.EXTRA_HINT)
     if problems:

@@ -31,32 +31,77 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 import yaml
+
+from mm_train import registry
+from mm_train.model_source import ModelSource
+
+# Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore); mm-profiling
+# (optional: a missing one is named when a run needs it).
+
+if TYPE_CHECKING:  # the sections' classes; imported where a recipe is built (MindSpore loads with them)
+    from mm_parallel import OptimizerConfig, ParallelConfig
+    from mm_profiling.config import ProfileConfig
+
+
+@dataclass
+class LoraSection:
+    """model.lora: adapters of rank ``r`` (scaled alpha / r) on ``target_modules`` (module-path
+    suffixes, PEFT's; unset: the family's defaults, its plan's LoraConfig), the base model frozen."""
+
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: Optional[List[str]] = None
+
+    def __post_init__(self):
+        if self.r < 1:
+            raise ValueError(f"model.lora.r must be >= 1, got {self.r}")
+        if self.dropout:
+            # the layers run outside MindSpore's training mode and the masks would differ between
+            # layouts (no model-parallel random state yet): refused rather than silently not applied
+            raise ValueError(f"model.lora.dropout={self.dropout} is not supported yet (adapter dropout is "
+                             "not applied in training); set it to 0")
+
+    def options(self) -> Dict[str, Any]:
+        """The keywords of the family's LoraConfig (target_modules only when given)."""
+        values = dataclasses.asdict(self)
+        return values if self.target_modules is not None else {k: v for k, v in values.items()
+                                                                   if k != "target_modules"}
 
 
 @dataclass
 class ModelSection:
     family: str = ""  # a registered family (mm_train.registry)
     path: Optional[str] = None  # a Hugging Face folder; None: build from ``config`` with random weights
-    config: Dict[str, Any] = field(default_factory=dict)  # the model's config.json, inline; with path: overrides
+    # without path: the model's config.json, inline; with path: flat values overriding the folder's
+    config: Dict[str, Any] = field(default_factory=dict)
     recompute: str = "none"
     recompute_num_layers: Optional[int] = None
-    lora: Optional[Dict[str, Any]] = None  # {r, alpha, dropout, target_modules}
+    lora: Optional[LoraSection] = None
     freeze: List[str] = field(default_factory=list)
 
     def __post_init__(self):
         if self.path is None and not self.config:
             raise ValueError("model needs a path (a Hugging Face folder) or an inline config")
-        if self.lora and self.lora.get("dropout"):
-            # the layers run outside MindSpore's training mode and the masks would differ between
-            # layouts (no model-parallel random state yet): refused rather than silently not applied
-            raise ValueError(f"model.lora.dropout={self.lora['dropout']} is not supported yet (adapter dropout is "
-                             "not applied in training); set it to 0")
+        nested = sorted(key for key, value in self.config.items() if isinstance(value, dict))
+        if self.path and nested:
+            raise ValueError(f"model.config {nested} are sections; beside model.path give flat overrides "
+                             f"(e.g. output_router_logits: true), or drop model.path to build from an inline config")
+        if isinstance(self.lora, dict):
+            self.lora = _typed("model.lora", LoraSection, self.lora)
+
+    @property
+    def config_overrides(self) -> Dict[str, Any]:
+        """model.config beside model.path: flat values that override the folder's config.json (a key
+        the text config holds goes there, e.g. ``output_router_logits: true``)."""
+        return dict(self.config) if self.path else {}
 
 
 @dataclass
@@ -210,29 +255,33 @@ class EvalSection:
 class Recipe:
     model: ModelSection
     data: DataSection  # the family's section for data.kind
-    parallel: Any  # mm_parallel.ParallelConfig
-    optim: Any  # mm_parallel.OptimizerConfig
+    parallel: ParallelConfig
+    optim: OptimizerConfig
     train: TrainSection
     checkpoint: CheckpointSection
-    profile: Dict[str, Any]
+    profile: Optional[ProfileConfig]  # None: no profile section (mm-profiling is needed only with one)
     cluster: ClusterSection = field(default_factory=ClusterSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     eval: EvalSection = field(default_factory=EvalSection)
     output_dir: str = "runs/default"
     family_sections: Dict[str, Any] = field(default_factory=dict)  # the family's own sections, typed
 
-    def __getattr__(self, name: str):
-        """A family section by its name (``recipe.diffusion``)."""
-        sections = self.__dict__.get("family_sections", {})
-        if name in sections:
-            return sections[name]
-        raise AttributeError(f"the recipe has no section {name!r}")
+    @property
+    def model_source(self) -> ModelSource:
+        """The model's config.json, read once for this recipe (mm_train.model_source)."""
+        if "_model_source" not in self.__dict__:  # not a field: to_dict and comparisons leave it out
+            self.__dict__["_model_source"] = ModelSource(self.model)
+        return self.__dict__["_model_source"]
+
+    def section(self, name: str):
+        """The family's own section ``name`` (e.g. a diffusion family's ``diffusion``), typed."""
+        if name not in self.family_sections:
+            raise KeyError(f"model.family {self.model.family} has no recipe section {name!r}")
+        return self.family_sections[name]
 
     @property
     def family(self):
         """The model family's FamilySpec (mm_train.registry)."""
-        from mm_train import registry
-
         return registry.get(self.model.family)
 
     def to_dict(self) -> dict:
@@ -241,6 +290,8 @@ class Recipe:
             value = getattr(self, f.name)
             if f.name == "family_sections":
                 out.update({k: dataclasses.asdict(v) for k, v in value.items()})
+            elif f.name == "profile":
+                out[f.name] = dataclasses.asdict(value) if value is not None else {}
             else:
                 out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
         return out
@@ -269,6 +320,17 @@ def _unknown(kind: str, key: str, valid: Sequence[str]) -> ValueError:
 
 
 _EXPONENT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+def _typed(section: str, cls, given: dict):
+    """``cls(**given)``: an unknown key named with the closest valid one, numbers and flags checked."""
+    names = [f.name for f in fields(cls)]
+    for key in given:
+        if key not in names:
+            raise _unknown(f"{section} key", key, names)
+    given = dict(given)
+    _check_types(section, cls, given)
+    return cls(**given)
 
 
 def _check_types(section: str, cls, given: dict) -> None:
@@ -328,8 +390,6 @@ def parse_override(text: str):
 
 def build_recipe(values: Optional[dict] = None, overrides: Sequence[str] = ()) -> Recipe:
     """A Recipe from a mapping (a loaded YAML file) and ``--set`` overrides."""
-    from mm_train import registry
-
     values = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (values or {}).items()}
     known = set(GENERIC_SECTIONS) | {name for f in registry.families().values() for name in f.sections}
     for key in values:  # a misspelt section is named before the family decides which ones exist
@@ -363,27 +423,26 @@ def build_recipe(values: Optional[dict] = None, overrides: Sequence[str] = ()) -
         target[leaf] = value
     built = {}
     for name, cls in sections.items():
-        given = values.get(name) or {}
-        names = [f.name for f in fields(cls)]
-        for key in given:
-            if key not in names:
-                raise _unknown(f"{name} key", key, names)
+        given = dict(values.get(name) or {})
         if name == "optim" and "betas" in given:
             given["betas"] = tuple(given["betas"])
         if name == "data":
             given.setdefault("kind", next(k for k, c in spec.data_sections.items() if c is cls))
-        _check_types(name, cls, given)
-        built[name] = cls(**given)
-    profile = values.get("profile") or {}
-    if profile:  # checked now (unknown keys, bad steps), used by the trainer
-        try:
-            from mm_profiling.config import ProfileConfig
-        except ImportError as e:
-            raise ImportError("a profile section needs mm-profiling: pip install 'mm-train[profiling]'") from e
-        ProfileConfig.from_dict(profile)
+        built[name] = _typed(name, cls, given)
+    output_dir = str(values.get("output_dir", "runs/default"))
     own = {name: built.pop(name) for name in spec.sections}
-    return Recipe(profile=profile, output_dir=str(values.get("output_dir", "runs/default")), family_sections=own,
+    return Recipe(profile=_profile(values.get("profile"), output_dir), output_dir=output_dir, family_sections=own,
                   **built)
+
+
+def _profile(given: Optional[dict], output_dir: str):
+    """The profile section as mm-profiling's ProfileConfig (its trace under OUT/profile unless
+    save_path says), or None without one."""
+    if not given:
+        return None
+    from mm_profiling.config import ProfileConfig  # an ImportError names the extra (mm_train.cli)
+
+    return ProfileConfig.from_dict({"save_path": os.path.join(output_dir, "profile"), **given})
 
 
 def _chosen(values: dict, overrides: Sequence[str], section: str, key: str):
@@ -397,8 +456,6 @@ def _chosen(values: dict, overrides: Sequence[str], section: str, key: str):
 
 def _family(values: dict, overrides: Sequence[str]):
     """The FamilySpec the recipe's model.family names (after overrides)."""
-    from mm_train import registry
-
     name = _chosen(values, overrides, "model", "family")
     if not name:
         raise ValueError(f"the recipe names no model.family; choose one of {sorted(registry.families())}")
@@ -407,8 +464,6 @@ def _family(values: dict, overrides: Sequence[str]):
 
 def resolve_recipe(path: Optional[str]) -> Path:
     """A recipe file: ``path`` itself, else the built-in recipe of that name; None: the default."""
-    from mm_train import registry
-
     if not path:
         return registry.default_recipe()
     source = Path(path)

@@ -5,14 +5,19 @@ A family is what a recipe's ``model.family`` names: its model classes (by the Hu
 convert`` recognises a folder), its training task, its data kinds with their typed data
 sections, any recipe sections of its own, its parallel plan and LoRA defaults, and its built-in
 recipes. The CLI, recipes, convert and the loop ask the registry; a new family is one module that
-calls `register` (plus its model package and recipes).
+calls `register` (plus its model package and recipes). This module imports nothing else of
+mm-train: it is the bottom of the package, and the families sit above everything generic.
 
-Where families come from, in order: the built-in ones (each module of the family wing,
-``mm_train.families.video`` and ``mm_train.families.vl``); the ``mm_train.families`` entry point
-group of installed packages (each entry point a FamilySpec); the modules listed in
-``$MM_TRAIN_FAMILIES`` (comma-separated, imported: each registers its own). References to model
-code are "module:attribute" strings, imported on use, so the registry loads without the model
-packages (they are mm-train's extras) and a missing one is an error naming the extra to install.
+Where families come from, in order: the ``mm_train.families`` entry point group of installed
+packages (each entry point a FamilySpec; mm-train's own pyproject.toml lists the built-in ones of
+its family wing, ``mm_train.families.video`` and ``mm_train.families.vl``); then the modules listed
+in ``$MM_TRAIN_FAMILIES`` (comma-separated, imported: each registers its own).
+
+A spec holds objects (the task class, the preflight, workload, processing and generate
+functions). Only what lives in an optional model package is named by a "module:attribute"
+string (the model classes, the plan, the LoRA config), imported on use: the registry loads
+without the model packages (mm-train's extras), and a missing one is an error naming the extra to
+install.
 """
 
 from __future__ import annotations
@@ -20,14 +25,13 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import pkgutil
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 ENTRY_POINT_GROUP = "mm_train.families"
 RECIPE_FOLDER = Path(__file__).resolve().parent / "recipes"
-BUILTIN_WINGS = ("mm_train.families.video", "mm_train.families.vl")  # imported by name: see _discover
 
 
 def resolve(reference: str, extra: Optional[str] = None):
@@ -35,9 +39,9 @@ def resolve(reference: str, extra: Optional[str] = None):
     module, _, attribute = reference.partition(":")
     try:
         return getattr(importlib.import_module(module), attribute)
-    except ImportError as error:
+    except ImportError as error:  # the missing module's name kept: the CLI names the extra from it
         hint = f"; install it with pip install 'mm-train[{extra}]'" if extra else ""
-        raise ImportError(f"{reference} cannot be imported ({error}){hint}") from error
+        raise ImportError(f"{reference} cannot be imported ({error}){hint}", name=error.name) from error
 
 
 @dataclass(frozen=True)
@@ -62,22 +66,24 @@ class FamilySpec:
     name: str  # the recipe's model.family
     description: str
     models: Dict[str, str]  # config.json model_type / _class_name -> "module:Class"; the first is the default
-    task: str  # "module:Class" of the training task (mm_train.task.Task)
+    task: type  # the training task (mm_train.task.Task), made with (recipe, topology)
     data_sections: Dict[str, type]  # data.kind -> its typed data section; the first kind is the default
     plan: str  # "module:function": parallelize(model, recompute=, recompute_num_layers=, lora=, [freeze=])
     lora_config: str  # "module:Class": the LoRA config with the family's default target modules
     extra: str  # the pip extra of mm-train that installs the model package
     sections: Dict[str, type] = field(default_factory=dict)  # recipe sections of this family only
     recipes: Tuple[BuiltinRecipe, ...] = ()
-    # "module:function" (recipe, folder) -> [files]: what a model folder needs beside its weights
-    # (tokenizer, chat template, processor configs) as the run used them; `convert checkpoint` calls it
-    processing: Optional[str] = None
-    # "module:function" (recipe, config.json mapping) -> [problems]: the layout against the model's
-    # shapes and the data's files, checked before launch (mm_train.preflight)
-    preflight: Optional[str] = None
-    # "module:function" (recipe, model config) -> mm_train.plan.workload.Workload: the shapes and
-    # FLOPs of one sample for `mm-train plan`
-    workload: Optional[str] = None
+    # (recipe, folder) -> [files]: what a model folder needs beside its weights (tokenizer, chat
+    # template, processor configs) as the run used them; `convert checkpoint` calls it
+    processing: Optional[Callable] = None
+    # (recipe, config.json mapping) -> [problems]: the layout against the model's shapes and the
+    # data's files, checked before launch (mm_train.preflight)
+    preflight: Optional[Callable] = None
+    # (recipe, model config) -> mm_train.plan.workload.Workload: the shapes and FLOPs of one sample
+    # for `mm-train plan`
+    workload: Optional[Callable] = None
+    # (args, spec, folder, recipe, topology, model chunks) -> {what was made}: `mm-train generate`
+    generate: Optional[Callable] = None
 
     def model_class(self, config: Optional[dict] = None):
         """The model class of a config.json mapping (its model_type / _class_name), else the default."""
@@ -85,8 +91,13 @@ class FamilySpec:
         key = config.get("model_type") or config.get("_class_name")
         return resolve(self.models.get(key, next(iter(self.models.values()))), self.extra)
 
-    def task_class(self):
-        return resolve(self.task, self.extra)
+    def plan_function(self) -> Callable:
+        """The model package's ``parallelize`` (imported now)."""
+        return resolve(self.plan, self.extra)
+
+    def lora_config_class(self) -> type:
+        """The model package's LoRA config class (imported now)."""
+        return resolve(self.lora_config, self.extra)
 
 
 _REGISTRY: Dict[str, FamilySpec] = {}
@@ -110,12 +121,6 @@ def _discover() -> None:
     if _discovered:
         return
     _discovered = True
-    for wing in BUILTIN_WINGS:  # the built-in families: each module of the wing's folders
-        package = importlib.import_module(wing)
-        for module in pkgutil.iter_modules(package.__path__):
-            importlib.import_module(f"{wing}.{module.name}")
-    from importlib.metadata import entry_points
-
     for point in entry_points(group=ENTRY_POINT_GROUP):
         register(point.load())
     for module in filter(None, (m.strip() for m in os.environ.get("MM_TRAIN_FAMILIES", "").split(","))):

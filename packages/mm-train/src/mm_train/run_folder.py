@@ -26,6 +26,11 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Dict, List, Optional, Tuple
 
+from mm_train import checkpoint, data_fingerprint, node_disks
+from mm_train.recipe import build_recipe
+
+# Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore).
+
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "loss.png", "bad_samples.jsonl", "recipe.json", "initial_weights",
                "profile")
 _FREE = ("parallel.", "train.steps", "train.micro_batch_size", "train.log_every", "checkpoint.", "profile",
@@ -129,8 +134,6 @@ def start(recipe, task, topo, resume: bool = False, resume_from: Optional[str] =
     reads the disk; the others follow its decision (`_from_rank_zero`), so they never disagree. On
     node-local disks (``disks``, `mm_train.node_disks`) each node's first rank tidies its own
     disk and the choice checks every node's part of a checkpoint (collectives of every rank)."""
-    from mm_train import checkpoint, node_disks
-
     out, step, record, problem = recipe.output_dir, _REFUSED, {}, None
     disks = disks or node_disks.shared(topo)
     try:
@@ -166,8 +169,6 @@ _REFUSED = -2
 
 def _tidy(out: str, resuming: bool, overwrite: bool, claim: bool) -> None:
     """Claim output_dir (``claim``: rank 0), clear it under --overwrite, tidy interrupted saves."""
-    from mm_train import checkpoint
-
     if claim:
         check_unclaimed(out, resuming, overwrite)
     if overwrite and not resuming:
@@ -193,8 +194,6 @@ def _choose(out: str, resume: bool, resume_from: Optional[str], verify, find_lat
 
 def _decide(recipe, task, resume, chosen) -> Tuple[int, dict]:
     """Rank 0's part of `start`: (the step to resume, -1 for none; the run's record)."""
-    from mm_train import checkpoint, data_fingerprint
-
     out = recipe.output_dir
     folder, skipped, refusal = chosen
     if refusal:
@@ -209,7 +208,7 @@ def _decide(recipe, task, resume, chosen) -> Tuple[int, dict]:
             _say(f"--resume found no complete checkpoint in {out}; starting at step 0")
         return -1, record
     state = checkpoint.trainer_state(folder)
-    refused, noted = resume_changes(checkpoint.saved_recipe(folder), record["recipe"])
+    refused, noted = resume_changes(_as_typed(checkpoint.saved_recipe(folder)), record["recipe"])
     if refused:
         raise ValueError(f"{folder} was trained with another model or data order: " + "; ".join(refused) +
                          ". Resume with the recipe it was written with (its recipe.json), or start a new run")
@@ -223,6 +222,19 @@ def _decide(recipe, task, resume, chosen) -> Tuple[int, dict]:
     record["run_id"] = state.get("run_id", record["run_id"])  # the run goes on under its own id
     _say(f"resuming from {folder} (step {state['step']})")
     return int(state["step"]), record
+
+
+def _as_typed(saved: Optional[dict]) -> Optional[dict]:
+    """A checkpoint's recipe.json as this version's typed recipe writes it, so that a section an
+    older version recorded as given (model.lora {r: 4}) compares with its defaults filled in; as
+    recorded when this version cannot read it (the comparison then names what differs)."""
+    if saved is None:
+        return None
+
+    try:
+        return build_recipe(saved).to_dict()
+    except (ValueError, TypeError, KeyError, ImportError):
+        return saved
 
 
 def _from_rank_zero(topo, value):

@@ -21,6 +21,9 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
+# Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore); Pillow, PyAV
+# (optional: a missing one is named when a run needs it).
+
 
 @contextlib.contextmanager
 def inference(chunks):

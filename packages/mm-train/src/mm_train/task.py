@@ -13,11 +13,14 @@ sampler over `training_indices` and `validation_batches` yields the held-out mic
 from __future__ import annotations
 
 import inspect
-import json
 import os
 from typing import Callable, Dict, Iterator, List, Optional, Protocol, Tuple
 
-from mm_train.registry import resolve
+from mm_train.evaluation import micro_batch_stream, training_split
+from mm_train.micro_batches import MicroBatches
+
+# Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore); mm-data,
+# transformers (optional: a missing one is named when a run needs it).
 
 
 def plan_options(recipe, lora) -> dict:
@@ -58,16 +61,6 @@ class Task(Protocol):
     def validation_batches(self) -> Iterator[List[Dict]]: ...  # this rank's held-out micro-batches (eval)
 
 
-class MicroBatches:
-    """Collate a rank's share of a step into consecutive micro-batches of ``size`` samples."""
-
-    def __init__(self, collate: Callable, size: int):
-        self.collate, self.size = collate, size
-
-    def __call__(self, samples: List[dict]) -> List[Dict]:
-        return [self.collate(samples[i:i + self.size]) for i in range(0, len(samples), self.size)]
-
-
 def load_tokenizer(path: str, **special_tokens):
     """A transformers tokenizer from a model folder, or from a tokenizer.json file with the given
     special tokens (pad_token=..., eos_token=...); no remote code."""
@@ -101,33 +94,24 @@ class FamilyTask:
         self.recipe, self.topo, self.spec = recipe, topo, recipe.family
         self.validation_skips: List[Tuple[str, str]] = []  # bad samples met by validation
         self.validation_described = False  # the log has named the validation split's size
-        self.model_json = self.config_json()  # read once: the model class and the family's task use it
+        self.model_json = recipe.model_source.config_json()  # the model class and the family's task use it
         self.model_class = self.spec.model_class(self.model_json)
-        self.parallelize = resolve(self.spec.plan, self.spec.extra)
+        self.parallelize = self.spec.plan_function()
         if recipe.model.freeze and "freeze" not in inspect.signature(self.parallelize).parameters:
             raise ValueError(f"model.freeze is not available for family {self.spec.name}: its plan freezes nothing "
                              "(use model.lora to train adapters only)")
-
-    def config_json(self) -> dict:
-        """The model's config.json: from model.path, else the inline config."""
-        if self.recipe.model.path:
-            with open(os.path.join(self.recipe.model.path, "config.json")) as f:
-                return json.load(f)
-        return dict(self.recipe.model.config)
 
     def inline_config(self):
         return dict(self.recipe.model.config)
 
     def lora_config(self, **options):
-        return resolve(self.spec.lora_config, self.spec.extra)(**options)
+        return self.spec.lora_config_class()(**options)
 
     def plan(self, model, lora) -> None:
         self.parallelize(model, **plan_options(self.recipe, lora))
 
     def training_indices(self, num_samples: int):
         """The samples training may draw: all (None) unless eval.fraction holds some out."""
-        from mm_train.evaluation import training_split
-
         train, self.held_out = training_split(self.recipe, num_samples)
         return train
 
@@ -144,8 +128,6 @@ class FamilyTask:
 
     def validation_batches(self) -> Iterator[List[Dict]]:
         """This rank's validation micro-batches, batch by batch (mm_train.evaluation)."""
-        from mm_train.evaluation import micro_batch_stream
-
         dataset, keys, indices = self.validation_source()
         return micro_batch_stream(self, dataset, keys, indices, self.validation_inputs)
 

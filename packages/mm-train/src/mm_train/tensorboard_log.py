@@ -15,6 +15,8 @@ import importlib.util
 import os
 from typing import Dict, Optional
 
+# Deferred imports: tensorboardX (optional: a missing one is named when a run needs it).
+
 SCALARS = ("loss", "grad_norm", "lr", "samples_per_s", "tokens_per_s", "mfu", "mem_bytes", "loss_scale")
 EXTRA_HINT = "logging.tensorboard needs tensorboardX: pip install 'mm-train[tensorboard]'"
 

@@ -20,7 +20,8 @@ def user_data(tmp_path_factory):
 def make_user_data(root):
     from pathlib import Path
 
-    from mm_train.families.vl.tiny import train_tokenizer
+    from mm_train.families.tiny_sets import train_tokenizer
+    from mm_train.families.vl.tiny import SPECIAL
 
     for i, (h, w) in enumerate([(56, 56), (60, 90), (84, 56), (70, 70)]):
         write_image(str(root / f"img{i}.png"), h, w, seed=i)
@@ -34,7 +35,7 @@ def make_user_data(root):
     entries.append({"messages": [{"role": "user", "content": "<image>x"}, {"role": "assistant", "content": "y"}],
                     "images": ["missing.png"]})
     (root / "sft.json").write_text(json.dumps(entries))
-    train_tokenizer(TOKEN_TEXT, Path(root / "tokenizer.json"))
+    train_tokenizer(TOKEN_TEXT, Path(root / "tokenizer.json"), SPECIAL)
     return root
 
 

@@ -8,7 +8,7 @@ final parameters. Pipeline stages compare the parameters they hold (and the loss
 caller checks that the stages together covered every parameter (the ``:names`` entries).
 
 A model plugs in through a `ModelSpec`; run `run_cases` inside an msrun launch
-(`mm_parallel.testing.run_distributed`), many layouts per launch.
+(`mm_parallel.launch.run_distributed`), many layouts per launch.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _after_step(spec: ModelSpec, chunks) -> None:
 def full_arrays(spec: ModelSpec, chunks, topo, tensors) -> Dict[str, np.ndarray]:
     """{global parameter name: full numpy array} of one tensor per trainable parameter of the
     chunks (in order), shards gathered."""
-    from mm_parallel.hf_checkpoint import owned_parameters
+    from mm_parallel.census import owned_parameters
     from mm_parallel.sharding import sharding_of
 
     out, tensors = {}, iter(tensors)

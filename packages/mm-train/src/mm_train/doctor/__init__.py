@@ -16,12 +16,25 @@ failure. ``--json`` prints the same rows as JSON.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import platform
 import tempfile
 import time
 import traceback
+from importlib import metadata
 from typing import Dict, List, Optional
+
+import numpy as np
+
+from mm_train import registry
+from mm_train.doctor.collectives import run_checks
+from mm_train.doctor.kernels import check_kernels
+from mm_train.recipe import load_recipe
+
+# Deferred imports: MindSpore, mm-parallel and mm_train.loop (which loads both): the CLI starts without
+# loading MindSpore; packaging (only the version check of the mm packages uses it).
 
 # MindSpore 2.7.2's companions (MindSpore Transformers 1.8.0's installation page, the release
 # matched to MindSpore 2.7.2: CANN 8.5.0, firmware & drivers 25.5.0; Python 3.11 recommended)
@@ -71,11 +84,7 @@ def _cann_and_driver():
 
 
 def check_versions(target: str) -> List[Dict]:
-    import platform
-    from importlib import metadata
-
     import mindspore as ms
-    import numpy as np
 
     rows = [_row("version python", "pass" if platform.python_version().startswith(SUPPORTED["python"]) else "fail",
                  detail=f"{platform.python_version()} (supported {SUPPORTED['python']})", area="versions"),
@@ -99,8 +108,6 @@ def check_versions(target: str) -> List[Dict]:
 def _package_row(metadata) -> Dict:
     """The mm packages installed (the version their code says; an editable install's metadata
     keeps the version it was installed at) and whether each one's requirements on its siblings hold."""
-    import importlib
-
     from packaging.requirements import Requirement
 
     versions, problems = {}, []
@@ -121,8 +128,7 @@ def _package_row(metadata) -> Dict:
 def check_collectives(nproc: int, timeout: float) -> List[Dict]:
     if nproc < 2:
         return [_row("collectives", "skip", detail="one process: run with --nproc N >= 2 to check them")]
-    from mm_parallel.testing import run_distributed
-    from mm_train.doctor.collectives import run_checks
+    from mm_parallel.launch import run_distributed
 
     start = time.perf_counter()
     try:
@@ -163,8 +169,7 @@ def _tiny_recipe(spec) -> Optional[str]:
 
 def check_families(workdir: str) -> List[Dict]:
     """One training step of each family's tiny recipe, in this process (data generated in workdir)."""
-    from mm_train import loop, registry
-    from mm_train.recipe import load_recipe
+    from mm_train import loop
 
     rows = []
     before = os.environ.get("MM_TRAIN_DATA")
@@ -198,7 +203,6 @@ def diagnose(nproc: int = 1, timeout: float = 600.0, families: bool = True) -> L
     import mindspore as ms
 
     from mm_parallel import runtime
-    from mm_train.doctor.kernels import check_kernels
 
     runtime.configure()
     target = ms.get_context("device_target")

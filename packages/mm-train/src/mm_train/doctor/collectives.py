@@ -15,6 +15,8 @@ from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 
+# Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore).
+
 SHAPE = (4, 8, 4)
 
 

@@ -10,10 +10,17 @@ by `mm_train.plan.memory` (parameters from the model code built by shape only), 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Dict, Optional
 
 import yaml
+
+from mm_train import preflight
+from mm_train.plan import memory, timing
+from mm_train.recipe import check_layout
+
+# Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore).
 
 DEVICES_FILE = Path(__file__).with_name("devices.yaml")
 HEADROOM = 0.9  # a plan fits when its peak is at most this share of the device memory it may use
@@ -53,15 +60,14 @@ def model_config(recipe, complete: bool = True):
     as written (the model's defaults for what it leaves out)."""
     from mm_parallel import ParallelConfig
     from mm_parallel.topology import Topology
-    from mm_train import loop, preflight
 
     spec = recipe.family
     raw = preflight.model_config(recipe)
     if recipe.model.path:
-        return raw, spec.model_class(raw).load_config(recipe.model.path, loop.config_overrides(recipe.model))
+        return raw, spec.model_class(raw).load_config(raw, recipe.model.config_overrides)  # read once: ModelSource
     if not complete:
         return raw, spec.model_class(raw).load_config(raw)
-    task = spec.task_class()(recipe, Topology.build(ParallelConfig(), 1, 0))
+    task = spec.task(recipe, Topology.build(ParallelConfig(), 1, 0))
     return task.model_json, spec.model_class(task.model_json).load_config(task.inline_config())
 
 
@@ -86,9 +92,6 @@ def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] =
     ``configs`` (`model_config`); ``built``: a cache of shape-only chunks by model-parallel
     position, shared by plans that differ only in what leaves the parameters alone (`search`)."""
     from mm_parallel.topology import Topology
-    from mm_train.plan import memory, timing
-    from mm_train.recipe import check_layout
-    from mm_train.registry import resolve
 
     spec_device = device_spec(cluster["device"], known)
     world = cluster["nodes"] * cluster["devices_per_node"]
@@ -97,7 +100,7 @@ def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] =
     family = recipe.family
     if not family.workload:
         raise ValueError(f"family {family.name} gives no workload: mm-train plan cannot predict it")
-    workload = resolve(family.workload)(recipe, config)
+    workload = family.workload(recipe, config)
     built = {} if built is None else built
     par = recipe.parallel
     ranks, peak, slowest = [], 0, None
@@ -134,8 +137,6 @@ def refuse_unfitting(recipe, nodes: int, devices_per_node: int, force: bool = Fa
     ``devices_per_node`` of `machine_device`); ValueError when the plan does not fit, unless
     ``force``. An inline config is planned as written (its task, which reads the data, is not
     built here), a family without a workload is not checked (said on stderr)."""
-    import sys
-
     if force:
         return None
     if not recipe.family.workload:
@@ -156,8 +157,6 @@ def refuse_unfitting(recipe, nodes: int, devices_per_node: int, force: bool = Fa
 
 
 def _summary(recipe, cluster, device, world, ranks, peak, times, workload) -> Dict:
-    from mm_train.plan import timing
-
     shared = device.get("shared_memory", False)  # one host's RAM holds every process
     usable = device["memory_bytes"] * device["usable_fraction"] * HEADROOM
     demand = sum(r["total_bytes"] * r["count"] for r in ranks) if shared else peak

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import sys
 
+from mm_train.plan import make_plan, render, search
+from mm_train.recipe import load_recipe
+
 
 def add_parser(commands) -> None:
     plan = commands.add_parser(
@@ -27,13 +30,8 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
-    from mm_train.plan import make_plan, render
-    from mm_train.recipe import load_recipe
-
     recipe = load_recipe(args.recipe, args.overrides)
     if args.search:
-        from mm_train.plan import search
-
         result = search.search(recipe, args.nodes, args.devices_per_node, args.device, args.devices_file)
         print(json.dumps(result, indent=2) if args.json else search.render(result, args.top))
         return 0 if result["layouts"] else 3

@@ -42,9 +42,14 @@ measured on Ascend.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
+
+from mm_train.task import plan_options
+
+# Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore).
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -76,16 +81,12 @@ def build_chunks(spec, recipe, raw_config: dict, model_config, topo, values: boo
     """The model chunks ``topo``'s rank holds with the family's plan applied (``raw_config``: the
     config.json mapping that names the model class): by shape only, or with ``values`` as a run
     builds them from an inline config (random weights, cast by the precision policy first)."""
-    import contextlib
-
     import mm_parallel.precision
     from mm_parallel import census
-    from mm_train.registry import resolve
-    from mm_train.task import plan_options
 
     model_class = spec.model_class(raw_config)
-    parallelize = resolve(spec.plan, spec.extra)
-    lora = resolve(spec.lora_config, spec.extra)(**recipe.model.lora) if recipe.model.lora else None
+    parallelize = spec.plan_function()
+    lora = spec.lora_config_class()(**recipe.model.lora.options()) if recipe.model.lora else None
     options = plan_options(recipe, lora)
     config = model_class.load_config(model_config)
     with contextlib.nullcontext() if values else census.shapes_only():
@@ -100,8 +101,8 @@ def build_chunks(spec, recipe, raw_config: dict, model_config, topo, values: boo
 def static_bytes(chunks, recipe, topo) -> Dict[str, int]:
     """{params, weights_bytes, grads_bytes, optimizer_bytes, optimizer_step_buffers_bytes} of a
     rank holding ``chunks``."""
+    from mm_parallel.census import owned_parameters
     from mm_parallel.grad_buckets import state_bytes_of
-    from mm_parallel.hf_checkpoint import owned_parameters
     from mm_parallel.precision import dtype_under
 
     policy = recipe.train.precision_policy()

@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, Iterator, List, Optional
 
+from mm_train.plan import cluster_of, load_devices, model_config, plan_on
+
 RECOMPUTE_MODES = ("none", "selective", "full")
 MICRO_BATCH_SIZES = (1, 2, 4)
 ZERO_STAGES = (0, 1, 2)
@@ -62,15 +64,12 @@ def search(recipe, nodes: Optional[int] = None, devices_per_node: Optional[int] 
            devices_file: Optional[str] = None) -> Dict:
     """{cluster, layouts: the fitting ones, fastest first, each {layout, peak_bytes, step_time_s,
     samples_per_s, tokens_per_s, mfu, dominant}, tried, fitting, refused: {reason: count}}."""
-    from mm_train.plan import cluster_of, load_devices, model_config, plan_on
-    from mm_train.registry import resolve
-
     cluster = cluster_of(recipe, nodes, devices_per_node, device)
     known = load_devices(devices_file)
     configs = model_config(recipe)
     moe = _is_moe(configs[1])
     world = cluster["nodes"] * cluster["devices_per_node"]
-    rules = resolve(recipe.family.preflight, recipe.family.extra) if recipe.family.preflight else None
+    rules = recipe.family.preflight
     # what the preflight finds under no parallelism at all (missing data files) is not the layout's
     baseline = set(rules(with_layout(recipe, SINGLE), configs[0])) if rules else set()
     built: Dict = {}

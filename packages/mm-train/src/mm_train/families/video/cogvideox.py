@@ -11,12 +11,23 @@ embedding. The model's ``loss`` is mean((out - v)^2), the training scripts' weig
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from typing import Dict, List
 
-from mm_train.families.video.data import VideoTask
-from mm_train.families.video.wan import VideoDataSection
+from mm_train.families.video import tiny as tiny_video
+from mm_train.families.video.cogvideox_data import CogVideoXTrainData
+from mm_train.families.video.data import clip_shape
+from mm_train.families.video.generate import generate_video
+from mm_train.families.video.samples import CogVideoXSampler
+from mm_train.families.video.task import VideoTask
+from mm_train.families.video.wan import VideoDataSection, video_source_problems
+from mm_train.plan.workload import LayerStack, Workload
+from mm_train.preflight import attention_rules, layer_rules
 from mm_train.registry import BuiltinRecipe, FamilySpec, register
+
+# Deferred imports: mm-data, mm-models-video (optional: a missing one is named when a run needs it).
 
 
 @dataclass
@@ -46,9 +57,6 @@ def preflight(recipe, config: dict) -> List[str]:
     """CogVideoX: the annotations or the feature cache there; the heads against tp and Ulysses,
     the blocks against the pipeline stages (`mm_train.preflight`; the MLP, 4 x the width, splits
     wherever the heads do)."""
-    from mm_train.families.video.wan import video_source_problems
-    from mm_train.preflight import attention_rules, layer_rules
-
     problems = video_source_problems(recipe.data)
     attention_rules(problems, "", config.get("num_attention_heads"), None, recipe.parallel)
     layer_rules(problems, "num_layers", config.get("num_layers"), recipe.parallel)
@@ -61,11 +69,6 @@ T5_XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, fe
 def _encoder_configs(data):
     """(VAE config, T5 config, note) of online encoding: the tiny set's encoders, or the folders'
     config.json, or — a folder not readable here — the 5B's VAE and T5 v1.1 XXL (every CogVideoX's)."""
-    import json
-    import os
-
-    from mm_train.families.video import tiny as tiny_video
-
     if data.kind == "tiny_video":
         return tiny_video.COGVIDEOX_VAE_CONFIG, tiny_video.TEXT_CONFIG, ""
     configs, assumed = [], []
@@ -83,15 +86,13 @@ def _encoder_configs(data):
 
 
 def workload(recipe, config):
-    """The planner's shapes (mm_train.plan.workload) of the largest clip (`video_data.clip_shape`):
+    """The planner's shapes (mm_train.plan.workload) of the largest clip (`data.clip_shape`):
     num_frames frames of max_area pixels through the VAE's 4 x 8 x 8 compression (1.5: latent
     frames padded to whole temporal patches) and the patches, joined by the text tokens: every
     block runs over text + video rows. With data.online the VAE encoder and T5 run every step."""
     from mm_models_video.cogvideox.conditioning import patch_frames
     from mm_models_video.cogvideox.flops import cogvideox_flops, vae_encode_flops
     from mm_models_video.encoders.t5 import t5_encoder_flops
-    from mm_train.families.video.data import clip_shape
-    from mm_train.plan.workload import LayerStack, Workload
 
     shape = clip_shape(recipe.data, read_cache=True)
     frames = patch_frames((shape["num_frames"] - 1) // 4 + 1, config.patch_size_t)
@@ -120,12 +121,11 @@ def workload(recipe, config):
 class CogVideoXTask(VideoTask):
     """See the module docstring and mm_train.task."""
 
-    clip_sampler = "mm_train.families.video.samples:CogVideoXSampler"
+    clip_sampler = CogVideoXSampler
 
     def __init__(self, recipe, topo):
         from mm_data import Collator
         from mm_models_video import CogVideoXTransformerConfig
-        from mm_train.families.video.cogvideox_data import CogVideoXTrainData
 
         super().__init__(recipe, topo)
         self.config = CogVideoXTransformerConfig.from_dict(self.model_json)
@@ -151,14 +151,15 @@ SPEC = register(FamilySpec(
     name="cogvideox",
     description="CogVideoX (1.0, 1.5): text- and image-to-video DiT pre-training and LoRA on v-prediction",
     models={"CogVideoXTransformer3DModel": "mm_models_video:CogVideoXTransformer3DModel"},
-    task="mm_train.families.video.cogvideox:CogVideoXTask",
+    task=CogVideoXTask,
     data_sections={"tiny_video": VideoDataSection, "video": VideoDataSection, "video_features": VideoDataSection},
     sections={"diffusion": CogVideoXDiffusionSection},
     plan="mm_models_video.cogvideox.parallel_plan:parallelize",
     lora_config="mm_models_video.cogvideox.parallel_plan:LoraConfig",
     extra="video",
-    preflight="mm_train.families.video.cogvideox:preflight",
-    workload="mm_train.families.video.cogvideox:workload",
+    preflight=preflight,
+    workload=workload,
+    generate=generate_video,
     recipes=(
         BuiltinRecipe("cogvideox_t2v_tiny", "cogvideox_t2v_tiny.yaml",
                       "a tiny random CogVideoX 1.0 T2V DiT on the built-in clips (feature cache)", _TINY),

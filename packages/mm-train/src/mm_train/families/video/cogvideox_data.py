@@ -20,45 +20,12 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from mm_train.evaluation import VALIDATION_STEP
+from mm_train.families.video import tiny as tiny_video
 from mm_train.families.video.data import WanTrainData
+from mm_train.families.video.encoders import cogvideox_feature_encoders
 
-
-def cogvideox_encoders(vae, text, image_noise: Optional[dict] = None, frame_group=None):
-    """{latents, prompt_embeds[, image_latents]}: numpy-in numpy-out encoders of a CogVideoX VAE
-    and T5; ``image_noise`` {seed, mean, std} adds the I2V image latents (module docstring);
-    ``frame_group`` (data.vae_context_parallel) splits each clip's frames over its ranks
-    (vae_context_parallel.encode_gathered: the clip whole, GroupNorm over all its frames)."""
-    import mindspore as ms
-
-    from mm_models_video.cogvideox import vae_context_parallel
-    from mm_models_video.cogvideox.conditioning import image_latent_scale, noisy_first_frame
-
-    scale = float(vae.config["scaling_factor"])
-
-    def latents(batch):
-        if frame_group is not None:
-            return (vae_context_parallel.encode_gathered(vae, batch["video"], frame_group).mean * scale).asnumpy()
-        return (vae.encode(ms.Tensor(batch["video"])).mean * scale).asnumpy()
-
-    def prompt_embeds(batch):
-        return text(ms.Tensor(batch["input_ids"])).last_hidden_state.asnumpy()
-
-    encoders = {"latents": latents, "prompt_embeds": prompt_embeds}
-    if image_noise is None:
-        return encoders
-    image_scale = image_latent_scale(vae.config)
-
-    def image_latents(batch):
-        frames = []
-        for row, index in enumerate(batch["index"]):
-            when = [int(batch["step"])] if "step" in batch else []  # online: fresh noise every step
-            rng = np.random.default_rng([image_noise["seed"], *when, int(index)])
-            frames.append(noisy_first_frame(batch["video"][row:row + 1], rng, image_noise["mean"],
-                                            image_noise["std"]))
-        return (vae.encode(ms.Tensor(np.concatenate(frames))).mean * image_scale).asnumpy()
-
-    encoders["image_latents"] = image_latents
-    return encoders
+# Deferred imports: mm-models-video (optional: a missing one is named when a run needs it).
 
 
 class CogVideoXTrainData(WanTrainData):
@@ -76,25 +43,23 @@ class CogVideoXTrainData(WanTrainData):
         return type(self)(recipe, self.topo, self.model_config)
 
     def image_noise(self, i2v: bool) -> Optional[dict]:
-        d = self.recipe.diffusion
+        d = self.recipe.section("diffusion")
         return {"seed": self.recipe.train.seed, "mean": d.image_noise_mean, "std": d.image_noise_std} if i2v else None
 
     def tiny_encoders(self, i2v: bool):
-        from mm_train.families.video import tiny as tiny_video
-
-        return cogvideox_encoders(*tiny_video.cogvideox_encoders(), self.image_noise(i2v), self.frame_group)
+        return cogvideox_feature_encoders(*tiny_video.cogvideox_encoders(), self.image_noise(i2v), self.frame_group)
 
     def folder_encoders(self, folders, i2v: bool):
         from mm_models_video import AutoencoderKLCogVideoX, T5EncoderModel
 
-        return cogvideox_encoders(AutoencoderKLCogVideoX.from_pretrained(folders["vae"]),
+        return cogvideox_feature_encoders(AutoencoderKLCogVideoX.from_pretrained(folders["vae"]),
                                   T5EncoderModel.from_pretrained(folders["text_encoder"]), self.image_noise(i2v),
                                   self.frame_group)
 
     def make_schedule(self):
         from mm_models_video.cogvideox import CogVideoXSchedule
 
-        d = self.recipe.diffusion
+        d = self.recipe.section("diffusion")
         return CogVideoXSchedule(num_train_timesteps=d.num_train_timesteps, snr_shift_scale=d.snr_shift_scale,
                                  rescale_betas_zero_snr=d.rescale_betas_zero_snr)
 
@@ -106,9 +71,8 @@ class CogVideoXTrainData(WanTrainData):
     def flow_inputs(self, step: int, batch: Dict) -> Dict:
         from mm_models_video.cogvideox import rotary_tables
         from mm_models_video.cogvideox.conditioning import I2V_OFS, image_condition, pad_to_patch_frames
-        from mm_train.evaluation import VALIDATION_STEP
 
-        config, image_dropout = self.model_config, self.recipe.diffusion.noised_image_dropout
+        config, image_dropout = self.model_config, self.recipe.section("diffusion").noised_image_dropout
         dropout = self.caption_dropout(step)
         rows, texts, conditions = [], [], []
         for row, index in enumerate(batch["index"]):

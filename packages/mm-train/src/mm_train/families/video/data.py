@@ -27,68 +27,16 @@ from typing import Dict
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from mm_train.evaluation import VALIDATION_STEP, training_split
+from mm_train.families.video import tiny as tiny_video
+from mm_train.families.video.encoders import encoder_sources, wan_feature_encoders, wan_folder_encoders
 from mm_train.recipe import Recipe
-from mm_train.task import FamilyTask, load_tokenizer, once_on_rank_zero
+from mm_train.task import load_tokenizer, once_on_rank_zero
+
+# Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore); mm-data,
+# mm-models-video (optional: a missing one is named when a run needs it).
 
 NULL_CAPTION = "null_prompt_embeds.safetensors"  # the empty caption's embedding, for caption dropout
-
-
-def default_folder() -> str:
-    """Where the tiny video set lives unless the recipe says: $MM_TRAIN_VIDEO_DATA or ~/.cache/mm-train/tiny_video."""
-    return os.environ.get("MM_TRAIN_VIDEO_DATA",
-                          os.path.join(os.path.expanduser("~"), ".cache", "mm-train", "tiny_video"))
-
-
-def _encoders(vae, text, image_encoder=None, image_processor=None):
-    """Feature-cache encoders from a MindSpore VAE and UMT5 (numpy in, numpy out); for I2V also
-    the first frame's CLIP features and the VAE latents of [first frame, black frames...]."""
-    import mindspore as ms
-
-    def latents(batch):
-        return vae.normalize_latents(vae.encode(ms.Tensor(batch["video"])).mean).asnumpy()
-
-    def prompt_embeds(batch):
-        mask = batch["attention_mask"]
-        hidden = text(ms.Tensor(batch["input_ids"]), ms.Tensor(mask)).last_hidden_state.asnumpy()
-        return hidden * mask[..., None]  # as the Wan pipelines: nothing past the caption
-
-    encoders = {"latents": latents, "prompt_embeds": prompt_embeds}
-    if image_encoder is None:
-        return encoders
-
-    def image_embeds(batch):  # the penultimate layer of CLIP on the first frame, as diffusers' I2V pipeline
-        first = np.rint((batch["video"][:, :, 0].transpose(0, 2, 3, 1) + 1.0) * 127.5).astype(np.uint8)
-        pixels = image_processor(images=list(first), return_tensors="np")["pixel_values"]
-        return image_encoder(ms.Tensor(pixels), output_hidden_states=True).hidden_states[-2].asnumpy()
-
-    def condition(batch):  # what the I2V DiT sees beside the noise: the image, then nothing
-        video = np.zeros_like(batch["video"])
-        video[:, :, 0] = batch["video"][:, :, 0]
-        return vae.normalize_latents(vae.encode(ms.Tensor(video)).mean).asnumpy()
-
-    encoders.update(image_embeds=image_embeds, condition=condition)
-    return encoders
-
-
-def encoder_sources(data, topo, family: str = "wan") -> Dict[str, str]:
-    """{vae, text_encoder, tokenizer, image_encoder, image_processor: folder} of a ``video`` data
-    section: its own folders, and for each set to ``tiny`` the ``family``'s tiny random encoders'
-    (written once under the tiny set's folder, `tiny_video.encoder_folders`). The tokenizer
-    defaults to the text encoder's folder, the image processor to the image encoder's."""
-    from mm_train.families.video import tiny as tiny_video
-
-    given = {field: getattr(data, field) for field in tiny_video.ENCODER_FIELDS}
-    if tiny_video.TINY in given.values():
-        root = os.path.join(default_folder(), "tiny_encoders" if family == "wan" else f"tiny_encoders-{family}")
-        once_on_rank_zero(topo, lambda: tiny_video.encoder_folders(root, family=family))
-        tiny = tiny_video.encoder_folders(root, family=family)
-        given = {field: tiny.get(field) if value == tiny_video.TINY else value for field, value in given.items()}
-        for encoder, companion in (("text_encoder", "tokenizer"), ("image_encoder", "image_processor")):
-            if getattr(data, encoder) == tiny_video.TINY and not getattr(data, companion):
-                given[companion] = tiny.get(companion)
-    given["tokenizer"] = given["tokenizer"] or given["text_encoder"]
-    given["image_processor"] = given["image_processor"] or given["image_encoder"]
-    return given
 
 
 def clip_shape(data, read_cache: bool = False) -> Dict[str, int]:
@@ -96,8 +44,6 @@ def clip_shape(data, read_cache: bool = False) -> Dict[str, int]:
     data.kind tiny_video, else the data section's (clips are resampled to num_frames, areas kept
     <= max_area); with ``read_cache`` (the planner) a ready cache's largest clip for
     video_features, when its index is there."""
-    from mm_train.families.video import tiny as tiny_video
-
     if data.kind == "tiny_video":
         return {"num_frames": tiny_video.FRAMES, "max_area": tiny_video.SIZE ** 2, "text_length": 16}
     if data.kind == "video_features" and read_cache:
@@ -131,8 +77,6 @@ class _Source:
 
     def __init__(self, recipe: Recipe, topo, i2v: bool, family=None):
         from mm_data.video import AspectBuckets, FrameBuckets
-        from mm_train.families.video import tiny as tiny_video
-
         data = recipe.data
         self.i2v, self.data, self.family = i2v, data, family
         shape = clip_shape(data)
@@ -140,7 +84,7 @@ class _Source:
         self.buckets = AspectBuckets(max_area=shape["max_area"], stride=16)
         self.text_length = shape["text_length"]
         if data.kind == "tiny_video":
-            source = data.path or default_folder()
+            source = data.path or tiny_video.default_folder()
             once_on_rank_zero(topo, lambda: tiny_video.generate(source, data.samples))
             self.annotations, self.tokenizer = os.path.join(source, "data.json"), tiny_video.tokenizer(source)
             kind = "i2v" if i2v else "t2v"
@@ -169,25 +113,6 @@ class _Source:
         return self.family.folder_encoders(self.folders, self.i2v)
 
 
-def wan_folder_encoders(folders, i2v: bool):
-    """The feature encoders of a Wan recipe's encoder folders (AutoencoderKLWan, UMT5; I2V: CLIP)."""
-    from mm_models_video import AutoencoderKLWan, UMT5EncoderModel
-
-    vae = AutoencoderKLWan.from_pretrained(folders["vae"])
-    text = UMT5EncoderModel.from_pretrained(folders["text_encoder"])
-    if not i2v:
-        return _encoders(vae, text)
-    if not folders["image_encoder"]:
-        raise ValueError("an I2V model needs data.image_encoder: a CLIP vision folder (with its "
-                         "preprocessor_config.json, or data.image_processor), or tiny")
-    from transformers import CLIPImageProcessorPil
-
-    from mm_models_video import CLIPVisionModel
-
-    return _encoders(vae, text, CLIPVisionModel.from_pretrained(folders["image_encoder"]),
-                     CLIPImageProcessorPil.from_pretrained(folders["image_processor"]))
-
-
 class WanTrainData:
     """See the module docstring. A family's data class derives from it and changes what is its
     own: `tiny_encoders` / `folder_encoders` (the feature encoders), `make_schedule` and
@@ -199,21 +124,18 @@ class WanTrainData:
 
     @staticmethod
     def tiny_encoders(i2v: bool):
-        from mm_train.families.video import tiny as tiny_video
-
-        return _encoders(*tiny_video.encoders(image=i2v))
+        return wan_feature_encoders(*tiny_video.encoders(image=i2v))
 
     folder_encoders = staticmethod(wan_folder_encoders)
 
     def make_schedule(self):
         from mm_models_video.flow_matching import FlowMatchingSchedule
 
-        d = self.recipe.diffusion
+        d = self.recipe.section("diffusion")
         return FlowMatchingSchedule(d.num_train_timesteps, d.shift)
 
     def __init__(self, recipe: Recipe, topo, i2v: bool):
         from mm_data import BucketBatchSampler, FeatureDataset
-        from mm_train.evaluation import training_split
 
         self.recipe, self.topo = recipe, topo
         data, train = recipe.data, recipe.train
@@ -303,14 +225,12 @@ class WanTrainData:
     def caption_dropout(self, step: int) -> float:
         """The share of captions flow_inputs drops at ``step``: none when the data set already
         dropped them (online) or for validation."""
-        from mm_train.evaluation import VALIDATION_STEP
-
         return 0.0 if self.online or step == VALIDATION_STEP else self.recipe.data.caption_dropout
 
     def flow_inputs(self, step: int, batch: Dict) -> Dict[str, np.ndarray]:
         """The model's keywords for a micro-batch of features at ``step`` (cached, or just encoded:
         then the data set already dropped captions)."""
-        d = self.recipe.diffusion
+        d = self.recipe.section("diffusion")
         dropout = self.caption_dropout(step)
         rows, texts = [], []
         for row, index in enumerate(batch["index"]):
@@ -337,66 +257,6 @@ class WanTrainData:
             batches = [{"index": b["index"], **{name: encode(b) for name, encode in self.encoders.items()}}
                        for b in batches]
         return [self.flow_inputs(step, batch) for batch in batches]
-
-
-class VideoTask(FamilyTask):
-    """The part of a video family's task its data object (``self.data``, a WanTrainData) decides:
-    the files it reads, the clips it skipped, and the stream of forward keywords."""
-
-    def data_files(self):
-        return self.data.files()
-
-    def bad_samples(self):
-        """The clips skipped while training online or while building the feature cache."""
-        return super().bad_samples() + self.data.cache_skips
-
-    clip_sampler = "mm_train.families.video.samples:WanSampler"  # how samples are drawn (families/video/samples.py)
-
-    def write_samples(self, chunks, out: str, writer: bool):
-        """One clip per eval prompt (mm_train.samples / video_samples)."""
-        from mm_train import samples
-        from mm_train.families.video import samples as video_samples
-        from mm_train.registry import resolve
-
-        if getattr(self, "_clip_sampler", None) is None:
-            self._clip_sampler = video_samples.recipe_sampler(resolve(self.clip_sampler), self.recipe, self.topo,
-                                                              chunks[0].config)
-        e = self.recipe.eval
-        return video_samples.write_clips(self._clip_sampler, lambda inputs, shape: samples.predict(
-            chunks, self.topo, inputs, shape), e.prompts, e.images, video_samples.recipe_settings(self.recipe), out,
-            writer)
-
-    def validation_source(self):
-        """The held-out part of the training features (eval.fraction), or the clips / feature
-        cache at eval.path (encoded into OUT/features-eval like the training data)."""
-        if not self.recipe.eval.path:
-            return self.data.dataset, self.data.dataset.keys, self.data.held_out
-        if self.recipe.data.kind == "tiny_video":
-            raise ValueError("eval.path with data.kind tiny_video: the built-in clips have no separate file; "
-                             "use eval.fraction")
-        if getattr(self, "_validation_data", None) is None:
-            import dataclasses
-
-            data = dataclasses.replace(self.recipe.data, path=self.recipe.eval.path, online=False,
-                                       features_dir=os.path.join(self.recipe.output_dir, "features-eval"))
-            recipe = dataclasses.replace(self.recipe, data=data, eval=dataclasses.replace(self.recipe.eval, path=None))
-            self._validation_data = self.data.for_recipe(recipe)
-        return self._validation_data.dataset, self._validation_data.dataset.keys, None
-
-    def validation_inputs(self, batches):
-        from mm_train.evaluation import VALIDATION_STEP
-
-        data = getattr(self, "_validation_data", None) or self.data
-        return [self.model_inputs(b) for b in data.prepare(VALIDATION_STEP, batches)]
-
-    def stream(self, first_step: int):
-        """The shared loader's micro-batches of features as the model's forward keywords."""
-        features = super().stream(first_step)
-        try:
-            for step, batches in enumerate(features, first_step):
-                yield self.data.prepare(step, batches)
-        finally:
-            features.close()
 
 
 def latent_tokens(batch: Dict, patch_size) -> int:

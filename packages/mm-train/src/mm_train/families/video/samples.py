@@ -14,7 +14,7 @@ What the diffusers pipelines do, with the trained DiT behind ``predict`` (mm_tra
 
 Classifier-free guidance: v = v_u + g (v_c - v_u), the unconditional pass on
 ``eval.negative_prompt`` ("" by default). Prompts are encoded as the feature cache encodes
-captions (`video_data._encoders`, `cogvideox_data.cogvideox_encoders`: the same tokenizer, the
+captions (`encoders.wan_feature_encoders`, `encoders.cogvideox_feature_encoders`: the same tokenizer, the
 same length, the same zeroing past the caption), so training and sampling see one conditioning.
 The image latents are the VAE's means (the pipelines draw from the distribution).
 """
@@ -29,6 +29,14 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from mm_train import samples
+from mm_train.families.video import tiny as tiny_video
+from mm_train.families.video.data import clip_shape
+from mm_train.families.video.encoders import cogvideox_feature_encoders, encoder_sources, wan_feature_encoders
+from mm_train.families.video.tiny import ENCODER_FIELDS
+from mm_train.task import load_tokenizer
+
+# Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore); Pillow,
+# mm-models-video, transformers (optional: a missing one is named when a run needs it).
 
 Predict = Callable[[Dict, tuple], np.ndarray]  # (forward keywords, output shape) -> the model's sample
 
@@ -71,7 +79,7 @@ class WanSampler:
     image_processor} (the last two for I2V), ``config`` the DiT's."""
 
     samplers = ("euler",)
-    family = "wan"  # whose tiny encoders and folder layout (mm_train.families.video.data.encoder_sources)
+    family = "wan"  # whose tiny encoders and folder layout (mm_train.families.video.encoders.encoder_sources)
     # a diffusers pipeline folder's: the pipeline's prompt length and call defaults
     pipeline_text_length = 512
     defaults = dict(num_frames=81, height=480, width=832, steps=50, guidance=5.0, fps=16.0)
@@ -79,8 +87,6 @@ class WanSampler:
     @staticmethod
     def tiny_modules(i2v: bool) -> Dict:
         """The tiny set's random encoders (the ones its feature cache was built with)."""
-        from mm_train.families.video import tiny as tiny_video
-
         return dict(zip(("vae", "text_encoder", "image_encoder", "image_processor"), tiny_video.encoders(image=i2v)))
 
     @staticmethod
@@ -113,11 +119,10 @@ class WanSampler:
 
     def __init__(self, config, modules: Dict, text_length: int, diffusion):
         from mm_models_video.flow_matching import FlowMatchingSchedule
-        from mm_train.families.video.data import _encoders
 
         self.config, self.modules, self.text_length = config, modules, text_length
         self.i2v = bool(getattr(config, "image_dim", None))
-        self.encoders = _encoders(modules["vae"], modules["text_encoder"], modules.get("image_encoder"),
+        self.encoders = wan_feature_encoders(modules["vae"], modules["text_encoder"], modules.get("image_encoder"),
                                   modules.get("image_processor"))
         self.schedule = FlowMatchingSchedule(diffusion.num_train_timesteps, diffusion.shift)
 
@@ -194,8 +199,6 @@ class CogVideoXSampler(WanSampler):
 
     @staticmethod
     def tiny_modules(i2v: bool) -> Dict:
-        from mm_train.families.video import tiny as tiny_video
-
         return dict(zip(("vae", "text_encoder"), tiny_video.cogvideox_encoders()))
 
     @staticmethod
@@ -207,11 +210,10 @@ class CogVideoXSampler(WanSampler):
 
     def __init__(self, config, modules: Dict, text_length: int, diffusion):
         from mm_models_video.cogvideox import CogVideoXSchedule
-        from mm_train.families.video.cogvideox_data import cogvideox_encoders
 
         self.config, self.modules, self.text_length = config, modules, text_length
         self.i2v = config.in_channels != config.out_channels
-        self.encoders = cogvideox_encoders(modules["vae"], modules["text_encoder"])
+        self.encoders = cogvideox_feature_encoders(modules["vae"], modules["text_encoder"])
         self.schedule = CogVideoXSchedule(num_train_timesteps=diffusion.num_train_timesteps,
                                           snr_shift_scale=diffusion.snr_shift_scale,
                                           rescale_betas_zero_snr=diffusion.rescale_betas_zero_snr)
@@ -279,14 +281,10 @@ def is_i2v(config) -> bool:
 def recipe_sampler(sampler_class, recipe, topo, config) -> WanSampler:
     """The sampler of a training run: the tiny set's encoders for data.kind tiny_video, else the
     folders of data.vae / data.text_encoder / data.tokenizer (and the image encoder for I2V)."""
-    from mm_train.families.video import tiny as tiny_video
-    from mm_train.families.video.data import clip_shape, default_folder, encoder_sources
-    from mm_train.task import load_tokenizer
-
     data, i2v = recipe.data, is_i2v(config)
     if data.kind == "tiny_video":
         modules = sampler_class.tiny_modules(i2v)
-        modules["tokenizer"] = tiny_video.tokenizer(data.path or default_folder())
+        modules["tokenizer"] = tiny_video.tokenizer(data.path or tiny_video.default_folder())
     else:
         folders = encoder_sources(data, topo, sampler_class.family)
         if not (folders["vae"] and folders["text_encoder"]):
@@ -294,14 +292,11 @@ def recipe_sampler(sampler_class, recipe, topo, config) -> WanSampler:
                              "data.text_encoder (their folders, or tiny)")
         modules = sampler_class.folder_modules(folders, i2v)
         modules["tokenizer"] = load_tokenizer(folders["tokenizer"], pad_token="<pad>", eos_token="</s>")
-    return sampler_class(config, modules, clip_shape(data)["text_length"], recipe.diffusion)
+    return sampler_class(config, modules, clip_shape(data)["text_length"], recipe.section("diffusion"))
 
 
 def pipeline_sampler(sampler_class, folder: str, config, diffusion_section):
     """A video sampler from a diffusers pipeline folder's encoders and scheduler config."""
-    from mm_train.families.video.tiny import ENCODER_FIELDS
-    from mm_train.task import load_tokenizer
-
     folders = {f: os.path.join(folder, f) if os.path.isdir(os.path.join(folder, f)) else None for f in ENCODER_FIELDS}
     modules = sampler_class.folder_modules(folders, is_i2v(config))
     modules["tokenizer"] = load_tokenizer(folders["tokenizer"] or folders["text_encoder"])
@@ -315,8 +310,6 @@ def pipeline_sampler(sampler_class, folder: str, config, diffusion_section):
 
 def recipe_settings(recipe) -> Settings:
     """The eval section's sample settings; frames, size and fps default to the training clips'."""
-    from mm_train.families.video import tiny as tiny_video
-    from mm_train.families.video.data import clip_shape
 
     e, shape = recipe.eval, clip_shape(recipe.data)
     side = max(16, int(shape["max_area"] ** 0.5) // 16 * 16)

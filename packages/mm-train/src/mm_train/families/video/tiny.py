@@ -19,8 +19,11 @@ from typing import Dict
 
 import numpy as np
 
-COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 70, 220), "yellow": (230, 210, 40),
-           "white": (245, 245, 245), "black": (15, 15, 15)}
+from mm_train.families.tiny_sets import COLOURS, train_tokenizer
+
+# Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore); PyAV,
+# mm-models-video, transformers (optional: a missing one is named when a run needs it).
+
 MOVES = {"left": (0, -2), "right": (0, 2), "up": (-2, 0), "down": (2, 0)}
 SIZE, FRAMES, FPS = 32, 9, 8
 SPECIAL = ["<pad>", "</s>", "<unk>"]
@@ -52,7 +55,6 @@ def generate(folder: str, samples: int = 64, seed: int = 0) -> Path:
     """Write the set into ``folder`` (clips/*.mp4, data.json, tokenizer.json) unless complete."""
     import av
 
-    from mm_train.families.vl.tiny import train_tokenizer
 
     folder = Path(folder)
     done = folder / ".complete"
@@ -151,7 +153,6 @@ def encoder_folders(root: str, seed: int = 0, family: str = "wan") -> Dict[str, 
     before real encoders are downloaded. Returns {field: folder}."""
     from transformers import PreTrainedTokenizerFast
 
-    from mm_train.families.vl.tiny import train_tokenizer
 
     root = Path(root)
     fields = ENCODER_FIELDS if family == "wan" else ("vae", "text_encoder", "tokenizer")
@@ -173,3 +174,9 @@ def encoder_folders(root: str, seed: int = 0, family: str = "wan") -> Dict[str, 
                             unk_token="<unk>").save_pretrained(folders["tokenizer"])
     done.write_text(json.dumps({"seed": seed, "family": family}))  # last: a folder without it is written again
     return folders
+
+
+def default_folder() -> str:
+    """Where the set lives unless the recipe says: $MM_TRAIN_VIDEO_DATA or ~/.cache/mm-train/tiny_video."""
+    return os.environ.get("MM_TRAIN_VIDEO_DATA",
+                          os.path.join(os.path.expanduser("~"), ".cache", "mm-train", "tiny_video"))

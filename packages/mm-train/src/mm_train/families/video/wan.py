@@ -12,9 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from mm_train.families.video.data import VideoTask
+from mm_train.families.video.data import WanTrainData, clip_shape, latent_tokens
+from mm_train.families.video.generate import generate_video
+from mm_train.families.video.task import VideoTask
+from mm_train.families.video.tiny import ENCODER_FIELDS, TINY
+from mm_train.plan.workload import LayerStack, Workload
+from mm_train.preflight import attention_rules, layer_rules, require_divisible, require_exists
 from mm_train.recipe import DataSection
 from mm_train.registry import BuiltinRecipe, FamilySpec, register
+
+# Deferred imports: mm-data, mm-models-video (optional: a missing one is named when a run needs it).
 
 
 @dataclass
@@ -71,9 +78,6 @@ class DiffusionSection:
 
 def video_source_problems(data) -> List[str]:
     """A video data section's annotations or feature cache and its encoder folders (or tiny) exist."""
-    from mm_train.families.video.tiny import ENCODER_FIELDS, TINY
-    from mm_train.preflight import require_exists
-
     problems = []
     if data.kind == "video":
         require_exists(problems, "data.path", data.path, "video annotations (data.json / .jsonl / .txt or a folder)")
@@ -89,8 +93,6 @@ def preflight(recipe, config: dict) -> List[str]:
     """Wan2.1: the annotations or the feature cache and the encoders' folders (or tiny) are there;
     the DiT's heads and FFN against tp and Ulysses, its blocks against the pipeline stages
     (`mm_train.preflight`)."""
-    from mm_train.preflight import attention_rules, layer_rules, require_divisible
-
     par, problems = recipe.parallel, video_source_problems(recipe.data)
     attention_rules(problems, "", config.get("num_attention_heads"), None, par)
     require_divisible(problems, "ffn_dim", config.get("ffn_dim"), "parallel.tp", par.tp)
@@ -103,7 +105,6 @@ class WanTask(VideoTask):
 
     def __init__(self, recipe, topo):
         from mm_data import Collator
-        from mm_train.families.video.data import WanTrainData
 
         super().__init__(recipe, topo)
         self.data = WanTrainData(recipe, topo, i2v=self.model_json.get("image_dim") is not None)
@@ -114,18 +115,14 @@ class WanTask(VideoTask):
         self.patch_size = tuple(model.config.patch_size)
 
     def tokens(self, batch: Dict) -> int:
-        from mm_train.families.video.data import latent_tokens
-
         return latent_tokens(batch, self.patch_size)
 
 
 def workload(recipe, config):
-    """The planner's shapes (mm_train.plan.workload) of the largest clip (`video_data.clip_shape`):
+    """The planner's shapes (mm_train.plan.workload) of the largest clip (`data.clip_shape`):
     num_frames frames of max_area pixels, through the VAE's 4 x 8 x 8 compression and the DiT's
     patches; each block keeps its self-attention, cross-attention to the text tokens and GELU FFN."""
     from mm_models_video.wan.flops import wan_dit_flops
-    from mm_train.families.video.data import clip_shape
-    from mm_train.plan.workload import LayerStack, Workload
 
     shape = clip_shape(recipe.data, read_cache=True)
     pt, ph, pw = config.patch_size
@@ -152,14 +149,15 @@ SPEC = register(FamilySpec(
     name="wan",
     description="Wan2.1 (1.3B, 14B): text- and image-to-video DiT pre-training and LoRA on flow matching",
     models={"WanTransformer3DModel": "mm_models_video:WanTransformer3DModel"},
-    task="mm_train.families.video.wan:WanTask",
+    task=WanTask,
     data_sections={"tiny_video": VideoDataSection, "video": VideoDataSection, "video_features": VideoDataSection},
     sections={"diffusion": DiffusionSection},
     plan="mm_models_video.wan.parallel_plan:parallelize",
     lora_config="mm_models_video.wan.parallel_plan:LoraConfig",
     extra="video",
-    preflight="mm_train.families.video.wan:preflight",
-    workload="mm_train.families.video.wan:workload",
+    preflight=preflight,
+    workload=workload,
+    generate=generate_video,
     recipes=(
         BuiltinRecipe("wan2_1_t2v_tiny", "wan2_1_t2v_tiny.yaml",
                       "a tiny random Wan2.1 T2V DiT on the built-in clips (feature cache)", _TINY),

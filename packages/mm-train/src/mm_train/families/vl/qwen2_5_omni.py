@@ -11,12 +11,20 @@ never read), or an inline thinker config for the tiny recipe.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from mm_train.families.vl.qwen2_5_vl import VLDataSection, VLTask
+from mm_train.families.vl.data import VLDataSection, write_processing_files
+from mm_train.families.vl.generate import generate_answer
+from mm_train.families.vl.qwen2_5_vl import VLTask
 from mm_train.families.vl.qwen2_5_vl import preflight as vl_preflight
+from mm_train.families.vl.qwen2_5_vl import workload as vl_workload
+from mm_train.plan.workload import LayerStack
 from mm_train.registry import BuiltinRecipe, FamilySpec, register
+
+# Deferred imports: mm-data, mm-models-vl, transformers (optional: a missing one is named when a run needs
+# it).
 
 OMNI_TOKENS = {"image_token_index": "<|IMAGE|>", "video_token_index": "<|VIDEO|>", "audio_token_index": "<|AUDIO|>",
                "vision_start_token_id": "<|vision_bos|>", "vision_end_token_id": "<|vision_eos|>",
@@ -54,12 +62,27 @@ def preflight(recipe, config: dict) -> List[str]:
 class OmniTask(VLTask):
     """See the module docstring and mm_train.families.vl.qwen2_5_vl.VLTask."""
 
-    config_class = "Qwen2_5OmniThinkerConfig"
     processor_class = "Qwen2_5OmniProcessor"
-    chat_media = "OMNI_MEDIA"
     media_tokens = OMNI_TOKENS
-    dataset_class = "OmniSFTDataset"
     data_section = OmniDataSection
+
+    @staticmethod
+    def config_class() -> type:
+        from transformers import Qwen2_5OmniThinkerConfig
+
+        return Qwen2_5OmniThinkerConfig
+
+    @staticmethod
+    def dataset_class() -> type:
+        from mm_data.vl import OmniSFTDataset
+
+        return OmniSFTDataset
+
+    @staticmethod
+    def chat_media():
+        from mm_data.vl.template import OMNI_MEDIA
+
+        return OMNI_MEDIA
 
     @staticmethod
     def audio_settings() -> Dict:
@@ -91,11 +114,7 @@ def workload(recipe, config):
     tower (whole on each rank of the first stage; frozen under model.freeze [audio]). Its layers
     see the audio's conv positions (100 feature frames a second, halved), each attending within
     its chunk of n_window positions (mm_parallel's attention runs the chunks as a padded batch)."""
-    import dataclasses
-
     from mm_models_vl.qwen2_5_omni.flops import audio_flops
-    from mm_train.families.vl.qwen2_5_vl import workload as vl_workload
-    from mm_train.plan.workload import LayerStack
 
     audio = config.audio_config
     frames = PLANNED_AUDIO_SECONDS * 100  # 10 ms hops (the Whisper features')
@@ -121,14 +140,15 @@ SPEC = register(FamilySpec(
     description="Qwen2.5-Omni thinker (3B / 7B): SFT on images, videos and audio, LoRA",
     models={"qwen2_5_omni_thinker": "mm_models_vl:Qwen2_5OmniThinkerForConditionalGeneration",
             WHOLE_MODEL: "mm_models_vl:Qwen2_5OmniThinkerForConditionalGeneration"},
-    task="mm_train.families.vl.qwen2_5_omni:OmniTask",
+    task=OmniTask,
     data_sections={"tiny_omni": OmniDataSection, "llamafactory": OmniDataSection},
     plan="mm_models_vl.qwen2_5_omni.parallel_plan:parallelize",
     lora_config="mm_models_vl.qwen2_5_omni.parallel_plan:LoraConfig",
     extra="vl",
-    processing="mm_train.families.vl.qwen2_5_vl:write_processing_files",
-    preflight="mm_train.families.vl.qwen2_5_omni:preflight",
-    workload="mm_train.families.vl.qwen2_5_omni:workload",
+    processing=write_processing_files,
+    preflight=preflight,
+    workload=workload,
+    generate=generate_answer,
     recipes=(
         BuiltinRecipe("qwen2_5_omni_tiny", "qwen2_5_omni_tiny.yaml",
                       "a tiny random Qwen2.5-Omni thinker captions generated pictures and sounds (about a minute)",

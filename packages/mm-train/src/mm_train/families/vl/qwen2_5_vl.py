@@ -13,88 +13,30 @@ padding — ignored by the loss — is the same for one process as for the layou
 
 from __future__ import annotations
 
+import json
+import math
 import os
-from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from mm_train.recipe import DataSection
+from mm_train.families.vl import samples as vl_samples
+from mm_train.families.vl.data import (
+    BUILTIN_SETS,
+    VLDataSection,
+    data_sources,
+    pixel_bounds,
+    vl_tokenizer,
+    write_processing_files,
+)
+from mm_train.families.vl.generate import generate_answer
+from mm_train.plan.workload import LayerStack, Workload
+from mm_train.preflight import attention_rules, layer_rules, require_divisible, require_exists
 from mm_train.registry import BuiltinRecipe, FamilySpec, register
-from mm_train.task import FamilyTask, load_tokenizer, once_on_rank_zero
+from mm_train.task import FamilyTask, once_on_rank_zero
+
+# Deferred imports: mm-data, mm-models-vl, transformers (optional: a missing one is named when a run needs
+# it).
 
 QWEN_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
-
-
-@dataclass
-class VLDataSection(DataSection):
-    """data.kind tiny_vl (the built-in set, generated at data.path or a cache folder) or
-    llamafactory (a LLaMA-Factory JSON / JSONL file at data.path)."""
-
-    kind: str = "tiny_vl"
-    media_dir: Optional[str] = None  # where image / video paths start (default: the file's folder)
-    tokenizer: Optional[str] = None  # a folder or tokenizer.json (default: model.path)
-    samples: int = 256  # tiny_vl only
-    max_length: int = 2048
-    system: Optional[str] = "You are a helpful assistant."  # the default system turn; "" or null: none
-    min_pixels: Optional[int] = None  # image / video frame pixel bounds (default: the processors')
-    max_pixels: Optional[int] = None
-    video_fps: float = 2.0
-
-    def __post_init__(self):
-        if self.kind == "llamafactory":
-            self.require_path("a LLaMA-Factory JSON / JSONL file")
-
-
-def pixel_bounds(data) -> Dict[str, int]:
-    return {k: v for k, v in (("min_pixels", data.min_pixels), ("max_pixels", data.max_pixels)) if v}
-
-
-# data.kind of a built-in set -> the module that generates it (generate, default_folder)
-BUILTIN_SETS = {"tiny_vl": "mm_train.families.vl.tiny", "tiny_omni": "mm_train.families.vl.tiny_omni"}
-
-
-def data_sources(recipe):
-    """(the built-in set's folder or None, the annotation file, the tokenizer's folder or file)."""
-    import importlib
-
-    data = recipe.data
-    if data.kind in BUILTIN_SETS:
-        folder = data.path or importlib.import_module(BUILTIN_SETS[data.kind]).default_folder()
-        return folder, os.path.join(folder, "data.json"), os.path.join(folder, "tokenizer.json")
-    return None, data.path, data.tokenizer or recipe.model.path
-
-
-def vl_tokenizer(path: str):
-    return load_tokenizer(path, pad_token="<|endoftext|>", eos_token="<|im_end|>")
-
-
-def write_processing_files(recipe, out: str) -> list:
-    """What a model folder needs beside its weights to be used as trained — the tokenizer with
-    the run's chat template (its default system turn), preprocessor_config.json and
-    video_preprocessor_config.json with the run's processor settings — written into ``out``
-    (`mm-train convert checkpoint`). Returns the files written."""
-    import json
-
-    from mm_data.vl import QwenChatTemplate, template
-
-    _, _, tokenizer_path = data_sources(recipe)
-    if not tokenizer_path or not os.path.exists(tokenizer_path):
-        raise FileNotFoundError(f"the tokenizer this run trained with is not at {tokenizer_path}; set data.tokenizer "
-                                "(or model.path) to it")
-    before = set(os.listdir(out))
-    task = recipe.family.task_class()
-    tokenizer = vl_tokenizer(tokenizer_path)
-    media = getattr(template, task.chat_media)
-    tokenizer.chat_template = QwenChatTemplate(tokenizer, recipe.data.system, media=media).jinja()
-    tokenizer.save_pretrained(out)
-    image, video = task.processors(recipe.data)
-    kinds = {"preprocessor_config.json": (image, "image_processor_type", "Qwen2VLImageProcessor"),
-             "video_preprocessor_config.json": (video, "video_processor_type", type(video).__name__)}
-    for name, (processor, key, kind) in kinds.items():
-        extra = task.audio_settings() if name == "preprocessor_config.json" else {}  # Omni: one file, both
-        with open(os.path.join(out, name), "w") as f:
-            json.dump({**processor.to_dict(), key: kind, **extra, "processor_class": task.processor_class}, f,
-                      indent=2)
-    return sorted(set(os.listdir(out)) - before)
 
 
 def preflight(recipe, config: dict) -> List[str]:
@@ -102,8 +44,6 @@ def preflight(recipe, config: dict) -> List[str]:
     model's heads, FFN, vocabulary (the tokenizer's, rounded up to 64, for an inline config),
     layers and experts against the layout, the vision tower's heads and FFN against tp
     (`mm_train.preflight`)."""
-    from mm_train.preflight import attention_rules, layer_rules, require_divisible, require_exists
-
     par, problems, data = recipe.parallel, [], recipe.data
     if data.kind not in BUILTIN_SETS:
         require_exists(problems, "data.path", data.path, "a LLaMA-Factory JSON / JSONL file")
@@ -146,14 +86,34 @@ class VLTask(FamilyTask):
     """See the module docstring and mm_train.task. A sibling family (Qwen3-VL) changes the class
     attributes: its transformers config class and its processors' settings."""
 
-    config_class = "Qwen2_5_VLConfig"
     processor_class = "Qwen2_5_VLProcessor"  # what a saved folder's preprocessor_config.json names
     processor_options: Dict = {}  # patch size, mean / std ... of both processors (defaults: Qwen2-VL's)
-    chat_media = "QWEN_MEDIA"  # the chat template's media tokens (a name in mm_data.vl.template)
-    dataset_class = "VLSFTDataset"  # what encodes training samples and prompts (a name in mm_data.vl)
     data_section = VLDataSection  # a Hugging Face folder's answers use its defaults
     media_tokens = dict(zip(("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"),
                             QWEN_TOKENS))  # an inline config's token-id fields and their tokens
+
+    # transformers and mm-data are extras: the classes below are imported when a run asks for them
+
+    @staticmethod
+    def config_class() -> type:
+        """The transformers config class of an inline model config."""
+        from transformers import Qwen2_5_VLConfig
+
+        return Qwen2_5_VLConfig
+
+    @staticmethod
+    def dataset_class() -> type:
+        """What encodes training samples and prompts."""
+        from mm_data.vl import VLSFTDataset
+
+        return VLSFTDataset
+
+    @staticmethod
+    def chat_media():
+        """The chat template's media tokens."""
+        from mm_data.vl.template import QWEN_MEDIA
+
+        return QWEN_MEDIA
 
     @staticmethod
     def audio_settings() -> Dict:
@@ -169,15 +129,12 @@ class VLTask(FamilyTask):
         return Qwen2VLImageProcessor(**options), Qwen2VLVideoProcessor(**options)
 
     def __init__(self, recipe, topo):
-        import importlib
-
         from mm_data import BucketBatchSampler
 
         super().__init__(recipe, topo)
         data, train = recipe.data, recipe.train
         if data.kind in BUILTIN_SETS:  # the set exists before anyone reads it
-            generate = importlib.import_module(BUILTIN_SETS[data.kind]).generate
-            once_on_rank_zero(topo, lambda: generate(data_sources(recipe)[0], data.samples))
+            once_on_rank_zero(topo, lambda: BUILTIN_SETS[data.kind].generate(data_sources(recipe)[0], data.samples))
         _, annotations, tokenizer_path = data_sources(recipe)
         self.annotations = annotations
         self.tokenizer = vl_tokenizer(tokenizer_path)
@@ -189,13 +146,11 @@ class VLTask(FamilyTask):
                                              (par.tp if par.sequence_parallel else 1))
 
     def read_dataset(self, annotations: str):
-        """The SFT data set (``dataset_class``) of a LLaMA-Factory file with the recipe's tokenizer and
+        """The SFT data set (`dataset_class`) of a LLaMA-Factory file with the recipe's tokenizer and
         processors, plus the family's ``dataset_options()``."""
-        from mm_data import vl
-
         data = self.recipe.data
         image_processor, video_processor = self.processors(data)
-        return getattr(vl, self.dataset_class).from_file(
+        return self.dataset_class().from_file(
             annotations, self.tokenizer, media_dir=data.media_dir, max_bad_fraction=data.max_bad_fraction,
             image_processor=image_processor, video_processor=video_processor,
             max_length=data.max_length, video_fps=data.video_fps, default_system=data.system,
@@ -221,8 +176,6 @@ class VLTask(FamilyTask):
         preprocessor_config.json, the default system turn)."""
         if recipe is not None:
             return vl_tokenizer(data_sources(recipe)[2]), cls.processors(recipe.data), recipe.data.system
-        import json
-
         bounds, path = {}, os.path.join(folder, "preprocessor_config.json")
         if os.path.isfile(path):
             with open(path) as f:
@@ -235,8 +188,6 @@ class VLTask(FamilyTask):
 
     def write_samples(self, chunks, out: str, writer: bool):
         """Greedy answers to the eval prompts (mm_train.families.vl.samples)."""
-        from mm_train.families.vl import samples as vl_samples
-
         e = self.recipe.eval
         media = {"images": e.images, "videos": e.videos, "audios": e.audios}
         return vl_samples.write_answers(self, chunks, e.prompts, media, e.max_new_tokens, out, writer)
@@ -256,17 +207,14 @@ class VLTask(FamilyTask):
 
     def inline_config(self):
         """The recipe's inline transformers config with the tokenizer's vocabulary and special tokens."""
-        import transformers
-
         values = dict(self.recipe.model.config)
         ids = self.token_ids()
         values["text_config"] = {**values.get("text_config", {}), "vocab_size": ids["vocab_size"],
                                  "pad_token_id": ids["pad_token_id"], "eos_token_id": ids["eos_token_id"],
                                  "bos_token_id": ids["eos_token_id"]}
         media = {name: ids[name] for name in self.media_tokens}
-        config_class = getattr(transformers, self.config_class)
-        return config_class(**values, **media, bos_token_id=ids["eos_token_id"], eos_token_id=ids["eos_token_id"],
-                            pad_token_id=ids["pad_token_id"])
+        return self.config_class()(**values, **media, bos_token_id=ids["eos_token_id"],
+                                   eos_token_id=ids["eos_token_id"], pad_token_id=ids["pad_token_id"])
 
     @staticmethod
     def tokens(batch: Dict) -> int:
@@ -286,10 +234,6 @@ def workload(recipe, config):
     stage; frozen under model.freeze [vision]) and the language model. Serves Qwen2.5-VL
     (windowed vision attention) and Qwen3-VL (whole-image attention; MoE layers count their k
     routed experts and the dispatched / combined copies of each token)."""
-    import math
-
-    from mm_train.plan.workload import LayerStack, Workload
-
     text, vision = config.text_config, config.vision_config
     seq, merge = recipe.data.max_length, vision.spatial_merge_size
     pixels = recipe.data.max_pixels or 1280 * (vision.patch_size * merge) ** 2  # unset: 1280 merged tokens
@@ -338,14 +282,15 @@ SPEC = register(FamilySpec(
     name="qwen2_5_vl",
     description="Qwen2.5-VL (3B / 7B / 32B / 72B): vision-language SFT and LoRA",
     models={"qwen2_5_vl": "mm_models_vl:Qwen2_5_VLForConditionalGeneration"},
-    task="mm_train.families.vl.qwen2_5_vl:VLTask",
+    task=VLTask,
     data_sections={"tiny_vl": VLDataSection, "llamafactory": VLDataSection},
     plan="mm_models_vl.qwen2_5_vl.parallel_plan:parallelize",
     lora_config="mm_models_vl.qwen2_5_vl.parallel_plan:LoraConfig",
     extra="vl",
-    processing="mm_train.families.vl.qwen2_5_vl:write_processing_files",
-    preflight="mm_train.families.vl.qwen2_5_vl:preflight",
-    workload="mm_train.families.vl.qwen2_5_vl:workload",
+    processing=write_processing_files,
+    preflight=preflight,
+    workload=workload,
+    generate=generate_answer,
     recipes=(
         BuiltinRecipe("qwen2_5_vl_tiny", "qwen2_5_vl_tiny.yaml",
                       "a tiny random Qwen2.5-VL captions generated pictures (about a minute)", "1-2 CPU processes",

@@ -10,16 +10,25 @@ their routing (expert imbalance, dropped tokens) and steps aux-free expert biase
 
 from __future__ import annotations
 
-from mm_train.families.vl.qwen2_5_vl import VLDataSection, VLTask, pixel_bounds
+from mm_train.families.vl.data import VLDataSection, pixel_bounds, write_processing_files
+from mm_train.families.vl.generate import generate_answer
+from mm_train.families.vl.qwen2_5_vl import VLTask, preflight, workload
 from mm_train.registry import BuiltinRecipe, FamilySpec, register
+
+# Deferred imports: mm-data, transformers (optional: a missing one is named when a run needs it).
 
 QWEN3_PROCESSING = dict(patch_size=16, image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5))
 
 
 class Qwen3VLTask(VLTask):
-    config_class = "Qwen3VLConfig"
     processor_class = "Qwen3VLProcessor"
     processor_options = QWEN3_PROCESSING
+
+    @staticmethod
+    def config_class() -> type:
+        from transformers import Qwen3VLConfig
+
+        return Qwen3VLConfig
 
     @classmethod
     def processors(cls, data):
@@ -31,21 +40,23 @@ class Qwen3VLTask(VLTask):
 
 
 class Qwen3VLMoeTask(Qwen3VLTask):
-    config_class = "Qwen3VLMoeConfig"
+    @staticmethod
+    def config_class() -> type:
+        from transformers import Qwen3VLMoeConfig
+
+        return Qwen3VLMoeConfig
 
 
 _COMMON = dict(data_sections={"tiny_vl": VLDataSection, "llamafactory": VLDataSection},
                plan="mm_models_vl.qwen3_vl.parallel_plan:parallelize",
                lora_config="mm_models_vl.qwen3_vl.parallel_plan:LoraConfig", extra="vl",
-               processing="mm_train.families.vl.qwen2_5_vl:write_processing_files",
-               preflight="mm_train.families.vl.qwen2_5_vl:preflight",
-               workload="mm_train.families.vl.qwen2_5_vl:workload")
+               processing=write_processing_files, preflight=preflight, workload=workload, generate=generate_answer)
 
 DENSE = register(FamilySpec(
     name="qwen3_vl",
     description="Qwen3-VL (dense, 2B-32B): vision-language SFT and LoRA",
     models={"qwen3_vl": "mm_models_vl:Qwen3VLForConditionalGeneration"},
-    task="mm_train.families.vl.qwen3_vl:Qwen3VLTask",
+    task=Qwen3VLTask,
     recipes=(
         BuiltinRecipe("qwen3_vl_tiny", "qwen3_vl_tiny.yaml",
                       "a tiny random Qwen3-VL captions generated pictures (about a minute)", "1-2 CPU processes"),
@@ -59,7 +70,7 @@ MOE = register(FamilySpec(
     name="qwen3_vl_moe",
     description="Qwen3-VL-MoE (30B-A3B, 235B-A22B): vision-language SFT with expert parallelism",
     models={"qwen3_vl_moe": "mm_models_vl:Qwen3VLMoeForConditionalGeneration"},
-    task="mm_train.families.vl.qwen3_vl:Qwen3VLMoeTask",
+    task=Qwen3VLMoeTask,
     recipes=(
         BuiltinRecipe("qwen3_vl_moe_tiny", "qwen3_vl_moe_tiny.yaml",
                       "a tiny random Qwen3-VL-MoE (4 experts) captions generated pictures", "1-2 CPU processes"),

@@ -28,6 +28,9 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+# Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore); mm-data (optional: a
+# missing one is named when a run needs it).
+
 PLACEHOLDERS = {"images": "<image>", "videos": "<video>", "audios": "<audio>"}
 
 
@@ -44,17 +47,17 @@ def with_placeholders(prompt: str, media: Dict[str, Sequence[str]]) -> str:
 
 
 def prompt_inputs(tokenizer, processors, system: Optional[str], prompt: str, media: Dict[str, Sequence[str]],
-                  dataset_class: str = "VLSFTDataset") -> Dict[str, np.ndarray]:
+                  dataset_class: type) -> Dict[str, np.ndarray]:
     """The forward keywords of one prompt with its ``media`` ({"images": [...], "videos": [...],
-    "audios": [...]}) as a batch of one, as the data set ``dataset_class`` (of mm_data.vl) with this
-    tokenizer, these (image, video) processors and this default system turn encodes a user turn."""
-    from mm_data import BadSample, vl
+    "audios": [...]}) as a batch of one, as the data set ``dataset_class`` (an mm_data.vl data set) with
+    this tokenizer, these (image, video) processors and this default system turn encodes a user turn."""
+    from mm_data import BadSample
     from mm_data.vl.conversation import Conversation
 
     prompt = with_placeholders(prompt, media)
     conversation = Conversation(turns=(("user", prompt),), source=prompt,
                                 **{kind: tuple(media.get(kind, ())) for kind in PLACEHOLDERS})
-    dataset = getattr(vl, dataset_class)([conversation], tokenizer, *processors, default_system=system)
+    dataset = dataset_class([conversation], tokenizer, *processors, default_system=system)
     try:
         sample = dataset.get(0)
     except BadSample as error:  # e.g. a picture or a clip that cannot be read
@@ -117,7 +120,7 @@ def greedy_by_reforward(chunks, topo, inputs: Dict, max_new_tokens: int, eos, pa
 
 
 def answer(chunks, topo, tokenizer, processors, system: Optional[str], prompt: str, media: Dict[str, Sequence[str]],
-           max_new_tokens: int, dataset_class: str = "VLSFTDataset") -> str:
+           max_new_tokens: int, dataset_class: type) -> str:
     """The model's greedy answer to one prompt (with its pictures / clips / sounds) under this layout."""
     inputs = prompt_inputs(tokenizer, processors, system, prompt, media, dataset_class)
     ids = inputs["input_ids"]
@@ -142,7 +145,7 @@ def write_answers(task, chunks, prompts: List[str], media_files: Dict[str, List[
         media = {kind: [paths[index]] if paths and paths[index] else []  # "": this prompt has none
                  for kind, paths in media_files.items()}
         text = answer(chunks, task.topo, task.tokenizer, processors, task.recipe.data.system, prompt, media,
-                      max_new_tokens, task.dataset_class)
+                      max_new_tokens, task.dataset_class())
         lines += [f"## {index}. {prompt}", ""]
         for kind, path in ((k, p) for k, paths in media.items() for p in paths):
             copy = f"{kind[:-1]}_{index}{os.path.splitext(path)[1]}"

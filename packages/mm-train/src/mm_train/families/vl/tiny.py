@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import List, Optional
 
 import numpy as np
 
-COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 70, 220), "yellow": (230, 210, 40),
-           "white": (245, 245, 245), "black": (15, 15, 15)}
+from mm_train.families.tiny_sets import COLOURS, train_tokenizer
+
+# Deferred imports: Pillow (optional: a missing one is named when a run needs it).
+
 SHAPES = ("circle", "square", "triangle", "cross")
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
            "<|video_pad|>"]
@@ -68,23 +69,9 @@ def generate(folder: str, samples: int = 256, seed: int = 0) -> Path:
         entries.append({"messages": [{"role": "user", "content": "<image>"},
                                      {"role": "assistant", "content": caption}], "images": [file]})
     (folder / "data.json").write_text(json.dumps(entries, indent=1))
-    train_tokenizer(captions + ["user\n", "assistant\n", "system\n"], folder / "tokenizer.json")
+    train_tokenizer(captions + ["user\n", "assistant\n", "system\n"], folder / "tokenizer.json", SPECIAL)
     done.write_text(json.dumps({"samples": samples, "format": "llamafactory"}))
     return folder
-
-
-def train_tokenizer(texts: List[str], path: Path, special: List[str] = SPECIAL, vocab_size: int = 300,
-                    unk_token: Optional[str] = None) -> None:
-    """A byte-level BPE tokenizer trained on ``texts`` with ``special`` tokens, saved as tokenizer.json."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE(unk_token=unk_token))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(texts, trainer)
-    tokenizer.save(str(path))
 
 
 def default_folder() -> str:

@@ -17,7 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mm_train.families.vl.tiny import COLOURS, SHAPES, _draw, train_tokenizer
+from mm_train.families.tiny_sets import COLOURS, train_tokenizer
+from mm_train.families.vl.tiny import SHAPES, _draw
+
+# Deferred imports: Pillow (optional: a missing one is named when a run needs it).
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_bos|>", "<|vision_eos|>", "<|IMAGE|>",
            "<|VIDEO|>", "<|audio_bos|>", "<|audio_eos|>", "<|AUDIO|>"]

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
-from mm_parallel import testing
-from mm_parallel.testing.worker import publish
+from mm_parallel import launch
+from mm_parallel.launch.worker import publish
 
 
 class WorkerPool:
@@ -37,7 +37,7 @@ class WorkerPool:
         self.dir = Path(tempfile.mkdtemp(prefix="mm_pool_"))
         publish(self.dir / "owner", str(os.getpid()))  # workers exit when this process is gone
         self.jobs = 0
-        cmd, env, log = testing.launch_command(testing._WORKER, self.nproc, ["--pool", str(self.dir)],
+        cmd, env, log = launch.launch_command(launch._WORKER, self.nproc, ["--pool", str(self.dir)],
                                                self.dir / "logs")
         self.sink = open(log, "wb")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.sink, stderr=subprocess.STDOUT, start_new_session=True)
@@ -52,17 +52,17 @@ class WorkerPool:
             self._start()
         out = self.dir / f"out{self.jobs}"
         out.mkdir()
-        spec = testing.job_spec(fn, kwargs, out)
+        spec = launch.job_spec(fn, kwargs, out)
         publish(self.dir / f"job{self.jobs}.json", json.dumps(spec))  # appears whole to the polling workers
         self.jobs += 1
         reason = self._wait(out, timeout)
         if reason:
-            tracebacks = testing.rank_errors(out)
-            tails = testing.worker_log_tails(self.dir / "logs", self.nproc)
+            tracebacks = launch.rank_errors(out)
+            tails = launch.worker_log_tails(self.dir / "logs", self.nproc)
             self.close(stuck=True)
-            raise testing.DistributedRunError(f"{fn.__qualname__} on a pool of {self.nproc}: {reason}\n"
+            raise launch.DistributedRunError(f"{fn.__qualname__} on a pool of {self.nproc}: {reason}\n"
                                               f"{tracebacks}\n{tails}")
-        return testing.read_results(fn, out, self.nproc)
+        return launch.read_results(fn, out, self.nproc)
 
     def _wait(self, out: Path, timeout: float) -> Optional[str]:
         start, failed_at = time.monotonic(), None
@@ -78,7 +78,7 @@ class WorkerPool:
                 return f"timed out after {timeout:.0f} s"
             if errors and failed_at is None:
                 failed_at = now
-            if failed_at is not None and now - failed_at > testing._FAILURE_GRACE_S:
+            if failed_at is not None and now - failed_at > launch._FAILURE_GRACE_S:
                 return "a rank raised and the others did not finish"
             time.sleep(0.05)
 
@@ -90,11 +90,11 @@ class WorkerPool:
             return
         (self.dir / "stop").write_text("")
         if stuck:
-            testing._kill(self.proc)
+            launch._kill(self.proc)
         else:
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
-                testing._kill(self.proc)
+                launch._kill(self.proc)
         self.sink.close()
         self.proc = None

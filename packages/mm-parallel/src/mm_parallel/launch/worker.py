@@ -71,7 +71,7 @@ def run_job(spec: dict) -> int:
     out = Path(spec["out"])
     rank = _rank()
     try:
-        from mm_parallel.testing import encode
+        from mm_parallel.launch import encode
 
         # The target's folder goes on the path, so it imports its sibling helper modules; the
         # caller's path follows the worker's own (test helper folders, e.g. pytest's pythonpath).

@@ -1,0 +1,132 @@
+"""The feature encoders of the video families: numpy in, numpy out, shared by the feature cache,
+online training and sampling, so that training and sampling see one conditioning.
+
+`wan_feature_encoders` (a Wan VAE, UMT5, for I2V CLIP) and `cogvideox_feature_encoders` (a
+CogVideoX VAE and T5) turn a batch of clips and captions into the named features; `encoder_sources`
+says which folders a recipe's encoders load from (the tiny random ones written once when the
+recipe says ``tiny``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional
+
+import numpy as np
+
+from mm_train.families.video import tiny as tiny_video
+from mm_train.task import once_on_rank_zero
+
+# Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore); mm-models-video,
+# transformers (optional: a missing one is named when a run needs it).
+
+
+def wan_feature_encoders(vae, text, image_encoder=None, image_processor=None):
+    """Feature-cache encoders from a MindSpore VAE and UMT5 (numpy in, numpy out); for I2V also
+    the first frame's CLIP features and the VAE latents of [first frame, black frames...]."""
+    import mindspore as ms
+
+    def latents(batch):
+        return vae.normalize_latents(vae.encode(ms.Tensor(batch["video"])).mean).asnumpy()
+
+    def prompt_embeds(batch):
+        mask = batch["attention_mask"]
+        hidden = text(ms.Tensor(batch["input_ids"]), ms.Tensor(mask)).last_hidden_state.asnumpy()
+        return hidden * mask[..., None]  # as the Wan pipelines: nothing past the caption
+
+    encoders = {"latents": latents, "prompt_embeds": prompt_embeds}
+    if image_encoder is None:
+        return encoders
+
+    def image_embeds(batch):  # the penultimate layer of CLIP on the first frame, as diffusers' I2V pipeline
+        first = np.rint((batch["video"][:, :, 0].transpose(0, 2, 3, 1) + 1.0) * 127.5).astype(np.uint8)
+        pixels = image_processor(images=list(first), return_tensors="np")["pixel_values"]
+        return image_encoder(ms.Tensor(pixels), output_hidden_states=True).hidden_states[-2].asnumpy()
+
+    def condition(batch):  # what the I2V DiT sees beside the noise: the image, then nothing
+        video = np.zeros_like(batch["video"])
+        video[:, :, 0] = batch["video"][:, :, 0]
+        return vae.normalize_latents(vae.encode(ms.Tensor(video)).mean).asnumpy()
+
+    encoders.update(image_embeds=image_embeds, condition=condition)
+    return encoders
+
+
+def encoder_sources(data, topo, family: str = "wan") -> Dict[str, str]:
+    """{vae, text_encoder, tokenizer, image_encoder, image_processor: folder} of a ``video`` data
+    section: its own folders, and for each set to ``tiny`` the ``family``'s tiny random encoders'
+    (written once under the tiny set's folder, `tiny_video.encoder_folders`). The tokenizer
+    defaults to the text encoder's folder, the image processor to the image encoder's."""
+    given = {field: getattr(data, field) for field in tiny_video.ENCODER_FIELDS}
+    if tiny_video.TINY in given.values():
+        folder = "tiny_encoders" if family == "wan" else f"tiny_encoders-{family}"
+        root = os.path.join(tiny_video.default_folder(), folder)
+        once_on_rank_zero(topo, lambda: tiny_video.encoder_folders(root, family=family))
+        tiny = tiny_video.encoder_folders(root, family=family)
+        given = {field: tiny.get(field) if value == tiny_video.TINY else value for field, value in given.items()}
+        for encoder, companion in (("text_encoder", "tokenizer"), ("image_encoder", "image_processor")):
+            if getattr(data, encoder) == tiny_video.TINY and not getattr(data, companion):
+                given[companion] = tiny.get(companion)
+    given["tokenizer"] = given["tokenizer"] or given["text_encoder"]
+    given["image_processor"] = given["image_processor"] or given["image_encoder"]
+    return given
+
+
+def wan_folder_encoders(folders, i2v: bool):
+    """The feature encoders of a Wan recipe's encoder folders (AutoencoderKLWan, UMT5; I2V: CLIP)."""
+    from mm_models_video import AutoencoderKLWan, UMT5EncoderModel
+
+    vae = AutoencoderKLWan.from_pretrained(folders["vae"])
+    text = UMT5EncoderModel.from_pretrained(folders["text_encoder"])
+    if not i2v:
+        return wan_feature_encoders(vae, text)
+    if not folders["image_encoder"]:
+        raise ValueError("an I2V model needs data.image_encoder: a CLIP vision folder (with its "
+                         "preprocessor_config.json, or data.image_processor), or tiny")
+    from transformers import CLIPImageProcessorPil
+
+    from mm_models_video import CLIPVisionModel
+
+    return wan_feature_encoders(vae, text, CLIPVisionModel.from_pretrained(folders["image_encoder"]),
+                                CLIPImageProcessorPil.from_pretrained(folders["image_processor"]))
+
+
+def cogvideox_feature_encoders(vae, text, image_noise: Optional[dict] = None, frame_group=None):
+    """{latents, prompt_embeds[, image_latents]}: numpy-in numpy-out encoders of a CogVideoX VAE
+    and T5; ``image_noise`` {seed, mean, std} adds the I2V image latents (cogvideox_data's docstring);
+    ``frame_group`` (data.vae_context_parallel) splits each clip's frames over its ranks
+    (vae_context_parallel.encode_gathered: the clip whole, GroupNorm over all its frames)."""
+    import mindspore as ms
+
+    from mm_models_video.cogvideox import vae_context_parallel
+    from mm_models_video.cogvideox.conditioning import image_latent_scale, noisy_first_frame
+
+    scale = float(vae.config["scaling_factor"])
+
+    def latents(batch):
+        if frame_group is not None:
+            return (vae_context_parallel.encode_gathered(vae, batch["video"], frame_group).mean * scale).asnumpy()
+        return (vae.encode(ms.Tensor(batch["video"])).mean * scale).asnumpy()
+
+    def prompt_embeds(batch):
+        return text(ms.Tensor(batch["input_ids"])).last_hidden_state.asnumpy()
+
+    encoders = {"latents": latents, "prompt_embeds": prompt_embeds}
+    if image_noise is None:
+        return encoders
+    image_scale = image_latent_scale(vae.config)
+
+    def image_latents(batch):
+        frames = []
+        for row, index in enumerate(batch["index"]):
+            when = [int(batch["step"])] if "step" in batch else []  # online: fresh noise every step
+            rng = np.random.default_rng([image_noise["seed"], *when, int(index)])
+            frames.append(noisy_first_frame(batch["video"][row:row + 1], rng, image_noise["mean"],
+                                            image_noise["std"]))
+        return (vae.encode(ms.Tensor(np.concatenate(frames))).mean * image_scale).asnumpy()
+
+    encoders["image_latents"] = image_latents
+    return encoders
+
+
+

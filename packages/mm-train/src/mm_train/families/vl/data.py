@@ -1,0 +1,83 @@
+"""The VL families' data: the typed data section, where a recipe's annotations and tokenizer are,
+the built-in sets, and the files a saved model folder needs beside its weights."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+from mm_train.families.vl import tiny, tiny_omni
+from mm_train.recipe import DataSection
+from mm_train.task import load_tokenizer
+
+# Deferred imports: mm-data (optional: a missing one is named when a run needs it).
+
+
+@dataclass
+class VLDataSection(DataSection):
+    """data.kind tiny_vl (the built-in set, generated at data.path or a cache folder) or
+    llamafactory (a LLaMA-Factory JSON / JSONL file at data.path)."""
+
+    kind: str = "tiny_vl"
+    media_dir: Optional[str] = None  # where image / video paths start (default: the file's folder)
+    tokenizer: Optional[str] = None  # a folder or tokenizer.json (default: model.path)
+    samples: int = 256  # tiny_vl only
+    max_length: int = 2048
+    system: Optional[str] = "You are a helpful assistant."  # the default system turn; "" or null: none
+    min_pixels: Optional[int] = None  # image / video frame pixel bounds (default: the processors')
+    max_pixels: Optional[int] = None
+    video_fps: float = 2.0
+
+    def __post_init__(self):
+        if self.kind == "llamafactory":
+            self.require_path("a LLaMA-Factory JSON / JSONL file")
+
+
+def pixel_bounds(data) -> Dict[str, int]:
+    return {k: v for k, v in (("min_pixels", data.min_pixels), ("max_pixels", data.max_pixels)) if v}
+
+
+# data.kind of a built-in set -> the module that generates it (generate, default_folder)
+BUILTIN_SETS = {"tiny_vl": tiny, "tiny_omni": tiny_omni}
+
+
+def data_sources(recipe):
+    """(the built-in set's folder or None, the annotation file, the tokenizer's folder or file)."""
+    data = recipe.data
+    if data.kind in BUILTIN_SETS:
+        folder = data.path or BUILTIN_SETS[data.kind].default_folder()
+        return folder, os.path.join(folder, "data.json"), os.path.join(folder, "tokenizer.json")
+    return None, data.path, data.tokenizer or recipe.model.path
+
+
+def vl_tokenizer(path: str):
+    return load_tokenizer(path, pad_token="<|endoftext|>", eos_token="<|im_end|>")
+
+
+def write_processing_files(recipe, out: str) -> list:
+    """What a model folder needs beside its weights to be used as trained — the tokenizer with
+    the run's chat template (its default system turn), preprocessor_config.json and
+    video_preprocessor_config.json with the run's processor settings — written into ``out``
+    (`mm-train convert checkpoint`). Returns the files written."""
+    from mm_data.vl import QwenChatTemplate
+
+    _, _, tokenizer_path = data_sources(recipe)
+    if not tokenizer_path or not os.path.exists(tokenizer_path):
+        raise FileNotFoundError(f"the tokenizer this run trained with is not at {tokenizer_path}; set data.tokenizer "
+                                "(or model.path) to it")
+    before = set(os.listdir(out))
+    task = recipe.family.task
+    tokenizer = vl_tokenizer(tokenizer_path)
+    tokenizer.chat_template = QwenChatTemplate(tokenizer, recipe.data.system, media=task.chat_media()).jinja()
+    tokenizer.save_pretrained(out)
+    image, video = task.processors(recipe.data)
+    kinds = {"preprocessor_config.json": (image, "image_processor_type", "Qwen2VLImageProcessor"),
+             "video_preprocessor_config.json": (video, "video_processor_type", type(video).__name__)}
+    for name, (processor, key, kind) in kinds.items():
+        extra = task.audio_settings() if name == "preprocessor_config.json" else {}  # Omni: one file, both
+        with open(os.path.join(out, name), "w") as f:
+            json.dump({**processor.to_dict(), key: kind, **extra, "processor_class": task.processor_class}, f,
+                      indent=2)
+    return sorted(set(os.listdir(out)) - before)

@@ -1,0 +1,15 @@
+"""How a rank's share of a step becomes micro-batches: the training loader and validation cut alike."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List
+
+
+class MicroBatches:
+    """Collate a rank's share of a step into consecutive micro-batches of ``size`` samples."""
+
+    def __init__(self, collate: Callable, size: int):
+        self.collate, self.size = collate, size
+
+    def __call__(self, samples: List[dict]) -> List[Dict]:
+        return [self.collate(samples[i:i + self.size]) for i in range(0, len(samples), self.size)]
