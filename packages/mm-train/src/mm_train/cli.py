@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional
 
 from mm_train import convert, doctor, generate, registry
-from mm_train.doctor import add_parser as add_doctor
 from mm_train.node_disks import NODE_VARIABLE
 from mm_train.plan import command as plan_command
 from mm_train.plan import refuse_unfitting
@@ -72,14 +71,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds to wait for every node's workers to join (msrun's cluster_time_out)")
     commands.add_parser("recipes", help="list the built-in recipes",
                         description="The built-in recipes: name, family, what it trains, the machines it is for.")
-
-    convert.add_parser(commands)
-
-    plan_command.add_parser(commands)
-
-    generate.add_parser(commands)
-
-    add_doctor(commands)
+    for command in (convert, plan_command, generate, doctor):
+        command.add_parser(commands)
     return parser
 
 
@@ -257,7 +250,6 @@ def _launch(args, recipe, nnodes: int = 1, node_rank: int = 0, master_addr: str 
 def _launch_node(args) -> int:
     if not 0 <= args.node_rank < args.nnodes:
         raise ValueError(f"--node-rank {args.node_rank} is not in 0 .. {args.nnodes - 1}")
-
     recipe = load_recipe(args.recipe, args.overrides)
     check_layout(recipe, args.nnodes * args.nproc_per_node)
     check_before_launch(recipe)
@@ -300,7 +292,6 @@ def _dispatch(args) -> int:
         return plan_command.run(args)
     if args.command == "generate":
         return generate.run(args)
-
     return convert.run(args)
 
 
