@@ -1,5 +1,5 @@
-"""A CogVideoX recipe's data: the video pipeline of mm_train.families.video.data with CogVideoX's encoders
-and objective.
+"""A CogVideoX recipe's data: the video pipeline of mm_train.families.video.data with CogVideoX's
+encoders and objective.
 
 Features: ``latents`` = scaling_factor x the AutoencoderKLCogVideoX latent mean, (C, F, H, W) as
 cached; ``prompt_embeds`` = the T5 encoder's last hidden state over the caption padded to
@@ -53,8 +53,8 @@ class CogVideoXTrainData(WanTrainData):
         from mm_models_video import AutoencoderKLCogVideoX, T5EncoderModel
 
         return cogvideox_feature_encoders(AutoencoderKLCogVideoX.from_pretrained(folders["vae"]),
-                                  T5EncoderModel.from_pretrained(folders["text_encoder"]), self.image_noise(i2v),
-                                  self.frame_group)
+                                          T5EncoderModel.from_pretrained(folders["text_encoder"]),
+                                          self.image_noise(i2v), self.frame_group)
 
     def make_schedule(self):
         from mm_models_video.cogvideox import CogVideoXSchedule

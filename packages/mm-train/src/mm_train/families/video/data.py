@@ -1,11 +1,11 @@
 """A video recipe's data: clips encoded into features (once into a cache, or online), then flow matching.
 
-`WanTrainData` (the data of the Wan family's task, mm_train.families.video.wan) makes sure a feature cache exists — for
-``tiny_video`` (the built-in set, encoded
-by its tiny random VAE and UMT5) and ``video`` (the user's annotations, encoded by the recipe's
-VAE and text encoder), every rank encodes its share (mm-data's `build_feature_cache`: centre
-crops, VAE latent means normalised by the VAE's latents_mean / std, text embeddings zeroed past
-the caption) — or uses a ready one (``video_features``). Training then reads `FeatureDataset`
+`WanTrainData` (the data of the Wan family's task, mm_train.families.video.wan) makes sure a
+feature cache exists — for ``tiny_video`` (the built-in set, encoded by its tiny random VAE and
+UMT5) and ``video`` (the user's annotations, encoded by the recipe's VAE and text encoder),
+every rank encodes its share (mm-data's `build_feature_cache`: centre crops, VAE latent means
+normalised by the VAE's latents_mean / std, text embeddings zeroed past the caption) — or uses a
+ready one (``video_features``). Training then reads `FeatureDataset`
 in global batches of one latent shape (`BucketBatchSampler` keyed by feature shapes), this rank's
 share split into micro-batches, and turns each sample into flow-matching inputs: u, noise and
 caption dropout drawn from a generator seeded by (train.seed, step, sample), so a step's inputs
@@ -77,6 +77,7 @@ class _Source:
 
     def __init__(self, recipe: Recipe, topo, i2v: bool, family=None):
         from mm_data.video import AspectBuckets, FrameBuckets
+
         data = recipe.data
         self.i2v, self.data, self.family = i2v, data, family
         shape = clip_shape(data)

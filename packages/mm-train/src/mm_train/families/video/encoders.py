@@ -127,6 +127,3 @@ def cogvideox_feature_encoders(vae, text, image_noise: Optional[dict] = None, fr
 
     encoders["image_latents"] = image_latents
     return encoders
-
-
-

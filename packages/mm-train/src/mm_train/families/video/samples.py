@@ -14,8 +14,9 @@ What the diffusers pipelines do, with the trained DiT behind ``predict`` (mm_tra
 
 Classifier-free guidance: v = v_u + g (v_c - v_u), the unconditional pass on
 ``eval.negative_prompt`` ("" by default). Prompts are encoded as the feature cache encodes
-captions (`encoders.wan_feature_encoders`, `encoders.cogvideox_feature_encoders`: the same tokenizer, the
-same length, the same zeroing past the caption), so training and sampling see one conditioning.
+captions (`encoders.wan_feature_encoders`, `encoders.cogvideox_feature_encoders`: the same
+tokenizer, the same length, the same zeroing past the caption), so training and sampling see one
+conditioning.
 The image latents are the VAE's means (the pipelines draw from the distribution).
 """
 
@@ -32,7 +33,6 @@ from mm_train import samples
 from mm_train.families.video import tiny as tiny_video
 from mm_train.families.video.data import clip_shape
 from mm_train.families.video.encoders import cogvideox_feature_encoders, encoder_sources, wan_feature_encoders
-from mm_train.families.video.tiny import ENCODER_FIELDS
 from mm_train.task import load_tokenizer
 
 # Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore); Pillow,
@@ -123,7 +123,7 @@ class WanSampler:
         self.config, self.modules, self.text_length = config, modules, text_length
         self.i2v = bool(getattr(config, "image_dim", None))
         self.encoders = wan_feature_encoders(modules["vae"], modules["text_encoder"], modules.get("image_encoder"),
-                                  modules.get("image_processor"))
+                                             modules.get("image_processor"))
         self.schedule = FlowMatchingSchedule(diffusion.num_train_timesteps, diffusion.shift)
 
     def sampler_of(self, settings: Settings) -> str:
@@ -297,7 +297,8 @@ def recipe_sampler(sampler_class, recipe, topo, config) -> WanSampler:
 
 def pipeline_sampler(sampler_class, folder: str, config, diffusion_section):
     """A video sampler from a diffusers pipeline folder's encoders and scheduler config."""
-    folders = {f: os.path.join(folder, f) if os.path.isdir(os.path.join(folder, f)) else None for f in ENCODER_FIELDS}
+    folders = {f: os.path.join(folder, f) if os.path.isdir(os.path.join(folder, f)) else None
+               for f in tiny_video.ENCODER_FIELDS}
     modules = sampler_class.folder_modules(folders, is_i2v(config))
     modules["tokenizer"] = load_tokenizer(folders["tokenizer"] or folders["text_encoder"])
     scheduler, path = {}, os.path.join(folder, "scheduler", "scheduler_config.json")
