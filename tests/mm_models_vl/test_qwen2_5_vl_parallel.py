@@ -131,10 +131,11 @@ def test_a_device_path_step_reads_the_host_only_for_the_loss(checkpoints):
                 optimizer.step(grads)
     assert forward_backward == 1 and step.reads == 1, step.sites()
     # uploads: the step's input data only (ids, pixels, positions and rotary tables, gather orders,
-    # targets, made from the host batch), and ops.gelu's own scalar
+    # targets, made from the host batch; the vision windows' segments as a batch for the kernel),
+    # and ops.gelu's own scalar
     uploaded = {site.split(":")[0] for site in step.sites() if site.endswith(" upload")}
     assert uploaded <= {"mm_models_vl/qwen2_5_vl/modeling.py", "mm_models_vl/qwen2_5_vl/vision.py",
-                        "mm_parallel/ops/activations.py"}, step.sites()
+                        "mm_parallel/ops/fused_attention.py", "mm_parallel/ops/activations.py"}, step.sites()
     reads = [site.split(":")[0] for site in step.sites() if not site.endswith(" upload")]
     assert reads == ["mm_parallel/testing/equivalence.py"], step.sites()
     assert not [site for site in step.sites() if site.startswith("mm_parallel/optimizer.py")], step.sites()

@@ -37,7 +37,7 @@ from mindspore import Tensor, nn, ops
 
 from mm_parallel.ops import native
 from mm_parallel.ops.device import as_type, host_array, ones, tiled_to, use_fused, with_zero_row
-from mm_parallel.ops.fused_attention import causal_allowed, flash_attention
+from mm_parallel.ops.fused_attention import causal_allowed, flash_attention, has_kernel_form, padded_runs
 from mm_parallel.ops.low_precision import LOW, compute_dtype, rounded, to_compute
 
 # The dtypes flash_attention_score takes (its MindSpore 2.7 page): float32 goes to the reference
@@ -74,13 +74,9 @@ def segment_blocks(segments) -> Optional[tuple]:
     if len(np.unique(ids[starts])) != len(starts):  # a segment in pieces: leave it to the mask
         return None
     lengths = np.diff(np.r_[starts, n])
-    count, longest = len(lengths), int(lengths.max())
-    if 2 * count * longest * longest > n * n:
+    if 2 * len(lengths) * int(lengths.max()) ** 2 > n * n:
         return None
-    offsets = np.arange(longest)
-    valid = offsets[None, :] < lengths[:, None]
-    gather = np.where(valid, starts[:, None] + offsets[None, :], n)
-    return gather, valid, np.flatnonzero(valid.reshape(-1))
+    return padded_runs(starts, lengths, n)
 
 
 def _attention_in_blocks(q, k, v, blocks, causal: bool, scale: float):
@@ -248,7 +244,7 @@ def attention(
             raise ValueError("segment_ids alone need q_len == k_len; pass kv_segment_ids for the keys")
         kv_segment_ids = segment_ids
     scale = head_dim ** -0.5 if scale is None else scale
-    if use_fused() and not return_lse and bias is None and q.dtype in FLASH_ATTENTION_DTYPES:
+    if use_fused() and not return_lse and bias is None and _takes_kernel(q):
         return fused_attention(q, k, v, scale, causal, key_padding_mask, segment_ids, kv_segment_ids)
     if segment_ids is not None and batch == 1 and key_padding_mask is None and bias is None and not return_lse:
         segments = host_array(segment_ids)  # read once: on a device each read is a copy to the host
@@ -336,9 +332,21 @@ def _rows_may_be_empty(causal, q_len, k_len, key_padding_mask, segment_ids) -> b
     return key_padding_mask is not None or segment_ids is not None or (causal and q_len > k_len)
 
 
+def kernel_dtype(q):
+    """The dtype attention's operands have on the device: the compute dtype under a low precision
+    (bf16 tensors on Ascend; float32 storage holding bf16 values when emulated), else q's."""
+    return compute_dtype() if compute_dtype() in LOW else q.dtype
+
+
+def _takes_kernel(q) -> bool:
+    """Whether flash_attention_score computes this attention: its dtype (half precision; fp32
+    only on the stand-ins' widening) and heads within what its page admits."""
+    return kernel_dtype(q) in FLASH_ATTENTION_DTYPES and has_kernel_form(q.shape[2], q.shape[3])
+
+
 def fused_attention(q, k, v, scale, causal, key_padding_mask, q_segments, k_segments):
     """The same attention from Ascend's flash_attention_score, without an S x S mask where the
     kernel has a form for the case (mm_parallel.ops.fused_attention says which)."""
     return flash_attention(q, k, v, scale, causal, key_padding_mask, q_segments, k_segments,
                            lambda: _allowed(q.shape[0], q.shape[1], k.shape[1], causal, key_padding_mask,
-                                            q_segments, k_segments))
+                                            q_segments, k_segments), kernel_dtype(q))

@@ -1,21 +1,28 @@
-"""Attention through Ascend's flash_attention_score, each mask in the kernel's own form.
+"""Attention through Ascend's flash_attention_score, in the forms its documentation allows.
 
-The kernel (MindSpore 2.7's ``ops.flash_attention_score``) discards pairs where attn_mask is 1
-and has cheaper forms than a full mask for the cases multimodal training meets:
+MindSpore 2.7.2's page (every restriction: mm_parallel.testing.flash_attention_contract) admits
+head sizes D that are multiples of 16 up to 512, at most 256 query heads and 2048 sequences per
+call; the packed TND layout only causal (sparse_mode 2 / 3 with the (2048, 2048) triangle,
+next_tokens 0, pre_tokens >= the longest query); and it defines no result for a query with no
+retained key. mm's calls:
 
-    causal, no padding        sparse_mode 3 (rightDownCausal: key j <= i + k_len - q_len) with the
-                              (2048, 2048) compressed triangle, made once per process
-    packed sequences          input_layout "TND": the batch's rows back to back, each segment a
-                              sequence of its own (actual_seq_qlen / kvlen = cumulative ends);
-                              causal ones as sparse_mode 3 + the compressed triangle
-    key padding               a (B, 1, q_len, k_len) bool mask built on the device from the
-                              (B, k_len) keep mask (the kernel takes no (B, 1, 1, S) broadcast),
-                              or-ed with a cached causal triangle when causal
-    segments that are not contiguous runs (never produced by mm's models): the full mask, built
-                              on the host, as the reference path does
+    causal                  BSND, sparse_mode 3 (rightDownCausal: key j <= i + k_len - q_len) with
+                            the compressed triangle; with q_len > k_len only the last k_len queries
+                            go to the kernel (the first ones see no key: zeros)
+    packed, causal          TND, sparse_mode 3, next_tokens 0, pre_tokens INT_MAX (>= max_seqlen_q),
+                            actual_seq_qlen / kvlen the cumulative segment ends, <= 1024 per call
+    packed, not causal      the segments as a batch, padded to the longest, BSND with a key padding
+                            mask (the vision towers' windows and frames, the audio tower's chunks)
+    key padding             a (B, 1, q_len, k_len) bool mask built on the device from the (B, k_len)
+                            keep mask, or-ed with a cached causal triangle when causal
+    other segment ids       (never produced by mm's models) the full mask, built on the host
 
-A query with no allowed key (a fully padded sample, left padding under causal) is undefined in
-the kernel's documentation; as on the reference path it returns zeros (a device-side product).
+    D not a multiple of 16  q, k, v zero-padded to the next multiple (q.k and p.v unchanged: exact),
+                            the scale kept 1/sqrt(real D), the output cut back
+    more than 2048 rows     in chunks of 2048 sequences
+    no allowed key          such a query is given every key in the mask the kernel sees (a defined
+                            result), and its output set to zero after the kernel with a select:
+                            zeros forward, and no gradient flows into the kernel for it
 """
 
 from __future__ import annotations
@@ -27,10 +34,11 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 
-from mm_parallel.ops.device import host_array, tiled_to
+from mm_parallel.ops.device import as_type, host_array, zeros
 
 _COMPRESSED = 2048
 _INT_MAX = 2147483647
+MAX_BATCH, MAX_PACKED, MAX_HEADS, MAX_HEAD_DIM = 2048, 1024, 256, 512
 
 
 @functools.lru_cache(maxsize=1)
@@ -45,14 +53,35 @@ def causal_allowed(q_len: int, k_len: int) -> np.ndarray:
     return np.arange(k_len)[None, :] <= np.arange(q_len)[:, None] + (k_len - q_len)
 
 
+def padded_head_dim(head_dim: int) -> int:
+    """The head size the kernel is called with: the next multiple of 16."""
+    return -(-head_dim // 16) * 16
+
+
+def has_kernel_form(heads: int, head_dim: int) -> bool:
+    """Whether the page admits these heads at all (else the reference path computes them)."""
+    return heads <= MAX_HEADS and padded_head_dim(head_dim) <= MAX_HEAD_DIM
+
+
 @functools.lru_cache(maxsize=16)
 def _causal_dropped(q_len: int, k_len: int) -> Tensor:
     """(1, 1, q_len, k_len) bool, True above the causal diagonal (made once per shape)."""
     return Tensor(~causal_allowed(q_len, k_len)[None, None])
 
 
-def _kernel(q, k, v, scale, **kwargs):
-    return ops.flash_attention_score(q, k, v, q.shape[-2], scalar_value=float(scale), **kwargs)
+@functools.lru_cache(maxsize=64)
+def _zeros(shape: tuple, dtype) -> Tensor:
+    """Zeros made once per shape (the head-size padding, the rows before the first causal key)."""
+    return zeros(shape, dtype)
+
+
+def padded_runs(starts: np.ndarray, lengths: np.ndarray, total: int):
+    """(gather (S, L): row of each slot, ``total`` where it is padding; valid (S, L) bool;
+    scatter: the flat slot of each of the ``total`` rows) for S runs of rows padded to the longest L."""
+    offsets = np.arange(int(lengths.max()))
+    valid = offsets[None, :] < lengths[:, None]
+    gather = np.where(valid, starts[:, None] + offsets[None, :], total)
+    return gather, valid, np.flatnonzero(valid.reshape(-1))
 
 
 def packed_ends(q_segments, k_segments, batch: int, q_len: int, k_len: int) -> Optional[List[int]]:
@@ -73,6 +102,70 @@ def packed_ends(q_segments, k_segments, batch: int, q_len: int, k_len: int) -> O
     return ends
 
 
+# -- the kernel calls -------------------------------------------------------------------------------
+
+def _bsnd(q, k, v, scale, attn_mask=None, sparse_mode=0):
+    """flash_attention_score in BSND, at most 2048 sequences per call (the page's B range)."""
+    if q.shape[0] <= MAX_BATCH:
+        return ops.flash_attention_score(q, k, v, q.shape[-2], attn_mask=attn_mask, scalar_value=float(scale),
+                                         input_layout="BSND", sparse_mode=sparse_mode)
+    outs = []
+    for b in range(0, q.shape[0], MAX_BATCH):
+        part = slice(b, b + MAX_BATCH)
+        mask = attn_mask if attn_mask is None or attn_mask.ndim == 2 or attn_mask.shape[0] == 1 else attn_mask[part]
+        outs.append(_bsnd(q[part], k[part], v[part], scale, mask, sparse_mode))
+    return ops.concat(outs, 0)
+
+
+def _packed_causal(q, k, v, scale, ends: List[int]):
+    """TND causal (sparse_mode 3) over rows (T, N, D) ending at ``ends``, <= 1024 sequences a call."""
+    outs, row, first = [], 0, 0
+    while first < len(ends):
+        group = ends[first:first + MAX_PACKED]
+        local = [e - row for e in group]
+        part = slice(row, group[-1])
+        outs.append(ops.flash_attention_score(
+            q[part], k[part], v[part], q.shape[-2], attn_mask=compressed_causal_mask(), actual_seq_qlen=local,
+            actual_seq_kvlen=local, scalar_value=float(scale), pre_tokens=_INT_MAX, next_tokens=0, input_layout="TND",
+            sparse_mode=3))
+        row, first = group[-1], first + MAX_PACKED
+    return outs[0] if len(outs) == 1 else ops.concat(outs, 0)
+
+
+def _segments_as_batch(q, k, v, scale, ends: List[int]):
+    """Non-causal packed segments (rows ending at ``ends`` of the flattened batch) as a padded batch."""
+    batch, q_len = q.shape[0], q.shape[1]
+    total = batch * q_len
+    bounds = np.asarray([0] + ends)
+    gather, valid, scatter = padded_runs(bounds[:-1], np.diff(bounds), total)
+    # padding slots repeat row 0: as keys the mask drops them, as queries their output is never
+    # gathered back, so they add nothing forward or backward (and need no row of zeros uploaded)
+    index = Tensor(np.where(valid, gather, 0).reshape(-1).astype(np.int32))
+
+    def to_blocks(x):
+        return ops.gather(x.reshape((total,) + tuple(x.shape[2:])), index, 0).reshape(gather.shape + tuple(x.shape[2:]))
+
+    count, longest = gather.shape
+    dropped = Tensor(np.broadcast_to(~valid[:, None, None, :], (count, 1, longest, longest)).copy())
+    out = _bsnd(to_blocks(q), to_blocks(k), to_blocks(v), scale, dropped)  # every slot sees its segment's keys
+    out = ops.gather(out.reshape((count * longest,) + tuple(out.shape[2:])), Tensor(scatter.astype(np.int32)), 0)
+    return out.reshape(q.shape)
+
+
+def _with_zero_rows(out, some_key):
+    """out (B, S1, N, D) with the queries where ``some_key`` (B, 1, S1) is False set to zero by a
+    select: the zeros are exact and the kernel's output for them gets no gradient."""
+    keep = ops.broadcast_to(some_key.reshape(out.shape[0], out.shape[1], 1, 1), out.shape)
+    return ops.select(keep, out, ops.zeros_like(out))
+
+
+def _masked(q, k, v, scale, dropped):
+    """The kernel under a (B, 1, S1, S2) bool mask of discarded pairs, queries with no key zeroed."""
+    some_key = ops.logical_not(dropped).any(-1)  # (B, 1, S1)
+    defined = ops.logical_and(dropped, some_key.reshape(some_key.shape + (1,)))  # empty rows: every key
+    return _bsnd(q, k, v, scale, defined), some_key
+
+
 def _padding_dropped(key_padding_mask, batch, q_len, k_len, causal):
     """(batch, 1, q_len, k_len) bool of discarded pairs, built on the device from the keep mask."""
     if tuple(key_padding_mask.shape) != (batch, k_len):
@@ -84,32 +177,43 @@ def _padding_dropped(key_padding_mask, batch, q_len, k_len, causal):
     return ops.logical_or(dropped, _causal_dropped(q_len, k_len)) if causal else dropped
 
 
-def flash_attention(q, k, v, scale, causal, key_padding_mask, q_segments, k_segments,
-                    full_allowed: Callable[[], np.ndarray]):
-    """mm_parallel.ops.attention's result (q, k, v in BSND) from the fused kernel; see the module
-    docstring. ``full_allowed`` builds the host mask for the one case without a kernel form."""
+def _causal(q, k, v, scale):
+    q_len, k_len = q.shape[1], k.shape[1]
+    if q_len <= k_len:
+        return _bsnd(q, k, v, scale, compressed_causal_mask(), sparse_mode=3)
+    seen = _bsnd(q[:, q_len - k_len:], k, v, scale, compressed_causal_mask(), sparse_mode=3)
+    return ops.concat([_zeros((q.shape[0], q_len - k_len) + tuple(seen.shape[2:]), seen.dtype), seen], 1)
+
+
+def _dispatch(q, k, v, scale, causal, key_padding_mask, q_segments, k_segments, full_allowed):
+    """(out, some_key or None): the kernel call of the case (module docstring)."""
     batch, q_len, heads, head_dim = q.shape
     k_len = k.shape[1]
     if q_segments is not None and key_padding_mask is None:
         ends = packed_ends(q_segments, k_segments, batch, q_len, k_len)
-        if ends is not None:
+        if ends is not None and causal:
             flat = [t.reshape(batch * t.shape[1], t.shape[2], head_dim) for t in (q, k, v)]
-            mode = dict(attn_mask=compressed_causal_mask(), sparse_mode=3, pre_tokens=_INT_MAX,
-                        next_tokens=0) if causal else {}
-            out = _kernel(*flat, scale, actual_seq_qlen=ends, actual_seq_kvlen=ends, input_layout="TND", **mode)
-            return out.reshape(q.shape)
-    if q_segments is not None:
-        dropped = Tensor(~np.broadcast_to(full_allowed(), (batch, 1, q_len, k_len)))
-    elif key_padding_mask is not None:
-        dropped = _padding_dropped(key_padding_mask, batch, q_len, k_len, causal)
-    elif causal:
-        out = _kernel(q, k, v, scale, attn_mask=compressed_causal_mask(), sparse_mode=3, input_layout="BSND")
-        if q_len > k_len:  # the first q_len - k_len queries see no key
-            out = out * tiled_to(Tensor((np.arange(q_len) >= q_len - k_len).astype(np.float32)
-                                        .reshape(1, q_len, 1, 1), out.dtype), out.shape)
-        return out
-    else:
-        return _kernel(q, k, v, scale, input_layout="BSND")
-    out = _kernel(q, k, v, scale, attn_mask=dropped, input_layout="BSND")
-    some_key = ops.logical_not(dropped).any(-1).astype(out.dtype)  # (batch, 1, q_len)
-    return out * tiled_to(some_key.reshape(batch, q_len, 1, 1), out.shape)
+            return _packed_causal(*flat, scale, ends).reshape(q.shape), None
+        if ends is not None:
+            return _segments_as_batch(q, k, v, scale, ends), None
+        return _masked(q, k, v, scale, Tensor(~np.broadcast_to(full_allowed(), (batch, 1, q_len, k_len))))
+    if key_padding_mask is not None:
+        return _masked(q, k, v, scale, _padding_dropped(key_padding_mask, batch, q_len, k_len, causal))
+    if causal:
+        return _causal(q, k, v, scale), None
+    return _bsnd(q, k, v, scale), None
+
+
+def flash_attention(q, k, v, scale, causal, key_padding_mask, q_segments, k_segments,
+                    full_allowed: Callable[[], np.ndarray], kernel_dtype):
+    """mm_parallel.ops.attention's result (q, k, v in BSND) from the fused kernel, its operands in
+    ``kernel_dtype`` (bf16 / fp16; fp32 only on the stand-ins' widening); see the module docstring.
+    ``full_allowed`` builds the host mask for the one case without a kernel form."""
+    dtype, head_dim = q.dtype, q.shape[-1]
+    q, k, v = (as_type(t, kernel_dtype) for t in (q, k, v))
+    pad = padded_head_dim(head_dim) - head_dim
+    if pad:
+        q, k, v = (ops.concat([t, _zeros(tuple(t.shape[:-1]) + (pad,), t.dtype)], -1) for t in (q, k, v))
+    out, some_key = _dispatch(q, k, v, scale, causal, key_padding_mask, q_segments, k_segments, full_allowed)
+    out = as_type(out[..., :head_dim] if pad else out, dtype)
+    return out if some_key is None else _with_zero_rows(out, some_key)

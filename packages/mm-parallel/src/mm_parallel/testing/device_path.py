@@ -2,7 +2,8 @@
 
     with ascend_stand_ins():            # or install_ascend_stand_ins() in a worker, before comm
         loss = model(**batch).loss      # flash_attention_score, rms_norm, rope, swiglu, grouped
-                                        # matmul and mint.distributed's HCCL calls are stand-ins
+                                        # matmul, the flash attention primitives
+                                        # and mint.distributed's HCCL calls are stand-ins
 
 What changes: `mm_parallel.ops.device.set_kernels("fused")` (every ``use_fused()`` branch
 taken); the Ascend kernels mm calls replaced by mm_parallel.testing.ascend_kernels; the
@@ -27,6 +28,7 @@ import mindspore.ops.auto_generate as auto_generate
 from mm_parallel.testing import ascend_kernels, hccl
 
 KERNELS = ("flash_attention_score", "rms_norm", "rotary_position_embedding", "swiglu")
+PRIMITIVES = ("FlashAttentionScore", "FlashAttentionScoreGrad")  # ring attention's: softmax statistics
 CALLS: List[str] = []  # names of the stand-ins called since install (cleared by install)
 
 
@@ -37,6 +39,14 @@ def _counted(name: str, fn: Callable) -> Callable:
 
     call.__wrapped__ = fn
     return call
+
+
+def _counted_primitive(name: str, cls) -> Callable:
+    """A primitive class whose instances count their calls under ``name``."""
+    def make(*args, **kwargs):
+        return _counted(name, cls(*args, **kwargs))
+
+    return make
 
 
 def install_ascend_stand_ins(float32: bool = True) -> Callable[[], None]:
@@ -57,6 +67,8 @@ def install_ascend_stand_ins(float32: bool = True) -> Callable[[], None]:
     for name in KERNELS:
         patch(ms_ops, name, _counted(name, getattr(ascend_kernels, name)))
     patch(auto_generate, "grouped_matmul", _counted("grouped_matmul", ascend_kernels.grouped_matmul))
+    for name in PRIMITIVES:
+        patch(auto_generate, name, _counted_primitive(name, getattr(ascend_kernels, name)))
     calls = types.SimpleNamespace(**{name: getattr(hccl, name) if name in ("P2POp", "isend", "irecv")
                                      else _counted(name, getattr(hccl, name)) for name in hccl.NAMES})
     patch(comm, "_BACKEND", NativeBackend(calls))
