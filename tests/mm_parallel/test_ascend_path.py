@@ -252,3 +252,103 @@ def test_host_transfers_are_counted_by_site():
             kernels.rms_norm(_t(2, 8), _t(8), 1e-6)
     assert (seen.reads, seen.uploads) == (2, 3), seen.sites()  # _t made two tensors inside the block
     assert any(site.startswith("test_ascend_path.py:") and site.endswith("asnumpy") for site in seen.sites())
+
+
+@pytest.mark.parametrize("causal, head_dim, padded", [(False, 16, False), (True, 16, False), (True, 72, True),
+                                                      (False, 80, True)])
+def test_the_ring_block_from_the_kernel_equals_the_reference_with_its_lse(causal, head_dim, padded):
+    """Ring attention's block (mm_parallel.ops.flash_blocks): out and lse from FlashAttentionScore,
+    the backward from FlashAttentionScoreGrad with the lse's gradient in a spare head column; a
+    loss on both equals the reference path's, gradients included."""
+    from mm_parallel.ops.attention import attention
+    from mm_parallel.ops.flash_blocks import flash_block
+
+    valid = np.ones((B, S), bool)
+    if padded:
+        valid[:, S - 2:] = False  # keys past the sequence's end (padded to split evenly)
+    lse_weights = Tensor(RNG.standard_normal((B, H, S)).astype(np.float32))
+    out_weights = Tensor(RNG.standard_normal((B, S, H, head_dim)).astype(np.float32))
+
+    def loss_of(block):
+        def loss(q, k, v):
+            out, lse = block(q, k, v)
+            return (out.astype(ms.float32) * out_weights).sum() + (lse * lse_weights).sum()
+        return loss
+
+    inputs = [_t(B, S, H, head_dim), _t(B, S, KV, head_dim), _t(B, S, KV, head_dim)]
+    want = ms.value_and_grad(loss_of(lambda q, k, v: attention(
+        q, k, v, causal=causal, key_padding_mask=valid if padded else None, return_lse=True)), (0, 1, 2))(*inputs)
+    with ascend_stand_ins() as calls:
+        got = ms.value_and_grad(loss_of(lambda q, k, v: flash_block(
+            q, k, v, head_dim ** -0.5, causal, valid if padded else None, ms.float32)), (0, 1, 2))(*inputs)
+    assert {"FlashAttentionScore", "FlashAttentionScoreGrad"} <= set(calls), calls
+    for a, b in zip([got[0]] + list(got[1]), [want[0]] + list(want[1])):
+        np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-5)
+
+
+def _allowed_pairs(case, batch, length):
+    """(batch, 1, length, length) bool of the pairs a case allows (every query keeps a key)."""
+    i, j = np.arange(length)[:, None], np.arange(length)[None, :]
+    allowed = np.ones((batch, 1, length, length), bool)
+    if "causal" in case:
+        allowed &= j <= i
+    if "padding" in case:
+        allowed &= _KEEP[:batch, None, None, :].astype(bool)
+        allowed[:, :, np.arange(length), np.arange(length)] = True  # left padding under causal: a key each
+    if "packed" in case:
+        ids = np.repeat([0, 1, 2], [2, 3, 1])
+        allowed &= ids[:, None] == ids[None, :]
+    return allowed
+
+
+@pytest.mark.parametrize("case", ["causal", "padding", "packed", "packed_causal", "head_72"])
+def test_bf16_fused_attention_is_as_close_to_fp32_as_torch_bf16_is(case):
+    """The stand-ins without the float32 widening take bf16 operands, as the kernel does; the bf16
+    output and gradients are no further from the fp32 result than torch's own bf16 attention is
+    from its fp32 one (factor 2), on the same bf16-exact inputs."""
+    import torch
+
+    from mm_parallel.ops.low_precision import round_to_bf16, set_compute_dtype
+
+    head_dim = 72 if case == "head_72" else D
+    batch = 1 if "packed" in case else B
+    allowed = _allowed_pairs(case, batch, S)
+    kwargs = {"causal": "causal" in case}
+    if "padding" in case:
+        kwargs["key_padding_mask"] = Tensor(allowed.any(-2)[:, 0].astype(np.int32))
+    if "packed" in case:
+        kwargs["segment_ids"] = Tensor(np.repeat([0, 1, 2], [2, 3, 1])[None].astype(np.int32))
+    inputs = [round_to_bf16(_t(batch, S, n, head_dim)) for n in (H, KV, KV)]
+    weights = Tensor(RNG.standard_normal((batch, S, H, head_dim)).astype(np.float32))
+
+    def ours(*xs):
+        return (kernels.attention(*xs, **kwargs) * weights).sum()
+
+    def run_ours():
+        value, grads = ms.value_and_grad(ours, (0, 1, 2))(*inputs)
+        return [kernels.attention(*inputs, **kwargs).asnumpy()] + [g.asnumpy() for g in grads]
+
+    truth = run_ours()
+    set_compute_dtype(ms.bfloat16)
+    try:
+        with ascend_stand_ins(float32=False) as calls:
+            got = run_ours()
+    finally:
+        set_compute_dtype(ms.float32)
+    assert "flash_attention_score" in calls
+
+    def run_torch(dtype):
+        q, k, v = (torch.tensor(x.asnumpy().transpose(0, 2, 1, 3), dtype=dtype, requires_grad=True) for x in inputs)
+        mask = torch.tensor(allowed)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1), attn_mask=mask)
+        out = out.transpose(1, 2)
+        (out.float() * torch.tensor(weights.asnumpy())).sum().backward()
+        return [t.detach().float().numpy() for t in (out, q.grad.transpose(1, 2), k.grad.transpose(1, 2),
+                                                     v.grad.transpose(1, 2))]
+
+    torch_truth, torch_bf16 = run_torch(torch.float32), run_torch(torch.bfloat16)
+    for name, a, b, ta, tb in zip(("out", "dq", "dk", "dv"), got, truth, torch_bf16, torch_truth):
+        ours_err = np.abs(a - b).max() / np.abs(b).max()
+        torch_err = np.abs(ta - tb).max() / np.abs(tb).max()
+        assert ours_err <= 2 * torch_err, (name, ours_err, torch_err)

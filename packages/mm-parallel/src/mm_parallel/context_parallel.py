@@ -32,7 +32,9 @@ from mindspore import ops
 
 from mm_parallel import comm, mappings
 from mm_parallel.ops import attention as local_attention
-from mm_parallel.ops.device import host_array
+from mm_parallel.ops.attention import kernel_dtype, takes_kernel
+from mm_parallel.ops.device import host_array, use_fused
+from mm_parallel.ops.flash_blocks import flash_block
 from mm_parallel.topology import Topology, get_topology
 
 
@@ -135,8 +137,20 @@ def _merge(out, lse, block_out, block_lse):
     return out * scale_old + block_out.astype(ms.float32) * scale_new, new_lse
 
 
+def _block(q, k, v, causal: bool, scale: float, valid):
+    """(out, lse) of q over one passing key block, or None for a block of padding alone (it would
+    add nothing: its weight in the merge is 0). On the device path the fused kernel's block
+    (mm_parallel.ops.flash_blocks: its softmax statistics give the lse), elsewhere the reference."""
+    if valid is not None and not np.asarray(valid).any():
+        return None
+    if use_fused() and takes_kernel(q):
+        return flash_block(q, k, v, scale, causal, valid, kernel_dtype(q))
+    return local_attention(q, k, v, causal=causal, scale=scale, key_padding_mask=valid, return_lse=True)
+
+
 def _ring_attention(q, k, v, causal, scale, group, key_length=None):
     r, me = group.size, group.rank
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     kv = ops.concat([k, v], -1)  # one shift moves both
     head_dim, half, batch = k.shape[-1], k.shape[1] // 2, k.shape[0]
     if not causal:
@@ -145,9 +159,9 @@ def _ring_attention(q, k, v, causal, scale, group, key_length=None):
             if step:
                 kv = mappings.ring_shift(kv, group, 1)
             valid = _valid_keys(batch, half, _chunk_ids((me - step) % r, r), key_length)
-            o, o_lse = local_attention(q, kv[..., :head_dim], kv[..., head_dim:], scale=scale, key_padding_mask=valid,
-                                       return_lse=True)
-            out, lse = _merge(out, lse, o, o_lse)
+            block = _block(q, kv[..., :head_dim], kv[..., head_dim:], False, scale, valid)
+            if block is not None:
+                out, lse = _merge(out, lse, *block)
         return out.astype(q.dtype)
 
     q_chunks = [(c, q[:, i * half:(i + 1) * half]) for i, c in enumerate(_chunk_ids(me, r))]
@@ -161,8 +175,8 @@ def _ring_attention(q, k, v, causal, scale, group, key_length=None):
             for i, (qc, q_part) in enumerate(q_chunks):
                 if kc > qc:
                     continue  # every key of a later chunk is in the future
-                o, o_lse = local_attention(q_part, block[..., :head_dim], block[..., head_dim:], causal=kc == qc,
-                                           scale=scale, key_padding_mask=_valid_keys(batch, half, [kc], key_length),
-                                           return_lse=True)
-                results[i] = list(_merge(results[i][0], results[i][1], o, o_lse))
+                part = _block(q_part, block[..., :head_dim], block[..., head_dim:], kc == qc, scale,
+                              _valid_keys(batch, half, [kc], key_length))
+                if part is not None:
+                    results[i] = list(_merge(results[i][0], results[i][1], *part))
     return ops.concat([o for o, _ in results], 1).astype(q.dtype)

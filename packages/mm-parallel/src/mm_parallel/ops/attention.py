@@ -244,7 +244,7 @@ def attention(
             raise ValueError("segment_ids alone need q_len == k_len; pass kv_segment_ids for the keys")
         kv_segment_ids = segment_ids
     scale = head_dim ** -0.5 if scale is None else scale
-    if use_fused() and not return_lse and bias is None and _takes_kernel(q):
+    if use_fused() and not return_lse and bias is None and takes_kernel(q):
         return fused_attention(q, k, v, scale, causal, key_padding_mask, segment_ids, kv_segment_ids)
     if segment_ids is not None and batch == 1 and key_padding_mask is None and bias is None and not return_lse:
         segments = host_array(segment_ids)  # read once: on a device each read is a copy to the host
@@ -338,7 +338,7 @@ def kernel_dtype(q):
     return compute_dtype() if compute_dtype() in LOW else q.dtype
 
 
-def _takes_kernel(q) -> bool:
+def takes_kernel(q) -> bool:
     """Whether flash_attention_score computes this attention: its dtype (half precision; fp32
     only on the stand-ins' widening) and heads within what its page admits."""
     return kernel_dtype(q) in FLASH_ATTENTION_DTYPES and has_kernel_form(q.shape[2], q.shape[3])

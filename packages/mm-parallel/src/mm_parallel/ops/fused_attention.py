@@ -104,35 +104,42 @@ def packed_ends(q_segments, k_segments, batch: int, q_len: int, k_len: int) -> O
 
 # -- the kernel calls -------------------------------------------------------------------------------
 
-def _bsnd(q, k, v, scale, attn_mask=None, sparse_mode=0):
+def _kernel(q, k, v, dtype, **kwargs):
+    """flash_attention_score with its operands in ``dtype`` and its output back in q's. On Ascend
+    they are the same dtype; where bf16 is emulated the gathers, slices and padding around the
+    call stay in float32 storage, which has their CPU kernels."""
+    out = ops.flash_attention_score(*(as_type(t, dtype) for t in (q, k, v)), q.shape[-2], **kwargs)
+    return as_type(out, q.dtype)
+
+
+def _bsnd(q, k, v, scale, dtype, attn_mask=None, sparse_mode=0):
     """flash_attention_score in BSND, at most 2048 sequences per call (the page's B range)."""
     if q.shape[0] <= MAX_BATCH:
-        return ops.flash_attention_score(q, k, v, q.shape[-2], attn_mask=attn_mask, scalar_value=float(scale),
-                                         input_layout="BSND", sparse_mode=sparse_mode)
+        return _kernel(q, k, v, dtype, attn_mask=attn_mask, scalar_value=float(scale), input_layout="BSND",
+                       sparse_mode=sparse_mode)
     outs = []
     for b in range(0, q.shape[0], MAX_BATCH):
         part = slice(b, b + MAX_BATCH)
         mask = attn_mask if attn_mask is None or attn_mask.ndim == 2 or attn_mask.shape[0] == 1 else attn_mask[part]
-        outs.append(_bsnd(q[part], k[part], v[part], scale, mask, sparse_mode))
+        outs.append(_bsnd(q[part], k[part], v[part], scale, dtype, mask, sparse_mode))
     return ops.concat(outs, 0)
 
 
-def _packed_causal(q, k, v, scale, ends: List[int]):
+def _packed_causal(q, k, v, scale, dtype, ends: List[int]):
     """TND causal (sparse_mode 3) over rows (T, N, D) ending at ``ends``, <= 1024 sequences a call."""
     outs, row, first = [], 0, 0
     while first < len(ends):
         group = ends[first:first + MAX_PACKED]
         local = [e - row for e in group]
         part = slice(row, group[-1])
-        outs.append(ops.flash_attention_score(
-            q[part], k[part], v[part], q.shape[-2], attn_mask=compressed_causal_mask(), actual_seq_qlen=local,
-            actual_seq_kvlen=local, scalar_value=float(scale), pre_tokens=_INT_MAX, next_tokens=0, input_layout="TND",
-            sparse_mode=3))
+        outs.append(_kernel(q[part], k[part], v[part], dtype, attn_mask=compressed_causal_mask(),
+                            actual_seq_qlen=local, actual_seq_kvlen=local, scalar_value=float(scale),
+                            pre_tokens=_INT_MAX, next_tokens=0, input_layout="TND", sparse_mode=3))
         row, first = group[-1], first + MAX_PACKED
     return outs[0] if len(outs) == 1 else ops.concat(outs, 0)
 
 
-def _segments_as_batch(q, k, v, scale, ends: List[int]):
+def _segments_as_batch(q, k, v, scale, dtype, ends: List[int]):
     """Non-causal packed segments (rows ending at ``ends`` of the flattened batch) as a padded batch."""
     batch, q_len = q.shape[0], q.shape[1]
     total = batch * q_len
@@ -147,7 +154,7 @@ def _segments_as_batch(q, k, v, scale, ends: List[int]):
 
     count, longest = gather.shape
     dropped = Tensor(np.broadcast_to(~valid[:, None, None, :], (count, 1, longest, longest)).copy())
-    out = _bsnd(to_blocks(q), to_blocks(k), to_blocks(v), scale, dropped)  # every slot sees its segment's keys
+    out = _bsnd(to_blocks(q), to_blocks(k), to_blocks(v), scale, dtype, dropped)  # each slot sees its segment's keys
     out = ops.gather(out.reshape((count * longest,) + tuple(out.shape[2:])), Tensor(scatter.astype(np.int32)), 0)
     return out.reshape(q.shape)
 
@@ -159,11 +166,11 @@ def _with_zero_rows(out, some_key):
     return ops.select(keep, out, ops.zeros_like(out))
 
 
-def _masked(q, k, v, scale, dropped):
+def _masked(q, k, v, scale, dtype, dropped):
     """The kernel under a (B, 1, S1, S2) bool mask of discarded pairs, queries with no key zeroed."""
     some_key = ops.logical_not(dropped).any(-1)  # (B, 1, S1)
     defined = ops.logical_and(dropped, some_key.reshape(some_key.shape + (1,)))  # empty rows: every key
-    return _bsnd(q, k, v, scale, defined), some_key
+    return _bsnd(q, k, v, scale, dtype, defined), some_key
 
 
 def _padding_dropped(key_padding_mask, batch, q_len, k_len, causal):
@@ -177,15 +184,15 @@ def _padding_dropped(key_padding_mask, batch, q_len, k_len, causal):
     return ops.logical_or(dropped, _causal_dropped(q_len, k_len)) if causal else dropped
 
 
-def _causal(q, k, v, scale):
+def _causal(q, k, v, scale, dtype):
     q_len, k_len = q.shape[1], k.shape[1]
     if q_len <= k_len:
-        return _bsnd(q, k, v, scale, compressed_causal_mask(), sparse_mode=3)
-    seen = _bsnd(q[:, q_len - k_len:], k, v, scale, compressed_causal_mask(), sparse_mode=3)
+        return _bsnd(q, k, v, scale, dtype, compressed_causal_mask(), sparse_mode=3)
+    seen = _bsnd(q[:, q_len - k_len:], k, v, scale, dtype, compressed_causal_mask(), sparse_mode=3)
     return ops.concat([_zeros((q.shape[0], q_len - k_len) + tuple(seen.shape[2:]), seen.dtype), seen], 1)
 
 
-def _dispatch(q, k, v, scale, causal, key_padding_mask, q_segments, k_segments, full_allowed):
+def _dispatch(q, k, v, scale, dtype, causal, key_padding_mask, q_segments, k_segments, full_allowed):
     """(out, some_key or None): the kernel call of the case (module docstring)."""
     batch, q_len, heads, head_dim = q.shape
     k_len = k.shape[1]
@@ -193,15 +200,15 @@ def _dispatch(q, k, v, scale, causal, key_padding_mask, q_segments, k_segments, 
         ends = packed_ends(q_segments, k_segments, batch, q_len, k_len)
         if ends is not None and causal:
             flat = [t.reshape(batch * t.shape[1], t.shape[2], head_dim) for t in (q, k, v)]
-            return _packed_causal(*flat, scale, ends).reshape(q.shape), None
+            return _packed_causal(*flat, scale, dtype, ends).reshape(q.shape), None
         if ends is not None:
-            return _segments_as_batch(q, k, v, scale, ends), None
-        return _masked(q, k, v, scale, Tensor(~np.broadcast_to(full_allowed(), (batch, 1, q_len, k_len))))
+            return _segments_as_batch(q, k, v, scale, dtype, ends), None
+        return _masked(q, k, v, scale, dtype, Tensor(~np.broadcast_to(full_allowed(), (batch, 1, q_len, k_len))))
     if key_padding_mask is not None:
-        return _masked(q, k, v, scale, _padding_dropped(key_padding_mask, batch, q_len, k_len, causal))
+        return _masked(q, k, v, scale, dtype, _padding_dropped(key_padding_mask, batch, q_len, k_len, causal))
     if causal:
-        return _causal(q, k, v, scale), None
-    return _bsnd(q, k, v, scale), None
+        return _causal(q, k, v, scale, dtype), None
+    return _bsnd(q, k, v, scale, dtype), None
 
 
 def flash_attention(q, k, v, scale, causal, key_padding_mask, q_segments, k_segments,
@@ -209,11 +216,11 @@ def flash_attention(q, k, v, scale, causal, key_padding_mask, q_segments, k_segm
     """mm_parallel.ops.attention's result (q, k, v in BSND) from the fused kernel, its operands in
     ``kernel_dtype`` (bf16 / fp16; fp32 only on the stand-ins' widening); see the module docstring.
     ``full_allowed`` builds the host mask for the one case without a kernel form."""
-    dtype, head_dim = q.dtype, q.shape[-1]
-    q, k, v = (as_type(t, kernel_dtype) for t in (q, k, v))
+    head_dim = q.shape[-1]
     pad = padded_head_dim(head_dim) - head_dim
     if pad:
         q, k, v = (ops.concat([t, _zeros(tuple(t.shape[:-1]) + (pad,), t.dtype)], -1) for t in (q, k, v))
-    out, some_key = _dispatch(q, k, v, scale, causal, key_padding_mask, q_segments, k_segments, full_allowed)
-    out = as_type(out[..., :head_dim] if pad else out, dtype)
+    out, some_key = _dispatch(q, k, v, scale, kernel_dtype, causal, key_padding_mask, q_segments, k_segments,
+                              full_allowed)
+    out = out[..., :head_dim] if pad else out
     return out if some_key is None else _with_zero_rows(out, some_key)

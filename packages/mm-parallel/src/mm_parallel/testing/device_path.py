@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import types
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 import mindspore as ms
 import mindspore.ops as ms_ops
@@ -96,10 +96,15 @@ def ascend_stand_ins(float32: bool = True):
         undo()
 
 
-def on_stand_ins(cases: dict, names, prefix: str = "ascend_") -> dict:
+def on_stand_ins(cases: dict, names, prefix: str = "ascend_", bf16_tolerance: Optional[dict] = None) -> dict:
     """The named cases again, each run on the Ascend path's stand-ins (`prefix` + name): what a
-    layout-equivalence test adds to cover the fused kernels and the native backend."""
-    return {prefix + name: dict(cases[name], device="ascend_stand_ins") for name in names}
+    layout-equivalence test adds to cover the fused kernels and the native backend. With
+    ``bf16_tolerance`` (equivalence.BF16_TOLERANCE) the case trains in bf16, the stand-ins taking
+    bf16 operands only (no float32 widening, as on Ascend), against the bf16 single process."""
+    if bf16_tolerance is None:
+        return {prefix + name: dict(cases[name], device="ascend_stand_ins") for name in names}
+    return {prefix + name: dict(cases[name], device="ascend_stand_ins", precision="bf16", stand_ins_float32=False,
+                                tolerance=bf16_tolerance) for name in names}
 
 
 # the HCCL calls the native backend makes in training layouts (tp + sp, Ulysses, Ring, pp, ZeRO)

@@ -195,9 +195,10 @@ def run_cases(spec: ModelSpec, path: str, cases: Dict[str, dict], batch: dict, r
     "precision": fp32 | bf16 | fp16 (applied as the trainer applies it), "tolerance": compare's
     loss_rtol / rel, "device": "ascend_stand_ins" (the layout runs the Ascend path on its
     stand-ins, mm_parallel.testing.device_path; the Ascend calls made land in
-    ``name + ":stand_ins"``), ... what spec.build reads}} -> {name: [problems], name + ":names": [parameter
-    names this rank checked], name + ":reference_names": [...]}. One single-process reference per
-    (checkpoint, precision, reference_key(case)) — reference_key: the plan choices that change
+    ``name + ":stand_ins"``), "stand_ins_float32": False (no float32 widening: a bf16 case's
+    kernels take bf16 operands, as on Ascend), ... what spec.build reads}} -> {name: [problems],
+    name + ":names": [parameter names this rank checked], name + ":reference_names": [...]}. One
+    single-process reference per (checkpoint, precision, reference_key(case)) — reference_key: the plan choices that change
     which parameters train."""
     import mm_parallel
     from mm_parallel import ParallelConfig
@@ -216,7 +217,7 @@ def run_cases(spec: ModelSpec, path: str, cases: Dict[str, dict], batch: dict, r
             if case.get("device") == "ascend_stand_ins":  # the fused kernels and HCCL calls, on CPU
                 from mm_parallel.testing.device_path import ascend_stand_ins
 
-                with ascend_stand_ins() as calls:
+                with ascend_stand_ins(float32=case.get("stand_ins_float32", True)) as calls:
                     got = train(spec, folder, topo, case, batch, steps)
                     results[f"{name}:stand_ins"] = sorted(set(calls))
             else:

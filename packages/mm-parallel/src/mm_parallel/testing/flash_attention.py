@@ -151,6 +151,8 @@ def _dropout_keep(drop_mask, keep_prob, shape):
 
 def _packed(query, key, value, dims, scale, attn_mask, sparse_mode):
     """TND: sequence b is query rows [qlen[b-1], qlen[b]) against key rows [kvlen[b-1], kvlen[b])."""
+    dtype = query.dtype
+    query, key, value = (t.astype(ms.float32) for t in (query, key, value))  # the CPU slices float32 only
     outs, q0, k0 = [], 0, 0
     for q_len, k_len in zip(dims.q_lens, dims.k_lens):
         if q_len:
@@ -159,7 +161,7 @@ def _packed(query, key, value, dims, scale, attn_mask, sparse_mode):
             dropped = _dropped_pairs(attn_mask, q_len, k_len, sparse_mode, 0, 0)
             outs.append(_attend(q, k, v, dropped, scale)[0][0].transpose(1, 0, 2))
         q0, k0 = q0 + q_len, k0 + k_len
-    return ops.concat(outs, 0).astype(query.dtype)
+    return ops.concat(outs, 0).astype(dtype)
 
 
 def _forward(query, key, value, head_num, real_shift, drop_mask, padding_mask, attn_mask, prefix, actual_seq_qlen,
