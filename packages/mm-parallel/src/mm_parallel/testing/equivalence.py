@@ -198,8 +198,8 @@ def run_cases(spec: ModelSpec, path: str, cases: Dict[str, dict], batch: dict, r
     ``name + ":stand_ins"``), "stand_ins_float32": False (no float32 widening: a bf16 case's
     kernels take bf16 operands, as on Ascend), ... what spec.build reads}} -> {name: [problems],
     name + ":names": [parameter names this rank checked], name + ":reference_names": [...]}. One
-    single-process reference per (checkpoint, precision, reference_key(case)) — reference_key: the plan choices that change
-    which parameters train."""
+    single-process reference per (checkpoint, precision, reference_key(case)) — reference_key: the
+    plan choices that change which parameters train."""
     import mm_parallel
     from mm_parallel import ParallelConfig
     from mm_parallel.topology import Topology
