@@ -10,7 +10,9 @@ import diffusers  # noqa: F401  (the parity reference: required, see tests/conft
 import pytest
 from helpers.cogvideox_parallel_cases import run_parallel_cases
 from helpers.cogvideox_reference import CONFIGS, write_adapters, write_reference
+from helpers.device_path_cases import one_process_cases
 
+from mm_parallel.testing.device_path import RING_CALLS, calls_made, check_stand_in_calls, on_stand_ins
 from mm_parallel.testing.equivalence import BF16_TOLERANCE, check_results
 
 pytestmark = pytest.mark.distributed
@@ -42,6 +44,12 @@ TWO = {
 TWO.update({f"bf16_{name}": {**TWO[name], "precision": "bf16", "tolerance": BF16_TOLERANCE}
             for name in ("tp2_sp", "ring2", "pp2", "dp2_zero1")})
 
+# the Ascend path on its stand-ins (1.0 and 1.5): the ring's kernel blocks over a padded joint
+# sequence; bf16 with bf16 operands, as on Ascend
+TWO.update(on_stand_ins(TWO, ("padded_ring2", "i2v_1_5_ulysses2")))
+TWO.update(on_stand_ins(TWO, ("tp2_sp",), "ascend_bf16_", BF16_TOLERANCE))
+FUSED = ("rotary_position_embedding",)  # attention: the function, or the primitive in the ring's blocks
+
 FOUR = {
     "hybrid2x2": {"layout": {"cp": 4, "cp_algo": "hybrid", "ulysses_degree": 2}, "checkpoint": T2V},
     "tp2_ulysses2": {"layout": {"tp": 2, "cp": 2}, "checkpoint": T2V},
@@ -65,8 +73,21 @@ def checkpoints(tmp_path_factory):
     return root
 
 
+def test_one_process_on_the_ascend_path_equals_the_cpu_path(checkpoints):
+    """CogVideoX 1.0 (T2V) and 1.5 (I2V) on the stand-ins in one process, fp32 and bf16."""
+    cases = one_process_cases(t2v_1_0=T2V, i2v_1_5=I2V)
+    results = [run_parallel_cases(str(checkpoints), cases)]
+    check_results(results, cases)
+    check_stand_in_calls(results, cases, FUSED + ("flash_attention_score",))
+
+
 def test_two_process_layouts_equal_single_process(run_distributed, checkpoints):
-    check_results(run_distributed(run_parallel_cases, nproc=2, timeout=600, path=str(checkpoints), cases=TWO), TWO)
+    results = run_distributed(run_parallel_cases, nproc=2, timeout=600, path=str(checkpoints), cases=TWO)
+    check_results(results, TWO)
+    check_stand_in_calls(results, TWO, FUSED)
+    made = calls_made(results, TWO)
+    assert RING_CALLS <= set(made["ascend_padded_ring2"])  # the ring's own blocks
+    assert all("flash_attention_score" in calls for name, calls in made.items() if "ring" not in name), made
 
 
 def test_four_process_layouts_equal_single_process(run_distributed, checkpoints):

@@ -5,11 +5,13 @@ an image. See omni_parallel_cases.py."""
 
 import pytest
 import torch  # noqa: F401  (the parity reference: required, see tests/conftest.py)
+from helpers.device_path_cases import one_process_cases
 from helpers.omni_parallel_cases import run_parallel_cases
 from helpers.omni_reference import write_reference
 from helpers.qwen_vl_reference import LORA_TARGETS
 
-from mm_parallel.testing.equivalence import check_results
+from mm_parallel.testing.device_path import RING_CALLS, calls_made, check_stand_in_calls, on_stand_ins
+from mm_parallel.testing.equivalence import BF16_TOLERANCE, check_results
 
 pytestmark = pytest.mark.distributed
 
@@ -30,6 +32,12 @@ TWO = {
     "ring2_padded": {"layout": {"cp": 2, "cp_algo": "ring"}, "padded": True},
 }
 
+# the Ascend path on its stand-ins: the audio tower's chunks and the vision windows as padded
+# batches for the kernel, the ring's kernel blocks over a padded row; bf16 with bf16 operands
+TWO.update(on_stand_ins(TWO, ("tp2_sp", "ring2_padded")))
+TWO.update(on_stand_ins(TWO, ("ulysses2_padded",), "ascend_bf16_", BF16_TOLERANCE))
+FUSED = ("flash_attention_score", "rms_norm", "rotary_position_embedding", "swiglu")
+
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
@@ -41,8 +49,19 @@ def checkpoints(tmp_path_factory):
     return root
 
 
+def test_one_process_on_the_ascend_path_equals_the_cpu_path(checkpoints):
+    """The thinker (audio and vision towers) on the stand-ins in one process, fp32 and bf16."""
+    cases = one_process_cases(thinker="")
+    results = [run_parallel_cases(str(checkpoints), cases)]
+    check_results(results, cases)
+    check_stand_in_calls(results, cases, FUSED)
+
+
 def test_two_process_layouts_equal_single_process(run_distributed, checkpoints):
-    check_results(run_distributed(run_parallel_cases, nproc=2, timeout=600, path=str(checkpoints), cases=TWO), TWO)
+    results = run_distributed(run_parallel_cases, nproc=2, timeout=600, path=str(checkpoints), cases=TWO)
+    check_results(results, TWO)
+    check_stand_in_calls(results, TWO, FUSED)
+    assert RING_CALLS <= set(calls_made(results, TWO)["ascend_ring2_padded"])  # the ring's own blocks
 
 
 def test_save_under_layouts_gives_the_original_checkpoint(run_distributed, checkpoints, tmp_path):

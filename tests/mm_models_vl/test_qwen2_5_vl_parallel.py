@@ -7,10 +7,11 @@ mm_parallel.testing.equivalence.BF16_TOLERANCE."""
 
 import pytest
 import torch  # noqa: F401  (the parity reference: required, see tests/conftest.py)
+from helpers.device_path_cases import one_process_cases
 from helpers.qwen_vl_parallel_cases import run_parallel_cases
 from helpers.qwen_vl_reference import write_adapters, write_reference
 
-from mm_parallel.testing.device_path import HCCL_CALLS, on_stand_ins
+from mm_parallel.testing.device_path import HCCL_CALLS, RING_CALLS, calls_made, on_stand_ins
 from mm_parallel.testing.device_path import check_stand_in_calls as stand_in_calls
 from mm_parallel.testing.equivalence import BF16_TOLERANCE, check_results
 
@@ -39,6 +40,7 @@ TWO.update({f"bf16_{name}": {"layout": TWO[name]["layout"], "precision": "bf16",
 
 # the Ascend path (fused kernels, native HCCL backend) on its CPU stand-ins against the CPU path
 TWO.update(on_stand_ins(TWO, ("tp2_sp", "ulysses2", "ring2", "pp2", "dp2_zero1")))
+TWO.update(on_stand_ins(TWO, ("ring2",), "ascend_bf16_", BF16_TOLERANCE))  # bf16 operands, as on Ascend
 
 FOUR = {
     "hybrid2x2": {"layout": {"cp": 4, "cp_algo": "hybrid", "ulysses_degree": 2}},
@@ -67,8 +69,8 @@ def checkpoints(tmp_path_factory):
 
 
 def test_one_process_on_the_ascend_path_equals_the_cpu_path(checkpoints):
-    """The fused kernels (on their stand-ins) in one process, without launching: fp32, rel 1e-5."""
-    cases = {"ascend": {"layout": {}, "device": "ascend_stand_ins", "tolerance": {"rel": 1e-5}}}
+    """The fused kernels (on their stand-ins) in one process, without launching: fp32 and bf16."""
+    cases = one_process_cases(model="")
     results = [run_parallel_cases(str(checkpoints), cases)]
     check_results(results, cases)
     check_stand_in_calls(results, cases)
@@ -78,6 +80,7 @@ def test_two_process_layouts_equal_single_process(run_distributed, checkpoints):
     results = run_distributed(run_parallel_cases, nproc=2, timeout=600, path=str(checkpoints), cases=TWO)
     check_results(results, TWO)
     assert HCCL_CALLS <= check_stand_in_calls(results, TWO)
+    assert RING_CALLS <= set(calls_made(results, TWO)["ascend_ring2"])  # the ring's own blocks
 
 
 def test_four_process_layouts_equal_single_process(run_distributed, checkpoints):

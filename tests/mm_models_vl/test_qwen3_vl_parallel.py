@@ -5,11 +5,13 @@ Under pipeline parallelism the DeepStack levels and the MoE statistics cross sta
 checkpoint puts one layer on each of 4 virtual stages. See qwen3_vl_parallel_cases.py."""
 
 import pytest
+from helpers.device_path_cases import one_process_cases
 from helpers.qwen3_vl_parallel_cases import run_parallel_cases
 from helpers.qwen3_vl_reference import write_reference
 from helpers.qwen_vl_reference import write_adapters
 
-from mm_parallel.testing.equivalence import check_results
+from mm_parallel.testing.device_path import RING_CALLS, calls_made, check_stand_in_calls, on_stand_ins
+from mm_parallel.testing.equivalence import BF16_TOLERANCE, check_results
 
 pytestmark = pytest.mark.distributed
 
@@ -35,6 +37,12 @@ TWO = {
     "moe_pp2_zero2": {"layout": {"pp": 2, "zero_stage": 2}, "checkpoint": MOE, "pipeline_num_layers": [1, 2]},
 }
 
+# the Ascend path on its stand-ins: the ring's kernel blocks, the experts' grouped_matmul and swiglu
+# over expert parallelism; in bf16 the kernels take bf16 operands, as on Ascend
+TWO.update(on_stand_ins(TWO, ("ring2", "moe_ep2")))
+TWO.update(on_stand_ins(TWO, ("moe_ep2",), "ascend_bf16_", BF16_TOLERANCE))
+FUSED = ("flash_attention_score", "rms_norm", "rotary_position_embedding", "swiglu")
+
 FOUR = {
     "hybrid2x2": {"layout": {"cp": 4, "cp_algo": "hybrid", "ulysses_degree": 2}},
     "pp4": {"layout": {"pp": 4}, "checkpoint": DEEP},
@@ -53,8 +61,24 @@ def checkpoints(tmp_path_factory):
     return root
 
 
+def test_one_process_on_the_ascend_path_equals_the_cpu_path(checkpoints):
+    """Dense and MoE (the experts' grouped_matmul and swiglu inside the model) on the stand-ins in
+    one process, without launching, in fp32 and bf16."""
+    cases = one_process_cases(dense="", moe=MOE)
+    results = [run_parallel_cases(str(checkpoints), cases)]
+    check_results(results, cases)
+    check_stand_in_calls(results, cases, FUSED)
+    assert all("grouped_matmul" in calls for name, calls in calls_made(results, cases).items() if "moe" in name)
+
+
 def test_two_process_layouts_equal_single_process(run_distributed, checkpoints):
-    check_results(run_distributed(run_parallel_cases, nproc=2, timeout=900, path=str(checkpoints), cases=TWO), TWO)
+    results = run_distributed(run_parallel_cases, nproc=2, timeout=900, path=str(checkpoints), cases=TWO)
+    check_results(results, TWO)
+    check_stand_in_calls(results, TWO, FUSED)
+    made = calls_made(results, TWO)
+    assert RING_CALLS <= set(made["ascend_ring2"])  # the ring's own blocks
+    for name in ("ascend_moe_ep2", "ascend_bf16_moe_ep2"):  # tokens to their experts' ranks and back
+        assert {"grouped_matmul", "all_to_all_single"} <= set(made[name]), (name, made[name])
 
 
 def test_four_process_layouts_equal_single_process(run_distributed, checkpoints):

@@ -90,17 +90,28 @@ ROPE_BNSD = ("When the layout is BNSD, B * N > 8S and D is 32-bytes alignment, t
              "Therefore, this interface cannot be called.")
 
 
-def _rope_layout(x_shape, table_shape, mode):
-    """How x reads against its tables ("BNSD", "BSND" or "SBND"), or None when no row of the
-    page's table fits; x's dims d0, d1, d2, D."""
+def _rope_layouts(x_shape, table_shape, mode):
+    """The readings of x ("BNSD", "BSND", "SBND") whose row of the page's table its cos / sin fit;
+    x's dims d0, d1, d2, D. Tables of x's own shape fit every reading of mode 0."""
     d0, d1, d2, d = x_shape
     if mode == 0:
         forms = {"BNSD": [(1, 1, d2, d), (d0, 1, d2, d), x_shape], "BSND": [(1, d1, 1, d), (d0, d1, 1, d), x_shape],
                  "SBND": [(d0, 1, 1, d), (d0, d1, 1, d), x_shape]}
     else:
         forms = {"BNSD": [(1, 1, d2, d)], "BSND": [(1, d1, 1, d)], "SBND": [(d0, 1, 1, d)]}
-    fits = [layout for layout, shapes in forms.items() if tuple(table_shape) in shapes]
-    return fits[0] if fits else None
+    return [layout for layout, shapes in forms.items() if tuple(table_shape) in shapes]
+
+
+def _rope_reading_breaks(layout, x_shape, itemsize):
+    """The line of the page x read as ``layout`` breaks, or None: B, N < 1000, and not the BNSD
+    form the note forbids (B * N > 8 S with D 32-byte aligned)."""
+    b, n, seq = {"BNSD": (x_shape[0], x_shape[1], x_shape[2]), "BSND": (x_shape[0], x_shape[2], x_shape[1]),
+                 "SBND": (x_shape[1], x_shape[2], x_shape[0])}[layout]
+    if b >= 1000 or n >= 1000:
+        return ROPE_D
+    if layout == "BNSD" and b * n > 8 * seq and x_shape[-1] * itemsize % 32 == 0:
+        return ROPE_BNSD
+    return None
 
 
 def rotary_position_embedding(x, cos, sin, mode=0):
@@ -117,18 +128,15 @@ def rotary_position_embedding(x, cos, sin, mode=0):
     _require(x.ndim == 4, ValueError, ROPE, ROPE_X, f"x is {tuple(x.shape)}")
     _require(cos.dtype == x.dtype and sin.dtype == x.dtype and cos.ndim == 4, TypeError, ROPE, ROPE_TABLE,
              f"cos {cos.dtype} {tuple(cos.shape)}, sin {sin.dtype}, x {x.dtype}")
-    layout = _rope_layout(tuple(x.shape), tuple(cos.shape), mode)
-    _require(tuple(sin.shape) == tuple(cos.shape) and layout is not None, ValueError, ROPE, ROPE_LAYOUT,
+    layouts = _rope_layouts(tuple(x.shape), tuple(cos.shape), mode)
+    _require(tuple(sin.shape) == tuple(cos.shape) and bool(layouts), ValueError, ROPE, ROPE_LAYOUT,
              f"cos / sin {tuple(cos.shape)} for x {tuple(x.shape)} in mode {mode}")
-    b, n = {"BNSD": (x.shape[0], x.shape[1]), "BSND": (x.shape[0], x.shape[2]), "SBND": (x.shape[1], x.shape[2])}[
-        layout]
     d = x.shape[-1]
-    _require(d % 2 == 0 and d < 896 and b < 1000 and n < 1000, ValueError, ROPE, ROPE_D,
-             f"x {tuple(x.shape)} read as {layout}")
-    seq = x.shape[2] if layout == "BNSD" else x.shape[1] if layout == "BSND" else x.shape[0]
-    aligned = d * np.dtype(np.float32 if x.dtype == ms.float32 else np.float16).itemsize % 32 == 0
-    _require(not (layout == "BNSD" and b * n > 8 * seq and aligned), ValueError, ROPE, ROPE_BNSD,
-             f"x {tuple(x.shape)} read as BNSD")
+    _require(d % 2 == 0 and d < 896, ValueError, ROPE, ROPE_D, f"x {tuple(x.shape)}")
+    # tables of x's own shape fit several readings, each the same elementwise product: the call is
+    # refused only when every reading breaks a line
+    broken = [_rope_reading_breaks(layout, tuple(x.shape), 4 if x.dtype == ms.float32 else 2) for layout in layouts]
+    _require(None in broken, ValueError, ROPE, broken[0], f"x {tuple(x.shape)} read as {layouts}")
     _require(bool(np.all(np.abs(cos.astype(ms.float32).asnumpy()) <= 1) and
                   np.all(np.abs(sin.astype(ms.float32).asnumpy()) <= 1)), ValueError, ROPE, ROPE_TABLE,
              "a cos / sin entry outside [-1, 1]")

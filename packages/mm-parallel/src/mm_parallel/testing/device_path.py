@@ -29,6 +29,7 @@ from mm_parallel.testing import ascend_kernels, hccl
 
 KERNELS = ("flash_attention_score", "rms_norm", "rotary_position_embedding", "swiglu")
 PRIMITIVES = ("FlashAttentionScore", "FlashAttentionScoreGrad")  # ring attention's: softmax statistics
+RING_CALLS = set(PRIMITIVES)  # what a ring context-parallel case on the stand-ins must have called
 CALLS: List[str] = []  # names of the stand-ins called since install (cleared by install)
 
 

@@ -171,12 +171,14 @@ def _steps(spec: ModelSpec, chunks, topo, batch: dict, steps: int, optim: Option
     return losses, first, full_arrays(spec, chunks, topo, [p for model in chunks for p in model.trainable_params()])
 
 
-def compare(got, want, loss_rtol: float = 1e-5, rel: float = 1e-4) -> List[str]:
-    """Problems found; a pipeline stage compares the parameters it holds (and the loss if last)."""
+def compare(got, want, loss_rtol: float = 1e-5, rel: float = 1e-4, param_rel: Optional[float] = None) -> List[str]:
+    """Problems found; a pipeline stage compares the parameters it holds (and the loss if last).
+    ``rel`` bounds the gradients and, unless ``param_rel`` is given, the parameters after the steps."""
     (losses, grads, params), (ref_losses, ref_grads, ref_params) = got, want
     problems = []
     if None not in losses and not np.allclose(losses, ref_losses, rtol=loss_rtol, atol=0):
         problems.append(f"losses {losses} != {ref_losses}")
+    bounds = {"grad": rel, "param": rel if param_rel is None else param_rel}
     for label, arrays, refs in (("grad", grads, ref_grads), ("param", params, ref_params)):
         if not arrays or not set(arrays) <= set(refs):
             problems.append(f"{label} names not in the single-process model: {sorted(set(arrays) - set(refs))[:5]}")
@@ -184,7 +186,7 @@ def compare(got, want, loss_rtol: float = 1e-5, rel: float = 1e-4) -> List[str]:
         for key, array in arrays.items():
             ref = refs[key]
             scale = max(np.abs(ref).max(), 1e-30)
-            if np.abs(array - ref).max() / scale > rel:
+            if np.abs(array - ref).max() / scale > bounds[label]:
                 problems.append(f"{label} {key} rel err {np.abs(array - ref).max() / scale:.2e}")
     return problems
 
