@@ -1,4 +1,4 @@
-"""`mm-train doctor [--nproc N] [--json]`: self-checks on the machine it runs on.
+"""`mm-train doctor [--nproc N] [--json] [--recipe NAME ...]`: self-checks on the machine it runs on.
 
     versions      Python, MindSpore, numpy, CANN and the driver (where found), the mm packages and
                   their sibling ranges, against the supported table
@@ -7,6 +7,9 @@
                   processes (msrun; mm_train.doctor.collectives)
     kernels       each fused kernel against the reference path, forward and backward, fp32 and bf16
                   (mm_train.doctor.kernels)
+    attention     with --recipe: each attention call of the recipes at their per-rank shapes, fused
+                  against reference, and probes of the kernel forms MindSpore's page forbids
+                  (mm_train.doctor.recipe_attention)
     launch mode   the skipped-bprop self-check on this device and the launch mode it picks
     families      one training step of each registered family's tiny recipe
 
@@ -24,13 +27,14 @@ import tempfile
 import time
 import traceback
 from importlib import metadata
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from mm_train import registry
 from mm_train.doctor.collectives import run_checks
 from mm_train.doctor.kernels import check_kernels
+from mm_train.doctor.recipe_attention import check_recipe_attention, probe_undocumented_forms
 from mm_train.recipe import load_recipe
 
 # Deferred imports: MindSpore, mm-parallel and mm_train.loop (which loads both): the CLI starts without
@@ -198,8 +202,10 @@ def check_families(workdir: str) -> List[Dict]:
     return rows
 
 
-def diagnose(nproc: int = 1, timeout: float = 600.0, families: bool = True) -> List[Dict]:
-    """Every row of the doctor's table (see the module docstring)."""
+def diagnose(nproc: int = 1, timeout: float = 600.0, families: bool = True,
+             recipes: Sequence[Tuple[str, List[str]]] = ()) -> List[Dict]:
+    """Every row of the doctor's table (see the module docstring); ``recipes``: (name or path,
+    overrides) whose attention shapes to check, with the probes of the undocumented forms."""
     import mindspore as ms
 
     from mm_parallel import runtime
@@ -210,6 +216,9 @@ def diagnose(nproc: int = 1, timeout: float = 600.0, families: bool = True) -> L
     rows.append(_row("device", "pass", detail=runtime.decisions["device"]))
     rows += check_collectives(nproc, timeout)
     rows += check_kernels(target == "Ascend")
+    if recipes:
+        rows += check_recipe_attention(list(recipes), target == "Ascend")
+        rows += probe_undocumented_forms(target == "Ascend")
     rows += check_launch_mode(target)
     if families:
         with tempfile.TemporaryDirectory(prefix="mm_doctor_") as workdir:
@@ -233,7 +242,7 @@ def render(rows: List[Dict]) -> str:
 
 
 def run(args) -> int:
-    rows = diagnose(args.nproc, args.timeout, not args.skip_families)
+    rows = diagnose(args.nproc, args.timeout, not args.skip_families, [(r, args.overrides) for r in args.recipe])
     print(json.dumps({"rows": rows}, indent=1) if args.json else render(rows))
     return 1 if any(r["status"] == "fail" for r in rows) else 0
 
@@ -245,3 +254,8 @@ def add_parser(sub) -> None:
     doctor.add_argument("--json", action="store_true", help="print the rows as JSON")
     doctor.add_argument("--timeout", type=float, default=600.0, help="seconds for the collective launch")
     doctor.add_argument("--skip-families", action="store_true", help="leave out the per-family training steps")
+    doctor.add_argument("--recipe", action="append", default=[],
+                        help="a recipe (name or YAML) whose attention shapes to run through the kernel, per rank; "
+                             "repeatable. Also probes the kernel forms MindSpore's page forbids")
+    doctor.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key of every --recipe (e.g. model.path=/models/Qwen3-VL-8B-Instruct)")

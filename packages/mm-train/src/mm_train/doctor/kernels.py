@@ -60,7 +60,12 @@ def _grouped_reference(x, w):
     return ops.concat([ops.matmul(x[:3], w[0].T), ops.matmul(x[3:], w[2].T)], 0)
 
 
-def _run(fn, inputs):
+def max_rel_error(got, want) -> float:
+    """max |got - want| / max |want| over pairs of arrays (the output, then each gradient)."""
+    return max(float(np.abs(g - w).max() / max(np.abs(w).max(), 1e-30)) for g, w in zip(got, want))
+
+
+def run_with_gradients(fn, inputs):
     """The output and the gradients of sum(output * fixed weights) with respect to every input."""
     import mindspore as ms
     from mindspore import Tensor
@@ -71,7 +76,7 @@ def _run(fn, inputs):
     return [t.astype(ms.float32).asnumpy() for t in [out] + list(grads)]
 
 
-def _fused_path(on_ascend: bool):
+def fused_path(on_ascend: bool):
     from mm_parallel.ops import device
 
     if not on_ascend:
@@ -106,14 +111,14 @@ def _compare(name, fn, shapes, call, dtype, on_ascend) -> Dict:
     try:
         device.set_kernels("reference")
         try:
-            want = _run(_grouped_reference if call == "grouped_matmul" else fn, inputs)
+            want = run_with_gradients(_grouped_reference if call == "grouped_matmul" else fn, inputs)
         finally:
             device.set_kernels(None)
-        with _fused_path(on_ascend) as calls:
-            got = _run(fn, inputs)
+        with fused_path(on_ascend) as calls:
+            got = run_with_gradients(fn, inputs)
             if not on_ascend and call not in calls:
                 raise AssertionError(f"the fused branch did not call {call}")
-        error = max(float(np.abs(g - w).max() / max(np.abs(w).max(), 1e-30)) for g, w in zip(got, want))
+        error = max_rel_error(got, want)
         ok = error <= TOLERANCE[dtype]
         detail = f"max rel error {error:.1e} (limit {TOLERANCE[dtype]:g}), output and {len(got) - 1} gradients"
     except Exception:  # noqa: BLE001 - reported per check

@@ -57,6 +57,26 @@ class LayerStack:
 
 
 @dataclass(frozen=True)
+class AttentionForm:
+    """One kind of attention call a sample makes, at the model's full widths: ``tokens`` queries
+    per sample in segments of ``segment`` (windows, frames, chunks; 0: the whole ``tokens``), each
+    attending to its own segment (self-attention) or to ``keys`` other tokens (cross-attention);
+    heads, kv heads and head size as the config has them. ``split``: tensor and context parallelism
+    divide its heads and tokens (False for the VL towers, which every rank runs whole).
+    `mm-train doctor --recipe` runs the kernel at these shapes per rank."""
+
+    name: str
+    tokens: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    causal: bool = False
+    segment: int = 0
+    keys: int = 0  # cross-attention: the keys every query attends to (0: self-attention)
+    split: bool = True
+
+
+@dataclass(frozen=True)
 class Workload:
     stacks: List[LayerStack]
     flops_per_sample: float  # forward FLOPs of one sample (a training step is 3 forwards)
@@ -68,6 +88,7 @@ class Workload:
     # encoder), which every rank of the sample's tp / cp / pp group runs whole; not model FLOPs (MFU)
     encoder_flops: float = 0.0
     notes: List[str] = field(default_factory=list)
+    attention: List[AttentionForm] = field(default_factory=list)  # the attention calls of one sample
 
     @property
     def pipelined(self) -> LayerStack:

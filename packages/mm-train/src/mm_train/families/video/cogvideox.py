@@ -23,7 +23,7 @@ from mm_train.families.video.generate import generate_video
 from mm_train.families.video.samples import CogVideoXSampler
 from mm_train.families.video.task import VideoTask
 from mm_train.families.video.wan import VideoDataSection, video_source_problems
-from mm_train.plan.workload import LayerStack, Workload
+from mm_train.plan.workload import AttentionForm, LayerStack, Workload
 from mm_train.preflight import attention_rules, layer_rules
 from mm_train.registry import BuiltinRecipe, FamilySpec, register
 
@@ -115,7 +115,10 @@ def workload(recipe, config):
         vae, t5, note = _encoder_configs(recipe.data)
         encoder = float(vae_encode_flops(vae, shape["num_frames"], 8 * side, 8 * side) + t5_encoder_flops(t5, text))
         notes += [note] if note else []
-    return Workload([stack], float(flops), tokens, boundary_hidden=h, encoder_flops=encoder, notes=notes)
+    heads = config.num_attention_heads
+    joint = AttentionForm("DiT joint text + video attention", text + tokens, heads, heads, config.attention_head_dim)
+    return Workload([stack], float(flops), tokens, boundary_hidden=h, encoder_flops=encoder, notes=notes,
+                    attention=[joint])
 
 
 class CogVideoXTask(VideoTask):

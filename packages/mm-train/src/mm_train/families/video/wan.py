@@ -16,7 +16,7 @@ from mm_train.families.video.data import WanTrainData, clip_shape, latent_tokens
 from mm_train.families.video.generate import generate_video
 from mm_train.families.video.task import VideoTask
 from mm_train.families.video.tiny import ENCODER_FIELDS, TINY
-from mm_train.plan.workload import LayerStack, Workload
+from mm_train.plan.workload import AttentionForm, LayerStack, Workload
 from mm_train.preflight import attention_rules, layer_rules, require_divisible, require_exists
 from mm_train.recipe import DataSection
 from mm_train.registry import BuiltinRecipe, FamilySpec, register
@@ -140,7 +140,10 @@ def workload(recipe, config):
                        reference_emulated=28 * h)
     flops = wan_dit_flops(config, frames, side, side, text, 257 if config.image_dim else 0)
     note = f"{shape['num_frames']} frames of {shape['max_area']} pixels: {tokens} video tokens per clip"
-    return Workload([stack], float(flops), tokens, boundary_hidden=h, notes=[note])
+    heads, head_dim = config.num_attention_heads, config.attention_head_dim
+    attention = [AttentionForm("DiT self-attention", tokens, heads, heads, head_dim),
+                 AttentionForm("DiT cross-attention to the text", tokens, heads, heads, head_dim, keys=text)]
+    return Workload([stack], float(flops), tokens, boundary_hidden=h, notes=[note], attention=attention)
 
 
 _TINY, _ASCEND = "1-2 CPU processes", "Ascend NPUs"

@@ -20,7 +20,7 @@ from mm_train.families.vl.generate import generate_answer
 from mm_train.families.vl.qwen2_5_vl import VLTask
 from mm_train.families.vl.qwen2_5_vl import preflight as vl_preflight
 from mm_train.families.vl.qwen2_5_vl import workload as vl_workload
-from mm_train.plan.workload import LayerStack
+from mm_train.plan.workload import AttentionForm, LayerStack
 from mm_train.registry import BuiltinRecipe, FamilySpec, register
 
 # Deferred imports: mm-data, mm-models-vl, transformers (optional: a missing one is named when a run needs
@@ -130,7 +130,11 @@ def workload(recipe, config):
                        reference=27 * d + 6 * ffn, reference_emulated=42 * d, pipelined=False, trained=not frozen,
                        runs_whole=True, flops=flops)
     vl = vl_workload(recipe, config)
+    heads = audio.encoder_attention_heads
+    chunks = AttentionForm("audio, chunks", positions, heads, heads, d // heads, segment=min(positions, audio.n_window),
+                           split=False)
     return dataclasses.replace(vl, stacks=[stack] + vl.stacks, flops_per_sample=vl.flops_per_sample + flops,
+                               attention=[chunks] + vl.attention,
                                frozen_flops=vl.frozen_flops + (flops if frozen else 0.0),
                                notes=[vl.notes[0] + f", one {PLANNED_AUDIO_SECONDS} s audio"] + vl.notes[1:])
 

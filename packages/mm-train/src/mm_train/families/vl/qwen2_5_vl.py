@@ -28,7 +28,7 @@ from mm_train.families.vl.data import (
     write_processing_files,
 )
 from mm_train.families.vl.generate import generate_answer
-from mm_train.plan.workload import LayerStack, Workload
+from mm_train.plan.workload import AttentionForm, LayerStack, Workload
 from mm_train.preflight import attention_rules, layer_rules, require_divisible, require_exists
 from mm_train.registry import BuiltinRecipe, FamilySpec, register
 from mm_train.task import FamilyTask, once_on_rank_zero
@@ -272,8 +272,16 @@ def workload(recipe, config):
               LayerStack("language model", text.num_hidden_layers, seq, h, outside=4 * h, inside=text_inside,
                          heads=text.num_attention_heads, keys=seq, reference=13 * h + text_inside,
                          reference_emulated=42 * h)]
+    vision_heads = vision.num_heads
+    towers = [AttentionForm("vision, whole picture", patches, vision_heads, vision_heads, hv // vision_heads,
+                            split=False)]
+    if hasattr(vision, "window_size"):
+        towers.append(AttentionForm("vision, windows", patches, vision_heads, vision_heads, hv // vision_heads,
+                                    segment=int(window), split=False))
+    attention = towers + [AttentionForm("language model", seq, text.num_attention_heads, text.num_key_value_heads,
+                                        head_dim, causal=True)]
     return Workload(stacks, float(flops), seq, boundary_hidden=h, logits_vocab=text.vocab_size,
-                    frozen_flops=frozen_flops,
+                    frozen_flops=frozen_flops, attention=attention,
                     notes=[f"one {grid[0][1] * vision.patch_size} x {grid[0][2] * vision.patch_size} picture and "
                            f"{seq} tokens per sample (data.max_pixels, data.max_length)"])
 
