@@ -97,7 +97,7 @@ def rope_index(input_ids: np.ndarray, attention_mask: np.ndarray, image_grid_thw
         walk = _sample_walk(tokens, ids, media, use_audio_in_video, b)
         row = walk.positions()
         out[:, b, keep] = row
-        deltas.append(int(row.max()) + 1 - len(tokens))
+        deltas.append((int(row.max()) + 1 if row.size else 0) - len(tokens))  # a sample of padding alone: 0
     return out, np.asarray(deltas, np.int64)[:, None]
 
 
