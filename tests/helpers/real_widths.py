@@ -96,3 +96,33 @@ def padded(inputs: dict, pad: int, relabel) -> dict:
     out = {k: v for k, v in inputs.items() if k not in ("labels", "mm_token_type_ids")}
     out.update(input_ids=new_ids, attention_mask=new_mask)
     return relabel(out)
+
+
+def dit_config(hub_key: str, parallel) -> dict:
+    """config.json of the per-rank Wan / CogVideoX transformer: heads over tp x Ulysses at the
+    published head size, the published patches, channels and text width, one block."""
+    hub = HUB_CONFIGS[hub_key]
+    raw = dict(hub, num_attention_heads=hub["num_attention_heads"] // heads_divisor(parallel), num_layers=1)
+    if "ffn_dim" in raw:  # Wan's GELU MLP: no kernel restriction on its width
+        raw["ffn_dim"] = MLP
+    return raw
+
+
+def dit_batch(raw: dict, rng: np.random.Generator) -> dict:
+    """Two clips of 2 latent frames (1.5: one temporal patch) of 16 x 16 latent pixels and 16 text
+    tokens at the model's text width (the pipelines pad the text with zeros: no mask), a target."""
+    frames, size = 2, (16, 16)
+    if "text_dim" in raw:  # Wan: latents (B, C, F, H, W)
+        shape, text_dim, out = (2, raw["in_channels"], frames) + size, raw["text_dim"], raw["out_channels"]
+        target = (2, out, frames) + size
+    else:  # CogVideoX: latents (B, F, C, H, W); the text rows are max_text_seq_length
+        shape, text_dim = (2, frames, raw["in_channels"]) + size, raw["text_embed_dim"]
+        target = (2, frames, raw["out_channels"]) + size
+    text = raw.get("max_text_seq_length", 16)
+    batch = {"hidden_states": rng.standard_normal(shape).astype(np.float32),
+             "encoder_hidden_states": rng.standard_normal((2, text, text_dim)).astype(np.float32),
+             "timestep": rng.integers(0, 1000, 2).astype(np.int64),
+             "target": rng.standard_normal(target).astype(np.float32)}
+    if raw.get("ofs_embed_dim"):
+        batch["ofs"] = np.full((1,), 2.0, np.float32)
+    return batch

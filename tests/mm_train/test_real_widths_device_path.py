@@ -8,6 +8,8 @@ left padding and a sample of padding alone. The stand-ins refuse any call MindSp
 forbid and return NaN where they leave a result undefined, so the step passing with a finite loss
 and finite gradients says: no call outside the documentation, no NaN. (The optimizer's update,
 which calls no Ascend kernel, is left out: at these widths it was half the step's 14 s here.)
+The DiTs take no attention mask (the pipelines pad the text with zeros); their padded form, a
+joint sequence padded to split evenly, runs on the stand-ins in the two-process padded_* cases.
 """
 
 import json
@@ -25,6 +27,13 @@ VL = {  # recipe: (hub config, family)
     "qwen3_vl_8b_sft": ("Qwen3-VL-8B-Instruct", "qwen3_vl"),
     "qwen3_vl_30b_a3b_sft": ("Qwen3-VL-30B-A3B-Instruct", "qwen3_vl_moe"),
     "qwen2_5_omni_7b_sft": ("Qwen2.5-Omni-7B", "omni"),
+}
+
+VIDEO = {  # recipe: (hub config, model class name)
+    "wan2_1_t2v_1_3b": ("Wan2.1-T2V-1.3B-Diffusers/transformer", "WanTransformer3DModel"),
+    "wan2_1_t2v_14b": ("Wan2.1-T2V-14B-Diffusers/transformer", "WanTransformer3DModel"),
+    "cogvideox_5b_t2v": ("CogVideoX-5b/transformer", "CogVideoXTransformer3DModel"),
+    "cogvideox1_5_5b_i2v": ("CogVideoX1.5-5B-I2V/transformer", "CogVideoXTransformer3DModel"),
 }
 
 
@@ -63,8 +72,9 @@ def _vl_model_and_batch(family, hub_key, parallel):
     return cls, raw, real_widths.padded(qwen3_vl_parallel_cases.batch(), 3, qwen3_vl_reference.with_types_and_labels)
 
 
-def _one_step(cls, raw, batch):
-    """(loss, gradients, the stand-ins called) of one bf16 forward and backward."""
+def _one_step(cls, raw, batch, loss=None):
+    """(loss, gradients, the stand-ins called) of one bf16 forward and backward (``loss(model,
+    batch)``: the model's own by default)."""
     from mm_parallel import ParallelConfig, precision
     from mm_parallel.testing.device_path import ascend_stand_ins
     from mm_parallel.testing.equivalence import ModelSpec, loss_and_grads
@@ -73,7 +83,7 @@ def _one_step(cls, raw, batch):
     topo = Topology.build(ParallelConfig(), 1, 0)
     model = cls(cls.load_config(raw), topo)
     precision.apply(model, precision.Precision("bf16"))
-    spec = ModelSpec(build=None, split=None, samples=lambda b: b["input_ids"].shape[0])
+    spec = ModelSpec(build=None, split=None, samples=len, **({"loss": loss} if loss else {}))
     try:
         with ascend_stand_ins(float32=False) as calls:
             loss, grads = loss_and_grads(spec, [model], topo, batch)
@@ -95,3 +105,31 @@ def test_a_vl_recipe_steps_at_its_per_rank_shapes_on_the_strict_stand_ins(name, 
     assert all(np.isfinite(g).all() for g in grads)
     want = {"flash_attention_score", "rms_norm", "rotary_position_embedding", "swiglu"}
     assert want | ({"grouped_matmul"} if "num_experts" in raw["text_config"] else set()) <= set(calls), calls
+
+
+@pytest.mark.parametrize("name", list(VIDEO))
+def test_a_video_recipe_steps_at_its_per_rank_shapes_on_the_strict_stand_ins(name, tmp_path):
+    import mm_models_video
+
+    hub_key, class_name = VIDEO[name]
+    recipe = _recipe(name, hub_key, tmp_path)
+    raw = real_widths.dit_config(hub_key, recipe.parallel)
+    cls = getattr(mm_models_video, class_name)
+    batch = real_widths.dit_batch(raw, np.random.default_rng(0))
+    loss, grads, calls = _one_step(cls, raw, batch, _dit_loss(raw))
+    assert np.isfinite(loss), loss
+    assert all(np.isfinite(g).all() for g in grads)
+    assert {"flash_attention_score", "rotary_position_embedding"} <= set(calls), calls
+
+
+def _dit_loss(raw):
+    """Wan's loss is the model's own; CogVideoX's forward takes the pipeline's rotary tables."""
+    if "text_dim" in raw:
+        return None
+    from mm_models_video.cogvideox import rotary_tables
+
+    def loss(model, batch):
+        frames, height, width = batch["hidden_states"].shape[1], *batch["hidden_states"].shape[3:]
+        return model(**batch, image_rotary_emb=rotary_tables(model.config, frames, height, width)).loss
+
+    return loss
