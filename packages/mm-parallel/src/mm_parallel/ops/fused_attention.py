@@ -139,23 +139,32 @@ def _packed_causal(q, k, v, scale, dtype, ends: List[int]):
     return outs[0] if len(outs) == 1 else ops.concat(outs, 0)
 
 
-def _segments_as_batch(q, k, v, scale, dtype, ends: List[int]):
-    """Non-causal packed segments (rows ending at ``ends`` of the flattened batch) as a padded batch."""
-    batch, q_len = q.shape[0], q.shape[1]
-    total = batch * q_len
-    bounds = np.asarray([0] + ends)
+@functools.lru_cache(maxsize=8)
+def _segment_batch(ends: tuple, total: int):
+    """(gather index, discarded-key mask or None, scatter index, (S, L)) of packed segments ending
+    at ``ends`` of ``total`` rows, made once per layout: every layer of a tower shares it. The
+    padding slots repeat row 0: as keys the mask drops them, as queries their output is never
+    gathered back, so they add nothing forward or backward (and need no row of zeros)."""
+    bounds = np.asarray((0,) + ends)
     gather, valid, scatter = padded_runs(bounds[:-1], np.diff(bounds), total)
-    # padding slots repeat row 0: as keys the mask drops them, as queries their output is never
-    # gathered back, so they add nothing forward or backward (and need no row of zeros uploaded)
+    count, longest = gather.shape
+    dropped = None if valid.all() else Tensor(np.broadcast_to(~valid[:, None, None, :],
+                                                                (count, 1, longest, longest)).copy())
     index = Tensor(np.where(valid, gather, 0).reshape(-1).astype(np.int32))
+    return index, dropped, Tensor(scatter.astype(np.int32)), (count, longest)
+
+
+def _segments_as_batch(q, k, v, scale, dtype, ends: List[int]):
+    """Non-causal packed segments (rows ending at ``ends`` of the flattened batch) as a padded
+    batch in BSND, each slot seeing its own segment's keys (no mask when the segments are equal)."""
+    total = q.shape[0] * q.shape[1]
+    index, dropped, scatter, blocks = _segment_batch(tuple(ends), total)
 
     def to_blocks(x):
-        return ops.gather(x.reshape((total,) + tuple(x.shape[2:])), index, 0).reshape(gather.shape + tuple(x.shape[2:]))
+        return ops.gather(x.reshape((total,) + tuple(x.shape[2:])), index, 0).reshape(blocks + tuple(x.shape[2:]))
 
-    count, longest = gather.shape
-    dropped = Tensor(np.broadcast_to(~valid[:, None, None, :], (count, 1, longest, longest)).copy())
-    out = _bsnd(to_blocks(q), to_blocks(k), to_blocks(v), scale, dtype, dropped)  # each slot sees its segment's keys
-    out = ops.gather(out.reshape((count * longest,) + tuple(out.shape[2:])), Tensor(scatter.astype(np.int32)), 0)
+    out = _bsnd(to_blocks(q), to_blocks(k), to_blocks(v), scale, dtype, dropped)
+    out = ops.gather(out.reshape((blocks[0] * blocks[1],) + tuple(out.shape[2:])), scatter, 0)
     return out.reshape(q.shape)
 
 
