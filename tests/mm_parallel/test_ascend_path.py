@@ -352,3 +352,26 @@ def test_bf16_fused_attention_is_as_close_to_fp32_as_torch_bf16_is(case):
         ours_err = np.abs(a - b).max() / np.abs(b).max()
         torch_err = np.abs(ta - tb).max() / np.abs(tb).max()
         assert ours_err <= 2 * torch_err, (name, ours_err, torch_err)
+
+
+def test_the_device_kind_chooses_the_kernels_and_the_backend(monkeypatch):
+    """On a device MindSpore reports as Ascend: the fused kernels (unless MM_KERNELS=reference
+    was set at start-up) and the native HCCL backend (unless MM_COMM_BACKEND says otherwise)."""
+    from mm_parallel import comm
+    from mm_parallel.comm.cpu import CpuBackend
+    from mm_parallel.comm.native import NativeBackend
+    from mm_parallel.ops import device
+
+    real = ms.get_context
+    monkeypatch.setattr(ms, "get_context", lambda key: "Ascend" if key == "device_target" else real(key))
+    monkeypatch.setattr(comm, "_BACKEND", None)
+    assert device.use_fused() and isinstance(comm.get_backend(), NativeBackend)
+    monkeypatch.setattr(device, "_FORCE_REFERENCE", True)
+    monkeypatch.setattr(comm, "_BACKEND", None)
+    monkeypatch.setenv("MM_COMM_BACKEND", "cpu")
+    assert not device.use_fused() and isinstance(comm.get_backend(), CpuBackend)
+    monkeypatch.setattr(ms, "get_context", real)
+    monkeypatch.setattr(device, "_FORCE_REFERENCE", False)
+    monkeypatch.delenv("MM_COMM_BACKEND")
+    monkeypatch.setattr(comm, "_BACKEND", None)
+    assert not device.use_fused() and isinstance(comm.get_backend(), CpuBackend)  # this CPU
