@@ -44,22 +44,26 @@ class _FlashBlock(nn.Cell):
     """(out, lse, softmax_max, softmax_sum) of q (B, S1, N1, D) over k, v (B, S2, N2, D) in BSND,
     with the backward of the module docstring; ``dropped``: the (B, 1, S1, S2) bool mask of
     discarded pairs (sparse_mode 0), or None (causal: sparse_mode 3 and the compressed triangle;
-    else no mask)."""
+    else no mask). The kernels take their operands in ``dtype``; the widening and cutting around
+    them stay in the inputs' dtype (float32 storage where bf16 is emulated: the CPU slices no bf16)."""
 
-    def __init__(self, heads: int, scale: float, causal: bool, dropped=None):
+    def __init__(self, heads: int, scale: float, causal: bool, dropped, dtype):
         super().__init__()
         self.sparse_mode = 3 if causal else 0
-        self.heads, self.scale = heads, float(scale)
+        self.heads, self.scale, self.dtype = heads, float(scale), dtype
         self.mask = compressed_causal_mask() if causal else dropped
+
+    def _operands(self, tensors, width):
+        return [as_type(_widened(t, width), self.dtype) for t in tensors]
 
     def construct(self, q, k, v):
         head_dim = q.shape[-1]
-        width = padded_head_dim(head_dim)
         kernel = auto_generate.FlashAttentionScore(self.heads, 1.0, self.scale, _INT_MAX, _INT_MAX, 0, "BSND",
                                                    self.sparse_mode)
-        row_max, row_sum, _, out = kernel(*(_widened(t, width) for t in (q, k, v)), None, None, None, self.mask)
+        row_max, row_sum, _, out = kernel(*self._operands((q, k, v), padded_head_dim(head_dim)), None, None, None,
+                                          self.mask)
         lse = row_max[..., 0] + ops.log(row_sum[..., 0])  # (B, N1, S1)
-        return out[..., :head_dim], lse, row_max, row_sum
+        return as_type(out, q.dtype)[..., :head_dim], lse, row_max, row_sum
 
     def bprop(self, q, k, v, out, dout):
         head_dim = q.shape[-1]
@@ -69,13 +73,12 @@ class _FlashBlock(nn.Cell):
         batch, q_len = q.shape[0], q.shape[1]
         ones = Tensor(np.ones((batch, q_len, self.heads, 1), np.float32), d_out.dtype)
         spare = as_type(-d_lse.transpose(0, 2, 1).reshape(batch, q_len, self.heads, 1), attention.dtype)
-        dy = _widened(ops.concat([d_out, ones], -1), width)
-        attention_in = _widened(ops.concat([attention, spare], -1), width)
+        dy, attention_in = self._operands((ops.concat([d_out, ones], -1), ops.concat([attention, spare], -1)), width)
         grad = auto_generate.FlashAttentionScoreGrad(self.heads, 1.0, self.scale, _INT_MAX, _INT_MAX, 0, "BSND",
                                                      self.sparse_mode)
-        dq, dk, dv, _ = grad(*(_widened(t, width) for t in (q, k, v)), dy, None, None, None, self.mask, row_max,
-                             row_sum, None, attention_in)
-        return dq[..., :head_dim], dk[..., :head_dim], dv[..., :head_dim]
+        grads = grad(*self._operands((q, k, v), width), dy, None, None, None, self.mask, row_max, row_sum, None,
+                     attention_in)[:3]
+        return tuple(as_type(g, q.dtype)[..., :head_dim] for g in grads)
 
 
 def flash_block(q, k, v, scale: float, causal: bool, key_valid=None, kernel_dtype=ms.bfloat16):
@@ -83,7 +86,6 @@ def flash_block(q, k, v, scale: float, causal: bool, key_valid=None, kernel_dtyp
     operands in ``kernel_dtype``. ``key_valid``: host (B, S2) bool of the keys that exist (a
     sequence padded to split evenly), every query seeing at least one (the ring skips blocks of
     padding alone: a query with no key is undefined in the kernel's documentation)."""
-    q, k, v = (as_type(t, kernel_dtype) for t in (q, k, v))
     dropped = None
     if key_valid is not None:
         keep = np.asarray(key_valid, bool)
@@ -94,5 +96,5 @@ def flash_block(q, k, v, scale: float, causal: bool, key_valid=None, kernel_dtyp
         if not allowed.any(-1).all():
             raise ValueError("a ring block in which some query has no key: skip blocks of padding alone")
         dropped, causal = Tensor(~np.broadcast_to(allowed, (q.shape[0], 1, q.shape[1], k.shape[1]))), False
-    out, lse, _, _ = _FlashBlock(q.shape[2], scale, causal, dropped)(q, k, v)
+    out, lse, _, _ = _FlashBlock(q.shape[2], scale, causal, dropped, kernel_dtype)(q, k, v)
     return as_type(out, ms.float32), lse
