@@ -1,6 +1,7 @@
 """A VL recipe on the user's own LLaMA-Factory data: images of several sizes, a video, a system
 turn and a broken entry, read through mm-data; trains, counts the bad sample, checkpoints the data
-position, and resumes (with data worker processes) to the same losses."""
+position, and resumes (with data worker processes) to the same losses — also when the same samples
+are declared in a dataset_info.json with renamed columns and tags."""
 
 import json
 
@@ -35,14 +36,44 @@ def make_user_data(root):
     entries.append({"messages": [{"role": "user", "content": "<image>x"}, {"role": "assistant", "content": "y"}],
                     "images": ["missing.png"]})
     (root / "sft.json").write_text(json.dumps(entries))
+    write_dataset_info(root, entries)
     train_tokenizer(TOKEN_TEXT, Path(root / "tokenizer.json"), SPECIAL)
     return root
 
 
-def run(root, out, steps, *extra):
-    """``mm-train run`` in its own process (a run's random init is drawn once per process)."""
+def write_dataset_info(root, entries):
+    """The same entries as three data sets of a dataset_info.json, in the order of sft.json, with
+    their columns and tags renamed (the picture sets' and the clips' layouts differ)."""
+    def picture(entry):
+        return {"chat": [{"who": {"user": "asker", "assistant": "answerer"}[m["role"]], "says": m["content"]}
+                         for m in entry["messages"]], "pics": entry["images"]}
 
-    options = [f"train.steps={steps}", "data.kind=llamafactory", f"data.path={root / 'sft.json'}",
+    def clip(entry):
+        speakers = {"system": "rules", "human": "person", "gpt": "bot"}
+        return {"talk": [{"speaker": speakers[m["from"]], "text": m["value"]} for m in entry["conversations"]],
+                "movies": entry["videos"]}
+
+    sets = {"pictures": [picture(e) for e in entries[:10]], "clips": [clip(e) for e in entries[10:15]],
+            "broken": [picture(e) for e in entries[15:]]}
+    picture_layout = {"formatting": "sharegpt", "columns": {"messages": "chat", "images": "pics"},
+                      "tags": {"role_tag": "who", "content_tag": "says", "user_tag": "asker",
+                               "assistant_tag": "answerer"}}
+    info = {name: dict(picture_layout, file_name=f"{name}.json") for name in ("pictures", "broken")}
+    info["clips"] = {"file_name": "clips.json", "formatting": "sharegpt",
+                     "columns": {"messages": "talk", "videos": "movies"},
+                     "tags": {"role_tag": "speaker", "content_tag": "text", "user_tag": "person",
+                              "assistant_tag": "bot", "system_tag": "rules"}}
+    for name, content in sets.items():
+        (root / f"{name}.json").write_text(json.dumps(content))
+    (root / "dataset_info.json").write_text(json.dumps(info))
+
+
+def run(root, out, steps, *extra, dataset_info=False):
+    """``mm-train run`` in its own process (a run's random init is drawn once per process); the
+    data read from sft.json, or with ``dataset_info`` from the renamed data sets of dataset_info.json."""
+    source = ([f"data.dataset_info={root}", "data.dataset=[pictures, clips, broken]"] if dataset_info
+              else [f"data.path={root / 'sft.json'}"])
+    options = [f"train.steps={steps}", "data.kind=llamafactory", *source,
                f"data.tokenizer={root / 'tokenizer.json'}", "data.min_pixels=3136", "data.max_pixels=6272",
                "data.video_fps=3", "data.max_bad_fraction=0.2", "train.global_batch_size=4",
                "train.micro_batch_size=2", "checkpoint.every=2", f"output_dir={out}"]
@@ -58,15 +89,29 @@ def test_llamafactory_data_trains_and_resumes(user_data, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "full" / "bad_samples.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["source"].endswith("missing.png") and "file not found" in rows[0]["reason"]
     assert "; 1 bad samples skipped (" in log.strip().splitlines()[-1]
-    run(user_data, tmp_path / "cut", 2)
+    # the same samples declared in a dataset_info.json with renamed columns and tags
+    run(user_data, tmp_path / "cut", 2, dataset_info=True)
     state = json.loads((tmp_path / "cut" / "checkpoints" / "step_2" / "trainer_state.json").read_text())
     assert state["data"] == {"epoch": 0, "position": 2, "seed": 0, "global_batch_size": 4}
-    resumed, _ = run(user_data, tmp_path / "cut", 4, "--resume", "--set", "data.num_workers=2")
+    resumed, _ = run(user_data, tmp_path / "cut", 4, "--resume", "--set", "data.num_workers=2", dataset_info=True)
     assert resumed == full  # bit for bit: the stream continued at step 2, made by two worker processes
 
 
 def test_a_missing_dataset_file_is_a_config_error(tmp_path):
-    with pytest.raises(ValueError, match="needs data.path"):
-        from mm_train.recipe import load_recipe
+    from mm_train.recipe import load_recipe
 
+    with pytest.raises(ValueError, match="needs data.path"):
         load_recipe(None, ["data.kind=llamafactory"])
+    with pytest.raises(ValueError, match="data.dataset_info and data.dataset go together"):
+        load_recipe(None, ["data.kind=llamafactory", f"data.dataset_info={tmp_path}"])
+
+
+def test_a_wrong_data_set_name_is_refused_before_launch(user_data):
+    from mm_train.preflight import check_before_launch
+    from mm_train.recipe import load_recipe
+
+    recipe = load_recipe(None, ["data.kind=llamafactory", f"data.dataset_info={user_data}", "data.dataset=picture",
+                                f"data.tokenizer={user_data / 'tokenizer.json'}"])
+    with pytest.raises(ValueError, match=r"dataset_info.json: no data set named \['picture'\]; it has "
+                                         r"\['broken', 'clips', 'pictures'\]"):
+        check_before_launch(recipe)

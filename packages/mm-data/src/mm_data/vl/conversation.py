@@ -5,21 +5,27 @@ Two layouts, told apart per entry:
   "images": [...], "videos": [...], "audios": [...]}``
 - ShareGPT: ``{"conversations": [{"from": "human" | "gpt" | "system", "value": ...}, ...],
   "system": ..., "images": [...], ...}``
+or, for a data set declared in a dataset_info.json (`mm_data.vl.dataset_info.DatasetFormat`), the
+columns and tags it names: sharegpt with any message column and role / content / user / assistant
+/ system tags, alpaca (instruction, input, output, history, system columns), and ``ranking`` sets
+whose chosen / rejected answers end the conversation (``Conversation.rejected``).
 
 A file is a JSON list or JSON lines. Media paths are relative to ``media_dir`` (default: the
 file's folder). The number of ``<image>`` / ``<video>`` / ``<audio>`` placeholders must equal the
 length of the matching list, turns must alternate user / assistant and end with the assistant:
-an entry that breaks a rule is a `BadSample` (skipped and counted by the caller's log).
+an entry that breaks a rule is a `BadSample` (skipped and counted by the caller's log), as is a
+tool turn (observation / function tags: mm's chat templates have no tool format).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from mm_data.entries import json_entries, parse_all
 from mm_data.errors import BadInputLog, BadSample
+from mm_data.vl.dataset_info import SHAREGPT_COLUMNS, TAGS, DatasetFormat
 
 PLACEHOLDERS = {"images": "<image>", "videos": "<video>", "audios": "<audio>"}
 ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system"}
@@ -27,7 +33,8 @@ ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assi
 
 @dataclass(frozen=True)
 class Conversation:
-    """Alternating (role, text) turns, user first; media paths in placeholder order."""
+    """Alternating (role, text) turns, user first; media paths in placeholder order; for a
+    preference pair the rejected answer in place of the last assistant turn."""
 
     turns: Tuple[Tuple[str, str], ...]
     system: Optional[str] = None
@@ -35,64 +42,139 @@ class Conversation:
     videos: Tuple[str, ...] = field(default_factory=tuple)
     audios: Tuple[str, ...] = field(default_factory=tuple)
     source: str = ""
+    rejected: Optional[str] = None
 
 
-def parse_entry(entry, source: str, media_dir: str = "") -> Conversation:
-    """One LLaMA-Factory entry (either layout) as a checked `Conversation`."""
-    if not isinstance(entry, dict):
-        raise BadSample(source, f"expected an object, got {type(entry).__name__}")
+def _text(value, source: str, what: str) -> str:
+    if not isinstance(value, str):
+        raise BadSample(source, f"{what} must be text, got {type(value).__name__}")
+    return value
+
+
+def _detected(entry: dict, source: str) -> DatasetFormat:
+    """The layout of an entry read without a dataset_info.json: "messages" (role / content,
+    OpenAI's role names) or ShareGPT's "conversations" (from / value)."""
     if "messages" in entry:
-        raw, role_key, text_key = entry["messages"], "role", "content"
-    elif "conversations" in entry:
-        raw, role_key, text_key = entry["conversations"], "from", "value"
-    else:
-        raise BadSample(source, "no 'messages' or 'conversations' list")
-    key = "messages" if "messages" in entry else "conversations"
+        return DatasetFormat("", "", columns=dict(SHAREGPT_COLUMNS, messages="messages", system="system"),
+                             tags=dict(TAGS, role_tag="role", content_tag="content", user_tag="user",
+                                       assistant_tag="assistant"))
+    if "conversations" in entry:
+        return DatasetFormat("", "", columns=dict(SHAREGPT_COLUMNS, system="system"))
+    raise BadSample(source, "no 'messages' or 'conversations' list")
+
+
+def _message_turns(entry: dict, fmt: DatasetFormat, source: str) -> Tuple[Optional[str], list]:
+    """(system, turns) of a sharegpt-formatted entry under ``fmt``'s columns and tags."""
+    key, tags = fmt.columns["messages"], fmt.tags
+    raw = entry.get(key)
     if not isinstance(raw, list):
         raise BadSample(source, f"'{key}' must be a list of messages, got {type(raw).__name__}")
     if not raw:
         raise BadSample(source, f"'{key}' is an empty list")
-    system = entry.get("system") if isinstance(entry.get("system"), str) else None
+    roles = {tags["user_tag"]: "user", tags["assistant_tag"]: "assistant", tags["system_tag"]: "system"}
+    if not fmt.name:  # told from the entry (no dataset_info.json): either layout's role names, as always
+        roles.update(ROLES)
+    tools = {tags["observation_tag"], tags["function_tag"]}
+    system = entry.get(fmt.columns["system"]) if fmt.columns.get("system") else None
+    system = system if isinstance(system, str) else None
     turns = []
     for number, message in enumerate(raw):
-        if not isinstance(message, dict) or not isinstance(message.get(text_key), str):
-            raise BadSample(source, f"message {number} has no text field {text_key!r}")
-        role = ROLES.get(message.get(role_key))
+        if not isinstance(message, dict) or not isinstance(message.get(tags["content_tag"]), str):
+            raise BadSample(source, f"message {number} has no text field {tags['content_tag']!r}")
+        tag = message.get(tags["role_tag"])
+        if tag in tools:
+            raise BadSample(source, f"message {number} is a tool turn ({tag!r}): not supported")
+        role = roles.get(tag)
         if role is None:
-            raise BadSample(source, f"message {number} has role {message.get(role_key)!r}; "
-                                    f"expected one of {sorted(ROLES)}")
+            raise BadSample(source, f"message {number} has role {tag!r}; expected one of {sorted(roles)}")
         if role == "system":
             if number:
                 raise BadSample(source, "a system message may only come first")
-            system = message[text_key]
+            system = message[tags["content_tag"]]
             continue
-        turns.append((role, message[text_key]))
+        turns.append((role, message[tags["content_tag"]]))
+    return system, turns
+
+
+def _alpaca_turns(entry: dict, fmt: DatasetFormat, source: str) -> Tuple[Optional[str], list]:
+    """(system, turns) of an alpaca entry: history pairs, then instruction + input -> output."""
+    columns = fmt.columns
+    turns = []
+    history = entry.get(columns["history"]) if columns.get("history") else None
+    for number, pair in enumerate(history or []):
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise BadSample(source, f"history item {number} must be a [query, answer] pair")
+        turns += [("user", _text(pair[0], source, "a history query")),
+                  ("assistant", _text(pair[1], source, "a history answer"))]
+    prompt = _text(entry.get(columns["prompt"]), source, f"'{columns['prompt']}'")
+    query = entry.get(columns["query"]) or ""
+    turns.append(("user", prompt + ("\n" + _text(query, source, f"'{columns['query']}'") if query else "")))
+    if not fmt.ranking:
+        turns.append(("assistant", _text(entry.get(columns["response"]), source, f"'{columns['response']}'")))
+    system = entry.get(columns["system"]) if columns.get("system") else None
+    return (system if isinstance(system, str) else None), turns
+
+
+def _answer(value, fmt: DatasetFormat, source: str, what: str) -> str:
+    """A ranking set's chosen / rejected answer: text (alpaca) or an assistant message (sharegpt)."""
+    if fmt.formatting == "sharegpt":
+        if not isinstance(value, dict) or value.get(fmt.tags["role_tag"]) != fmt.tags["assistant_tag"]:
+            raise BadSample(source, f"'{what}' must be an assistant message")
+        value = value.get(fmt.tags["content_tag"])
+    return _text(value, source, f"'{what}'")
+
+
+def parse_entry(entry, source: str, media_dir: str = "", fmt: Optional[DatasetFormat] = None) -> Conversation:
+    """One LLaMA-Factory entry as a checked `Conversation`; ``fmt`` the data set's layout from a
+    dataset_info.json (default: told from the entry)."""
+    if not isinstance(entry, dict):
+        raise BadSample(source, f"expected an object, got {type(entry).__name__}")
+    fmt = fmt or _detected(entry, source)
+    reader = _alpaca_turns if fmt.formatting == "alpaca" else _message_turns
+    system, turns = reader(entry, fmt, source)
+    rejected = None
+    if fmt.ranking:
+        turns.append(("assistant", _answer(entry.get(fmt.columns["chosen"]), fmt, source, fmt.columns["chosen"])))
+        rejected = _answer(entry.get(fmt.columns["rejected"]), fmt, source, fmt.columns["rejected"])
     expected = ["user", "assistant"] * (len(turns) // 2 + 1)
     if not turns or [role for role, _ in turns] != expected[:len(turns)] or turns[-1][0] != "assistant":
         raise BadSample(source, f"turns must alternate user / assistant and end with the assistant, got "
                                 f"{[role for role, _ in turns]}")
     media = {}
     for key, placeholder in PLACEHOLDERS.items():
-        paths = entry.get(key) or []
+        column = fmt.columns.get(key) or key
+        paths = entry.get(column) or []
         paths = [paths] if isinstance(paths, str) else paths
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-            raise BadSample(source, f"'{key}' must be a list of paths")
+            raise BadSample(source, f"'{column}' must be a list of paths")
         count = sum(text.count(placeholder) for _, text in turns) + (system or "").count(placeholder)
         if count != len(paths):
             raise BadSample(source, f"{count} {placeholder} placeholders but {len(paths)} {key}")
         media[key] = tuple(p if os.path.isabs(p) or "://" in p else os.path.join(media_dir, p) for p in paths)
-    return Conversation(tuple(turns), system, media["images"], media["videos"], media["audios"], source)
+    return Conversation(tuple(turns), system, media["images"], media["videos"], media["audios"], source, rejected)
 
 
-def read_conversations(path: str, media_dir: Optional[str] = None,
-                       log: Optional[BadInputLog] = None) -> List[Conversation]:
-    """Every usable conversation of a LLaMA-Factory JSON / JSONL file; bad entries go to ``log``."""
+def read_conversations(path: str, media_dir: Optional[str] = None, log: Optional[BadInputLog] = None,
+                       fmt: Optional[DatasetFormat] = None) -> List[Conversation]:
+    """Every usable conversation of a LLaMA-Factory JSON / JSONL file (``fmt``: its layout from a
+    dataset_info.json, else told per entry); bad entries go to ``log``."""
     log = log if log is not None else BadInputLog()
     media_dir = media_dir if media_dir is not None else os.path.dirname(os.path.abspath(path))
     before = log.count
     entries = json_entries(path, log)
     malformed = log.count - before
-    conversations = parse_all(entries, lambda entry, source: parse_entry(entry, source, media_dir), log)
+    conversations = parse_all(entries, lambda entry, source: parse_entry(entry, source, media_dir, fmt), log)
     log.total = (log.total or 0) + len(entries) + malformed
     log.check()
+    return conversations
+
+
+def read_datasets(formats: Sequence[DatasetFormat], media_dir: Optional[str] = None,
+                  log: Optional[BadInputLog] = None) -> List[Conversation]:
+    """The conversations of dataset_info.json's data sets, one after the other (``num_samples``
+    keeps a set's first ones); media paths start at ``media_dir`` or each set's folder."""
+    conversations = []
+    for fmt in formats:
+        read = read_conversations(fmt.path, media_dir, log, fmt)
+        conversations += read[:fmt.num_samples] if fmt.num_samples else read
     return conversations

@@ -17,7 +17,7 @@ import numpy as np
 
 from mm_data.errors import BadInputLog, BadSample
 from mm_data.video.decode import probe, read_frames
-from mm_data.vl.conversation import Conversation, read_conversations
+from mm_data.vl.conversation import Conversation, read_conversations, read_datasets
 from mm_data.vl.image_processor import Qwen2VLImageProcessor, smart_resize
 from mm_data.vl.template import QWEN_MEDIA, QwenChatTemplate
 from mm_data.vl.video_processor import Qwen2VLVideoProcessor
@@ -57,10 +57,14 @@ class VLSFTDataset:
         self.bad_input = bad_input if bad_input is not None else BadInputLog(total=len(self.conversations))
 
     @classmethod
-    def from_file(cls, path: str, tokenizer, media_dir: Optional[str] = None, max_bad_fraction: float = 0.05,
+    def from_file(cls, path, tokenizer, media_dir: Optional[str] = None, max_bad_fraction: float = 0.05,
                   **kwargs):
+        """The data set of a LLaMA-Factory file, or of data sets of a dataset_info.json (``path``:
+        a list of `mm_data.vl.dataset_info.DatasetFormat`, read in order)."""
         log = BadInputLog(max_bad_fraction)
-        return cls(read_conversations(path, media_dir, log), tokenizer, bad_input=log, **kwargs)
+        conversations = (read_conversations(path, media_dir, log) if isinstance(path, str)
+                         else read_datasets(path, media_dir, log))
+        return cls(conversations, tokenizer, bad_input=log, **kwargs)
 
     def __len__(self) -> int:
         return len(self.conversations)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Union
 
 from mm_train.families.vl import tiny, tiny_omni
 from mm_train.recipe import DataSection
@@ -18,9 +18,13 @@ from mm_train.task import load_tokenizer
 @dataclass
 class VLDataSection(DataSection):
     """data.kind tiny_vl (the built-in set, generated at data.path or a cache folder) or
-    llamafactory (a LLaMA-Factory JSON / JSONL file at data.path)."""
+    llamafactory: a LLaMA-Factory JSON / JSONL file at data.path, or the data sets named by
+    data.dataset (one name or a list, read in order) of LLaMA-Factory's dataset_info.json at
+    data.dataset_info (the file or its folder), with the columns and tags it declares."""
 
     kind: str = "tiny_vl"
+    dataset_info: Optional[str] = None
+    dataset: Optional[Union[str, List[str]]] = None
     media_dir: Optional[str] = None  # where image / video paths start (default: the file's folder)
     tokenizer: Optional[str] = None  # a folder or tokenizer.json (default: model.path)
     samples: int = 256  # tiny_vl only
@@ -31,8 +35,14 @@ class VLDataSection(DataSection):
     video_fps: float = 2.0
 
     def __post_init__(self):
-        if self.kind == "llamafactory":
-            self.require_path("a LLaMA-Factory JSON / JSONL file")
+        if (self.dataset_info is None) != (self.dataset is None):
+            raise ValueError("data.dataset_info and data.dataset go together: the dataset_info.json and the name(s) "
+                             "of the data set(s) in it to read")
+        if self.dataset_info is not None and (self.kind != "llamafactory" or self.path):
+            raise ValueError("data.dataset_info is read with data.kind llamafactory and without data.path (the "
+                             "files are the ones it names)")
+        if self.kind == "llamafactory" and self.dataset_info is None:
+            self.require_path("a LLaMA-Factory JSON / JSONL file, or set data.dataset_info and data.dataset")
 
 
 def pixel_bounds(data) -> Dict[str, int]:
@@ -44,12 +54,22 @@ BUILTIN_SETS = {"tiny_vl": tiny, "tiny_omni": tiny_omni}
 
 
 def data_sources(recipe):
-    """(the built-in set's folder or None, the annotation file, the tokenizer's folder or file)."""
+    """(the built-in set's folder or None, the annotations: a file or the data sets of a
+    dataset_info.json (`mm_data.vl.DatasetFormat`s), the tokenizer's folder or file)."""
     data = recipe.data
     if data.kind in BUILTIN_SETS:
         folder = data.path or BUILTIN_SETS[data.kind].default_folder()
         return folder, os.path.join(folder, "data.json"), os.path.join(folder, "tokenizer.json")
+    if data.dataset_info:
+        from mm_data.vl import load_dataset_info
+
+        return None, load_dataset_info(data.dataset_info, data.dataset), data.tokenizer or recipe.model.path
     return None, data.path, data.tokenizer or recipe.model.path
+
+
+def annotation_files(annotations) -> List[str]:
+    """The files behind `data_sources`' annotations (what the data fingerprint hashes)."""
+    return [annotations] if isinstance(annotations, str) else [fmt.path for fmt in annotations]
 
 
 def vl_tokenizer(path: str):

@@ -22,6 +22,7 @@ from mm_train.families.vl import samples as vl_samples
 from mm_train.families.vl.data import (
     BUILTIN_SETS,
     VLDataSection,
+    annotation_files,
     data_sources,
     pixel_bounds,
     vl_tokenizer,
@@ -47,6 +48,13 @@ def preflight(recipe, config: dict) -> List[str]:
     par, problems, data = recipe.parallel, [], recipe.data
     if data.kind not in BUILTIN_SETS:
         require_exists(problems, "data.path", data.path, "a LLaMA-Factory JSON / JSONL file")
+        require_exists(problems, "data.dataset_info", data.dataset_info, "LLaMA-Factory's dataset_info.json or its "
+                                                                           "folder")
+        if data.dataset_info and os.path.exists(data.dataset_info):
+            try:  # the names, columns, tags and files it declares, before any process starts
+                data_sources(recipe)
+            except (OSError, ValueError) as error:
+                problems.append(f"data.dataset: {error}")
         require_exists(problems, "data.media_dir", data.media_dir, "the folder the media paths start in", True)
         if not (data.tokenizer or recipe.model.path):
             problems.append("no tokenizer: set data.tokenizer (a model folder or a tokenizer.json) or model.path")
@@ -145,9 +153,10 @@ class VLTask(FamilyTask):
         self.collate = self.dataset.collator((2 * par.cp if par.cp > 1 else 1) *
                                              (par.tp if par.sequence_parallel else 1))
 
-    def read_dataset(self, annotations: str):
-        """The SFT data set (`dataset_class`) of a LLaMA-Factory file with the recipe's tokenizer and
-        processors, plus the family's ``dataset_options()``."""
+    def read_dataset(self, annotations):
+        """The SFT data set (`dataset_class`) of a LLaMA-Factory file (or of dataset_info.json's data
+        sets: `data_sources`) with the recipe's tokenizer and processors, plus the family's
+        ``dataset_options()``."""
         data = self.recipe.data
         image_processor, video_processor = self.processors(data)
         return self.dataset_class().from_file(
@@ -194,7 +203,7 @@ class VLTask(FamilyTask):
 
     def data_files(self):
         media = [p for c in self.dataset.conversations for p in c.images + c.videos + c.audios if "://" not in p]
-        return [self.annotations], media
+        return annotation_files(self.annotations), media
 
     def token_ids(self) -> dict:
         """Vocabulary size (rounded up to 64, so any tp up to 64 divides it) and special-token ids

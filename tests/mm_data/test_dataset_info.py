@@ -1,0 +1,106 @@
+"""LLaMA-Factory's dataset_info.json: renamed columns and tags read the same samples as the
+default layout; alpaca, ranking sets and num_samples as LLaMA-Factory reads them; a wrong name,
+key or file is an error naming the data set and the key."""
+
+import dataclasses
+import json
+
+import pytest
+
+from mm_data.errors import BadInputLog
+from mm_data.vl.conversation import read_conversations, read_datasets
+from mm_data.vl.dataset_info import load_dataset_info
+
+DEFAULT = [
+    {"conversations": [{"from": "human", "value": "<image>What colour?"}, {"from": "gpt", "value": "Red."},
+                       {"from": "human", "value": "And the shape?"}, {"from": "gpt", "value": "A disc."}],
+     "system": "Be brief.", "images": ["a.png"]},
+    {"conversations": [{"from": "system", "value": "Answer."}, {"from": "human", "value": "Hello"},
+                       {"from": "gpt", "value": "Hi."}]},
+]
+RENAMED = [
+    {"dialog": [{"speaker": "person", "text": "<image>What colour?"}, {"speaker": "bot", "text": "Red."},
+                {"speaker": "person", "text": "And the shape?"}, {"speaker": "bot", "text": "A disc."}],
+     "sys": "Be brief.", "pictures": ["a.png"]},
+    {"dialog": [{"speaker": "rules", "text": "Answer."}, {"speaker": "person", "text": "Hello"},
+                {"speaker": "bot", "text": "Hi."}]},
+]
+INFO = {
+    "default": {"file_name": "default.json", "formatting": "sharegpt", "columns": {"system": "system"}},
+    "renamed": {"file_name": "renamed.json", "formatting": "sharegpt",
+                "columns": {"messages": "dialog", "system": "sys", "images": "pictures"},
+                "tags": {"role_tag": "speaker", "content_tag": "text", "user_tag": "person", "assistant_tag": "bot",
+                         "system_tag": "rules"}},
+    "alpaca": {"file_name": "alpaca.json", "columns": {"history": "history", "system": "system", "images": "images"}},
+    "pairs": {"file_name": "pairs.json", "formatting": "sharegpt", "ranking": True},
+    "alpaca_pairs": {"file_name": "alpaca_pairs.json", "ranking": True},
+    "two": {"file_name": "default.json", "formatting": "sharegpt", "num_samples": 1},
+    "hub": {"hf_hub_url": "someone/something"},
+}
+
+
+@pytest.fixture
+def folder(tmp_path):
+    files = {
+        "default.json": DEFAULT, "renamed.json": RENAMED,
+        "alpaca.json": [{"instruction": "And the shape?", "input": "", "output": "A disc.", "system": "Be brief.",
+                         "history": [["<image>What colour?", "Red."]], "images": ["a.png"]}],
+        "pairs.json": [{"conversations": [{"from": "human", "value": "Hello"}],
+                        "chosen": {"from": "gpt", "value": "Hi."}, "rejected": {"from": "gpt", "value": "Go away."}}],
+        "alpaca_pairs.json": [{"instruction": "Hello", "input": "there", "chosen": "Hi.", "rejected": "Go away."}],
+        "dataset_info.json": INFO,
+    }
+    for name, content in files.items():
+        (tmp_path / name).write_text(json.dumps(content))
+    return tmp_path
+
+
+def _plain(conversations):
+    return [dataclasses.replace(c, source="") for c in conversations]
+
+
+def test_renamed_columns_and_tags_read_the_samples_of_the_default_layout(folder):
+    plain = _plain(read_conversations(str(folder / "default.json")))
+    assert plain[0].system == "Be brief." and plain[1].system == "Answer." and len(plain[0].turns) == 4
+    for name in ("default", "renamed"):
+        assert _plain(read_datasets(load_dataset_info(str(folder), name))) == plain, name
+
+
+def test_alpaca_history_and_system_make_the_same_conversation(folder):
+    (alpaca,) = _plain(read_datasets(load_dataset_info(str(folder / "dataset_info.json"), ["alpaca"])))
+    assert alpaca == _plain(read_conversations(str(folder / "default.json")))[0]
+
+
+def test_ranking_sets_end_in_the_chosen_answer_and_keep_the_rejected_one(folder):
+    pair, alpaca_pair = read_datasets(load_dataset_info(str(folder), ["pairs", "alpaca_pairs"]))
+    assert pair.turns == (("user", "Hello"), ("assistant", "Hi.")) and pair.rejected == "Go away."
+    assert alpaca_pair.turns == (("user", "Hello\nthere"), ("assistant", "Hi.")) and alpaca_pair.rejected == "Go away."
+
+
+def test_sets_are_read_in_order_and_num_samples_keeps_the_first(folder):
+    got = read_datasets(load_dataset_info(str(folder), ["two", "pairs"]))
+    assert [c.turns[-1][1] for c in got] == ["A disc.", "Hi."]
+
+
+@pytest.mark.parametrize("names, change, match", [
+    (["nothing"], {}, r"no data set named \['nothing'\]; it has"),
+    (["hub"], {}, r"data set 'hub': hf_hub_url is a hub data set: mm reads local files only"),
+    (["renamed"], {"renamed": {"file_name": "renamed.json", "formatting": "sharegpt", "columns": {"msgs": "x"}}},
+     r"data set 'renamed': unknown columns key\(s\) \['msgs'\]"),
+    (["renamed"], {"renamed": {"file_name": "gone.json"}}, r"data set 'renamed': file_name 'gone.json'"),
+    (["renamed"], {"renamed": {"file_name": "renamed.json", "formatting": "openai"}},
+     r"data set 'renamed': formatting 'openai' is not one of"),
+])
+def test_wrong_names_keys_and_files_are_errors_naming_the_set_and_key(folder, names, change, match):
+    (folder / "dataset_info.json").write_text(json.dumps({**INFO, **change}))
+    with pytest.raises(ValueError, match=match):
+        load_dataset_info(str(folder), names)
+
+
+def test_a_tool_turn_is_a_counted_bad_sample(folder):
+    entries = DEFAULT + [{"conversations": [{"from": "human", "value": "Weather?"},
+                                            {"from": "function_call", "value": "{}"}]}]
+    (folder / "default.json").write_text(json.dumps(entries))
+    log = BadInputLog(max_bad_fraction=0.5)
+    assert len(read_datasets(load_dataset_info(str(folder), "default"), log=log)) == 2
+    assert log.count == 1 and "tool turn ('function_call')" in log.skipped[0][1]
