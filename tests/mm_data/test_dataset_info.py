@@ -104,3 +104,21 @@ def test_a_tool_turn_is_a_counted_bad_sample(folder):
     log = BadInputLog(max_bad_fraction=0.5)
     assert len(read_datasets(load_dataset_info(str(folder), "default"), log=log)) == 2
     assert log.count == 1 and "tool turn ('function_call')" in log.skipped[0][1]
+
+
+def test_sets_named_with_ratios_are_mixed_in_those_shares_until_one_runs_out(folder):
+    many = [{"instruction": f"q{i}", "input": "", "output": f"a{i}"} for i in range(400)]
+    few = [{"instruction": f"Q{i}", "input": "", "output": f"A{i}"} for i in range(100)]
+    (folder / "many.json").write_text(json.dumps(many))
+    (folder / "few.json").write_text(json.dumps(few))
+    info = {**INFO, "many": {"file_name": "many.json"}, "few": {"file_name": "few.json"}}
+    (folder / "dataset_info.json").write_text(json.dumps(info))
+    formats = load_dataset_info(str(folder), {"many": 3, "few": 1})
+    assert [f.ratio for f in formats] == [0.75, 0.25]
+    mixed = [c.turns[0][1] for c in read_datasets(formats)]
+    from_few = sum(text.startswith("Q") for text in mixed)
+    assert from_few == 100 and 0.2 < from_few / len(mixed) < 0.35  # the short set runs out first: the end
+    assert [t for t in mixed if t.startswith("q")] == [f"q{i}" for i in range(len(mixed) - from_few)]  # in order
+    assert [c.turns[0][1] for c in read_datasets(formats)] == mixed  # deterministic
+    with pytest.raises(ValueError, match="ratios must be positive numbers"):
+        load_dataset_info(str(folder), {"many": 0, "few": 1})

@@ -23,6 +23,8 @@ import os
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from mm_data.entries import json_entries, parse_all
 from mm_data.errors import BadInputLog, BadSample
 from mm_data.vl.dataset_info import SHAREGPT_COLUMNS, TAGS, DatasetFormat
@@ -170,11 +172,28 @@ def read_conversations(path: str, media_dir: Optional[str] = None, log: Optional
 
 
 def read_datasets(formats: Sequence[DatasetFormat], media_dir: Optional[str] = None,
-                  log: Optional[BadInputLog] = None) -> List[Conversation]:
-    """The conversations of dataset_info.json's data sets, one after the other (``num_samples``
-    keeps a set's first ones); media paths start at ``media_dir`` or each set's folder."""
-    conversations = []
+                  log: Optional[BadInputLog] = None, seed: int = 0) -> List[Conversation]:
+    """The conversations of dataset_info.json's data sets (``num_samples`` keeps a set's first
+    ones): one after the other, or mixed by their ratios (`mix`); media paths start at
+    ``media_dir`` or each set's folder."""
+    sets = []
     for fmt in formats:
         read = read_conversations(fmt.path, media_dir, log, fmt)
-        conversations += read[:fmt.num_samples] if fmt.num_samples else read
-    return conversations
+        sets.append(read[:fmt.num_samples] if fmt.num_samples else read)
+    if formats and formats[0].ratio is not None:
+        return mix(sets, [fmt.ratio for fmt in formats], seed)
+    return [c for read in sets for c in read]
+
+
+def mix(sets: Sequence[Sequence[Conversation]], ratios: Sequence[float], seed: int = 0) -> List[Conversation]:
+    """LLaMA-Factory's interleave_under (datasets.interleave_datasets with these probabilities and
+    stopping_strategy "first_exhausted"): draw a set by its ratio, take its next conversation,
+    stop when a drawn set has none left. Deterministic from ``seed``."""
+    rng = np.random.default_rng(seed)
+    taken, out = [0] * len(sets), []
+    while True:
+        which = int(rng.choice(len(sets), p=np.asarray(ratios, float) / sum(ratios)))
+        if taken[which] == len(sets[which]):
+            return out
+        out.append(sets[which][taken[which]])
+        taken[which] += 1

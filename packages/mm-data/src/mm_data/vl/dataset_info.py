@@ -14,12 +14,15 @@ file is and how its entries are laid out:
 
 Columns and tags left out take LLaMA-Factory's defaults (those above; alpaca has no history or
 system column unless named). `DatasetFormat` holds one resolved entry; `load_dataset_info` reads
-the named ones, and a wrong name or key is an error naming the data set and the key. Data sets
-on a hub (hf_hub_url, ms_hub_url, script_url) are refused: nothing is downloaded.
+the named ones, and a wrong name or key is an error naming the data set and the key. Named with
+ratios ({name: ratio}), the sets are mixed in those shares as LLaMA-Factory's interleave_under
+mixes them (`mm_data.vl.conversation.mix`). Data sets on a hub (hf_hub_url, ms_hub_url,
+script_url) are refused: nothing is downloaded.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -49,6 +52,7 @@ class DatasetFormat:
     columns: Dict[str, Optional[str]] = field(default_factory=lambda: dict(SHAREGPT_COLUMNS))
     tags: Dict[str, str] = field(default_factory=lambda: dict(TAGS))
     num_samples: Optional[int] = None
+    ratio: Optional[float] = None  # its share when data sets are mixed (given with the name)
 
     @classmethod
     def default(cls, path: str) -> "DatasetFormat":
@@ -98,16 +102,22 @@ def _resolve(info_path: str, name: str, entry) -> DatasetFormat:
                          entry.get("num_samples"))
 
 
-def load_dataset_info(info_path: str, names: Union[str, Sequence[str]]) -> List[DatasetFormat]:
-    """The named data sets of a dataset_info.json (a file, or the folder holding one), in order."""
+def load_dataset_info(info_path: str, names: Union[str, Sequence[str], Dict[str, float]]) -> List[DatasetFormat]:
+    """The named data sets of a dataset_info.json (a file, or the folder holding one), in order;
+    ``names`` a mapping {name: ratio} mixes them in those shares (`mm_data.vl.conversation.mix`)."""
     if os.path.isdir(info_path):
         info_path = os.path.join(info_path, "dataset_info.json")
     with open(info_path, encoding="utf-8") as f:
         info = json.load(f)
     if not isinstance(info, dict):
         raise ValueError(f"{info_path}: expected an object of data sets, got {type(info).__name__}")
+    ratios = dict(names) if isinstance(names, dict) else {}
+    if any(not isinstance(r, (int, float)) or isinstance(r, bool) or r <= 0 for r in ratios.values()):
+        raise ValueError(f"{info_path}: the data sets' ratios must be positive numbers, got {ratios}")
     names = [names] if isinstance(names, str) else list(names)
     missing = [n for n in names if n not in info]
     if missing:
         raise ValueError(f"{info_path}: no data set named {missing}; it has {sorted(info)}")
-    return [_resolve(info_path, name, info[name]) for name in names]
+    total = sum(ratios.values())
+    return [dataclasses.replace(_resolve(info_path, name, info[name]),
+                                ratio=ratios[name] / total if ratios else None) for name in names]

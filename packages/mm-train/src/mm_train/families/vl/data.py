@@ -19,12 +19,13 @@ from mm_train.task import load_tokenizer
 class VLDataSection(DataSection):
     """data.kind tiny_vl (the built-in set, generated at data.path or a cache folder) or
     llamafactory: a LLaMA-Factory JSON / JSONL file at data.path, or the data sets named by
-    data.dataset (one name or a list, read in order) of LLaMA-Factory's dataset_info.json at
-    data.dataset_info (the file or its folder), with the columns and tags it declares."""
+    data.dataset (one name, a list read in order, or {name: ratio} mixed in those shares) of
+    LLaMA-Factory's dataset_info.json at data.dataset_info (the file or its folder), with the
+    columns and tags it declares."""
 
     kind: str = "tiny_vl"
     dataset_info: Optional[str] = None
-    dataset: Optional[Union[str, List[str]]] = None
+    dataset: Optional[Union[str, List[str], Dict[str, float]]] = None
     media_dir: Optional[str] = None  # where image / video paths start (default: the file's folder)
     tokenizer: Optional[str] = None  # a folder or tokenizer.json (default: model.path)
     samples: int = 256  # tiny_vl only
