@@ -30,15 +30,15 @@ from typing import Dict, List, Optional, Sequence, Union
 
 FORMATTINGS = ("alpaca", "sharegpt")
 SHAREGPT_COLUMNS = {"messages": "conversations", "system": None, "tools": None, "images": "images",
-                    "videos": "videos", "audios": "audios", "chosen": "chosen", "rejected": "rejected"}
+                    "videos": "videos", "audios": "audios", "chosen": "chosen", "rejected": "rejected", "kto_tag": None}
 ALPACA_COLUMNS = {"prompt": "instruction", "query": "input", "response": "output", "history": None, "system": None,
                   "tools": None, "images": "images", "videos": "videos", "audios": "audios", "chosen": "chosen",
-                  "rejected": "rejected"}
+                  "rejected": "rejected", "kto_tag": None}
 TAGS = {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
         "observation_tag": "observation", "function_tag": "function_call", "system_tag": "system"}
 _HUB_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
-_KNOWN_KEYS = {"file_name", "formatting", "ranking", "columns", "tags", "subset", "split", "folder",
-               "num_samples"} | set(_HUB_KEYS)
+_KNOWN_KEYS = {"file_name", "file_sha1", "formatting", "ranking", "columns", "tags", "subset", "split", "folder",
+               "num_samples"} | set(_HUB_KEYS)  # subset, split, folder: hub sets' (a local file has one split)
 
 
 @dataclass(frozen=True)
