@@ -258,4 +258,4 @@ def add_parser(sub) -> None:
                         help="a recipe (name or YAML) whose attention shapes to run through the kernel, per rank; "
                              "repeatable. Also probes the kernel forms MindSpore's page forbids")
     doctor.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a key of every --recipe (e.g. model.path=/models/Qwen3-VL-8B-Instruct)")
+                        help="override a key of every --recipe (e.g. model.path=/models/my-model: its config.json)")
