@@ -139,8 +139,9 @@ def _merge(out, lse, block_out, block_lse):
 
 def _block(q, k, v, causal: bool, scale: float, valid):
     """(out, lse) of q over one passing key block, or None for a block of padding alone (it would
-    add nothing: its weight in the merge is 0). On the device path the fused kernel's block
-    (mm_parallel.ops.flash_blocks: its softmax statistics give the lse), elsewhere the reference."""
+    add nothing: its weight in the merge is 0; every query still meets chunk 0, whose keys are
+    real). On the device path the fused kernel's block (mm_parallel.ops.flash_blocks: its softmax
+    statistics give the lse), elsewhere the reference."""
     if valid is not None and not np.asarray(valid).any():
         return None
     if use_fused() and takes_kernel(q):
