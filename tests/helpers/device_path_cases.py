@@ -1,5 +1,6 @@
 """The cases that run a whole model on the Ascend path's stand-ins in one process, without launching."""
 
+from mm_parallel.testing.device_path import on_stand_ins
 from mm_parallel.testing.equivalence import BF16_TOLERANCE
 
 FP32 = {"loss_rtol": 1e-5, "rel": 1e-5, "param_rel": 1e-4}
@@ -12,10 +13,5 @@ def one_process_cases(**checkpoints) -> dict:
     bf16 CPU path). Parameters after the two AdamW steps: rel 1e-4, as every layout, since Adam
     divides a tiny gradient by its own size (Omni's patch embedding, measured: gradients within
     1.4e-6, the parameter 2.3e-5)."""
-    cases = {}
-    for name, folder in checkpoints.items():
-        cases[f"ascend_{name}"] = {"layout": {}, "device": "ascend_stand_ins", "checkpoint": folder,
-                                   "tolerance": FP32}
-        cases[f"ascend_bf16_{name}"] = {"layout": {}, "device": "ascend_stand_ins", "checkpoint": folder,
-                                        "precision": "bf16", "stand_ins_float32": False, "tolerance": BF16_TOLERANCE}
-    return cases
+    plain = {name: {"layout": {}, "checkpoint": folder, "tolerance": FP32} for name, folder in checkpoints.items()}
+    return {**on_stand_ins(plain, plain), **on_stand_ins(plain, plain, "ascend_bf16_", BF16_TOLERANCE)}

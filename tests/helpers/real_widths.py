@@ -24,8 +24,7 @@ VOCAB, EXPERTS, TOP_K, MLP = 4096, 8, 2, 512
 
 def heads_divisor(parallel) -> int:
     """What a recipe's parallel section divides attention heads by: tp x the Ulysses degree."""
-    ulysses = {"ulysses": parallel.cp, "hybrid": parallel.ulysses_degree or 1}.get(parallel.cp_algo, 1)
-    return parallel.tp * ulysses
+    return parallel.tp * parallel.ulysses_size
 
 
 def _text(hub_text: dict, tiny_text: dict, parallel) -> dict:

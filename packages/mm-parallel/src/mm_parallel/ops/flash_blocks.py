@@ -28,16 +28,11 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 from mindspore.ops import auto_generate
 
-from mm_parallel.ops.device import as_type, zeros
-from mm_parallel.ops.fused_attention import compressed_causal_mask, padded_head_dim
+from mm_parallel.ops.device import as_type
+from mm_parallel.ops.device import ones as device_ones
+from mm_parallel.ops.fused_attention import causal_allowed, compressed_causal_mask, padded_head_dim, widened
 
 _INT_MAX = 2147483647
-
-
-def _widened(t, width: int):
-    """t with zero columns up to ``width`` in its last dim."""
-    extra = width - t.shape[-1]
-    return t if not extra else ops.concat([t, zeros(tuple(t.shape[:-1]) + (extra,), t.dtype)], -1)
 
 
 class _FlashBlock(nn.Cell):
@@ -54,7 +49,7 @@ class _FlashBlock(nn.Cell):
         self.mask = compressed_causal_mask() if causal else dropped
 
     def _operands(self, tensors, width):
-        return [as_type(_widened(t, width), self.dtype) for t in tensors]
+        return [as_type(widened(t, width), self.dtype) for t in tensors]
 
     def construct(self, q, k, v):
         head_dim = q.shape[-1]
@@ -71,7 +66,7 @@ class _FlashBlock(nn.Cell):
         attention, row_max, row_sum = out[0], out[2], out[3]
         d_out, d_lse = dout[0], dout[1]
         batch, q_len = q.shape[0], q.shape[1]
-        ones = Tensor(np.ones((batch, q_len, self.heads, 1), np.float32), d_out.dtype)
+        ones = device_ones((batch, q_len, self.heads, 1), d_out.dtype)
         spare = as_type(-d_lse.transpose(0, 2, 1).reshape(batch, q_len, self.heads, 1), attention.dtype)
         dy, attention_in = self._operands((ops.concat([d_out, ones], -1), ops.concat([attention, spare], -1)), width)
         grad = auto_generate.FlashAttentionScoreGrad(self.heads, 1.0, self.scale, _INT_MAX, _INT_MAX, 0, "BSND",
@@ -91,8 +86,7 @@ def flash_block(q, k, v, scale: float, causal: bool, key_valid=None, kernel_dtyp
         keep = np.asarray(key_valid, bool)
         allowed = keep[:, None, None, :]
         if causal:
-            q_len, k_len = q.shape[1], k.shape[1]
-            allowed = allowed & (np.arange(k_len)[None, :] <= np.arange(q_len)[:, None] + k_len - q_len)
+            allowed = allowed & causal_allowed(q.shape[1], k.shape[1])
         if not allowed.any(-1).all():
             raise ValueError("a ring block in which some query has no key: skip blocks of padding alone")
         dropped, causal = Tensor(~np.broadcast_to(allowed, (q.shape[0], 1, q.shape[1], k.shape[1]))), False

@@ -75,6 +75,12 @@ def _zeros(shape: tuple, dtype) -> Tensor:
     return zeros(shape, dtype)
 
 
+def widened(t, width: int):
+    """``t`` with columns of zeros up to ``width`` in its last dim (a head size padded for the kernel)."""
+    extra = width - t.shape[-1]
+    return t if not extra else ops.concat([t, _zeros(tuple(t.shape[:-1]) + (extra,), t.dtype)], -1)
+
+
 def padded_runs(starts: np.ndarray, lengths: np.ndarray, total: int):
     """(gather (S, L): row of each slot, ``total`` where it is padding; valid (S, L) bool;
     scatter: the flat slot of each of the ``total`` rows) for S runs of rows padded to the longest L."""
@@ -226,10 +232,8 @@ def flash_attention(q, k, v, scale, causal, key_padding_mask, q_segments, k_segm
     ``kernel_dtype`` (bf16 / fp16; fp32 only on the stand-ins' widening); see the module docstring.
     ``full_allowed`` builds the host mask for the one case without a kernel form."""
     head_dim = q.shape[-1]
-    pad = padded_head_dim(head_dim) - head_dim
-    if pad:
-        q, k, v = (ops.concat([t, _zeros(tuple(t.shape[:-1]) + (pad,), t.dtype)], -1) for t in (q, k, v))
+    q, k, v = (widened(t, padded_head_dim(head_dim)) for t in (q, k, v))
     out, some_key = _dispatch(q, k, v, scale, kernel_dtype, causal, key_padding_mask, q_segments, k_segments,
                               full_allowed)
-    out = out[..., :head_dim] if pad else out
+    out = out[..., :head_dim] if out.shape[-1] != head_dim else out
     return out if some_key is None else _with_zero_rows(out, some_key)

@@ -23,6 +23,7 @@ import numpy as np
 from mindspore import Tensor, ops
 
 from mm_parallel.testing import flash_attention
+from mm_parallel.testing import flash_attention_contract as contract
 from mm_parallel.testing.flash_attention import FlashAttentionScore, FlashAttentionScoreGrad, flash_attention_score
 
 __all__ = ["FlashAttentionScore", "FlashAttentionScoreGrad", "allow_float32", "flash_attention_score",
@@ -34,25 +35,14 @@ def allow_float32(allowed: bool) -> None:
     flash_attention.allow_float32(allowed)
 
 
-def _refuse(error, kernel, line, detail):
-    raise error(f"{detail} -- {kernel} (MindSpore 2.7.2) documents: \"{line}\"")
-
-
 def _require(ok, error, kernel, line, detail):
-    if not ok:
-        _refuse(error, kernel, line, detail)
+    """flash_attention_contract.require for ``kernel``'s page (the refusal quotes ``line``)."""
+    contract.require(ok, error, line, detail, kernel)
 
 
 def _check_dtype(kernel, line, what, x, allowed):
     _require(isinstance(x, Tensor), TypeError, kernel, line, f"{what} is a {type(x).__name__}, not a Tensor")
     _require(x.dtype in allowed, TypeError, kernel, line, f"{what} has dtype {x.dtype}")
-
-
-def _ints(values):
-    """A Tensor / tuple / list of ints as a Python list (reads a Tensor on the host: stand-in only)."""
-    if isinstance(values, Tensor):
-        values = values.asnumpy()
-    return [int(v) for v in np.asarray(values).reshape(-1)]
 
 
 # -- rms_norm, rotary_position_embedding, swiglu --------------------------------------------------
@@ -218,7 +208,7 @@ def grouped_matmul(x, weight, bias=None, scale=None, offset=None, antiquant_scal
              f"{len(xs)} x, {len(ws)} weights")
     _require(isinstance(group_list, Tensor) and group_list.dtype == ms.int64 and group_list.ndim == 1, TypeError,
              GMM, GMM_GROUPS, f"group_list {getattr(group_list, 'dtype', type(group_list).__name__)}")
-    ends = _ints(group_list)
+    ends = contract.host_ints(group_list)
     a, w = xs[0], ws[0]
     _require(len(ends) == w.shape[0] and ends[-1] == a.shape[0] and not np.any(np.diff([0] + ends) < 0), ValueError,
              GMM, GMM_SPLIT_3, f"group_list {ends} for weight {tuple(w.shape)} and x rows {a.shape[0]}")

@@ -71,14 +71,14 @@ TND_ZERO_KEYS = "0 should not exist in list_seq_k."
 TND_SHIFT = "If `real_shift` is not none, list_seq_q and list_seq_k must be same."
 
 
-def refuse(error, line: str, detail: str):
-    """Raise ``error`` for a call that breaks ``line`` of the page."""
-    raise error(f"{detail} -- flash_attention_score (MindSpore 2.7.2) documents: \"{line}\"")
+def refuse(error, line: str, detail: str, kernel: str = "flash_attention_score"):
+    """Raise ``error`` for a call that breaks ``line`` of ``kernel``'s page (every stand-in's form)."""
+    raise error(f"{detail} -- {kernel} (MindSpore 2.7.2) documents: \"{line}\"")
 
 
-def require(ok: bool, error, line: str, detail: str) -> None:
+def require(ok: bool, error, line: str, detail: str, kernel: str = "flash_attention_score") -> None:
     if not ok:
-        refuse(error, line, detail)
+        refuse(error, line, detail, kernel)
 
 
 @dataclass

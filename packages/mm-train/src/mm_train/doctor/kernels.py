@@ -98,22 +98,32 @@ def fused_path(on_ascend: bool):
     return fused()
 
 
-def _compare(name, fn, shapes, call, dtype, on_ascend) -> Dict:
+@contextlib.contextmanager
+def reference_path():
+    """The reference kernels for the duration of a with block, on any device."""
+    from mm_parallel.ops import device
+
+    device.set_kernels("reference")
+    try:
+        yield
+    finally:
+        device.set_kernels(None)
+
+
+def compare_paths(fn, shapes, call, dtype, on_ascend) -> Dict:
+    """fn on random inputs of ``shapes`` in ``dtype`` ("fp32" / "bf16"), output and input
+    gradients, on the fused path (which must reach ``call``) against the reference path:
+    {"ok", "seconds", "detail"}."""
     import mindspore as ms
     from mindspore import Tensor
-
-    from mm_parallel.ops import device
 
     rng = np.random.default_rng(0)
     ms_dtype = ms.float32 if dtype == "fp32" else ms.bfloat16
     inputs = [Tensor(rng.standard_normal(s).astype(np.float32)).astype(ms_dtype) for s in shapes]
     start = time.perf_counter()
     try:
-        device.set_kernels("reference")
-        try:
+        with reference_path():
             want = run_with_gradients(_grouped_reference if call == "grouped_matmul" else fn, inputs)
-        finally:
-            device.set_kernels(None)
         with fused_path(on_ascend) as calls:
             got = run_with_gradients(fn, inputs)
             if not on_ascend and call not in calls:
@@ -141,7 +151,7 @@ def check_kernels(on_ascend: bool) -> List[dict]:
                              "detail": "flash_attention_score takes float16 / bfloat16 only: fp32 attention runs "
                                        "the reference path"})
                 continue
-            result = _compare(name, fn, shapes, call, dtype, on_ascend)
+            result = compare_paths(fn, shapes, call, dtype, on_ascend)
             rows.append({"check": check, "status": "pass" if result["ok"] else "fail",
                          "seconds": result["seconds"], "detail": result["detail"]})
     return rows

@@ -18,13 +18,12 @@ back on this cluster; one refused says the page is enforced. Neither is a failur
 
 from __future__ import annotations
 
-import time
 import traceback
 from typing import Dict, List, Tuple
 
 import numpy as np
 
-from mm_train.doctor.kernels import TOLERANCE, fused_path, max_rel_error, run_with_gradients
+from mm_train.doctor.kernels import TOLERANCE, compare_paths, fused_path, max_rel_error, reference_path
 from mm_train.plan import model_config
 from mm_train.recipe import load_recipe
 
@@ -38,10 +37,9 @@ def per_rank_shape(form, parallel, on_ascend: bool) -> Dict:
     ``form`` on one rank of the recipe's ``parallel`` layout."""
     heads, kv_heads, tokens = form.heads, form.kv_heads, form.tokens
     if form.split:  # Ulysses trades its share of the sequence for a share of the heads; the ring keeps tokens / r
-        ulysses = {"ulysses": parallel.cp, "hybrid": parallel.ulysses_degree}.get(parallel.cp_algo, 1)
-        heads //= parallel.tp * ulysses
-        kv_heads = max(1, kv_heads // (parallel.tp * ulysses))
-        tokens = -(-tokens // (parallel.cp // ulysses))
+        heads //= parallel.tp * parallel.ulysses_size
+        kv_heads = max(1, kv_heads // (parallel.tp * parallel.ulysses_size))
+        tokens = -(-tokens // parallel.ring_size)
     segment = form.segment or tokens
     batch = max(1, tokens // segment)
     keys = form.keys or segment
@@ -60,30 +58,6 @@ def _attention_case(shape: Dict):
     q_shape = (b, s, shape["heads"], shape["head_dim"])
     kv_shape = (b, k, shape["kv_heads"], shape["head_dim"])
     return (lambda q, key, v: kernels.attention(q, key, v, causal=shape["causal"])), [q_shape, kv_shape, kv_shape]
-
-
-def _compare_at(shape: Dict, on_ascend: bool) -> Tuple[bool, str]:
-    import mindspore as ms
-    from mindspore import Tensor
-
-    from mm_parallel.ops import device
-
-    fn, shapes = _attention_case(shape)
-    dtype = ms.bfloat16 if on_ascend else ms.float32
-    rng = np.random.default_rng(0)
-    inputs = [Tensor(rng.standard_normal(s).astype(np.float32)).astype(dtype) for s in shapes]
-    device.set_kernels("reference")
-    try:
-        want = run_with_gradients(fn, inputs)
-    finally:
-        device.set_kernels(None)
-    with fused_path(on_ascend) as calls:
-        got = run_with_gradients(fn, inputs)
-        if not on_ascend and "flash_attention_score" not in calls:
-            raise AssertionError("the fused branch did not call flash_attention_score")
-    error = max_rel_error(got, want)
-    limit = TOLERANCE["bf16" if on_ascend else "fp32"]
-    return error <= limit, f"max rel error {error:.1e} (limit {limit:g})"
 
 
 def _describe(shape: Dict) -> str:
@@ -106,25 +80,17 @@ def check_recipe_attention(recipes: List[Tuple[str, List[str]]], on_ascend: bool
             continue
         for form in forms:
             shape = per_rank_shape(form, recipe.parallel, on_ascend)
-            start = time.perf_counter()
-            try:
-                ok, detail = _compare_at(shape, on_ascend)
-            except Exception:  # noqa: BLE001 - reported per check
-                ok, detail = False, traceback.format_exc(limit=4)
-            rows.append({"check": f"attention of {name}: {form.name}", "status": "pass" if ok else "fail",
-                         "seconds": round(time.perf_counter() - start, 4), "detail": f"{_describe(shape)}: {detail}"})
+            fn, shapes = _attention_case(shape)
+            result = compare_paths(fn, shapes, "flash_attention_score", "bf16" if on_ascend else "fp32", on_ascend)
+            rows.append({"check": f"attention of {name}: {form.name}", "status": "pass" if result["ok"] else "fail",
+                         "seconds": result["seconds"], "detail": f"{_describe(shape)}: {result['detail']}"})
     return rows
 
 
 def _probe(kernel_call, reference_call, on_ascend: bool) -> str:
     """What the kernel did with a form: refused, or accepted and how far from the reference path."""
-    from mm_parallel.ops import device
-
-    device.set_kernels("reference")
-    try:
+    with reference_path():
         want = reference_call()
-    finally:
-        device.set_kernels(None)
     try:
         with fused_path(on_ascend):
             got = kernel_call()
