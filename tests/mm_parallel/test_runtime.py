@@ -66,3 +66,11 @@ def test_the_self_check_finds_the_skipped_bprops_on_cpu():
     result = results[-1]
     assert not result["passed"] and result["steps"] == 300, results
     assert result["wrong"] > 0 or result["calls"] < 1200, results
+
+
+def test_a_self_check_that_outlives_its_limit_fails():
+    """One CI run's loop hung under asynchronous launch for 600 s: a loop past its limit is a failed
+    check (as unsafe as a skipped bprop), not an error that stops the run. Here the limit is shorter
+    than MindSpore's import."""
+    result = runtime.self_check("CPU", timeout=0.5, save=False)
+    assert not result["passed"] and result["wrong"] == "hung" and result["calls"] == 0, result

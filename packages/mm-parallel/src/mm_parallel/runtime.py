@@ -41,6 +41,9 @@ import mindspore as ms
 DEVICES = ("auto", "cpu", "ascend")
 _TARGETS = {"cpu": "CPU", "ascend": "Ascend"}
 SELF_CHECK_STEPS = 300
+# The loop takes 10-12 s here; one CI run's loop hung under asynchronous launch for its whole
+# 600 s limit. A hang is as unsafe as a skipped bprop, so past 12x the usual time it is a failure.
+SELF_CHECK_TIMEOUT = 120.0
 decisions: Dict[str, str] = {}  # {"device": how it was chosen, "launch": which mode and why}
 
 
@@ -175,7 +178,7 @@ print("wrong", wrong, "calls", len(calls))
 """
 
 
-def self_check(target: str, steps: int = SELF_CHECK_STEPS, timeout: float = 600.0, save: bool = True,
+def self_check(target: str, steps: int = SELF_CHECK_STEPS, timeout: float = SELF_CHECK_TIMEOUT, save: bool = True,
                through_mm_parallel: bool = False) -> dict:
     """Run the skipped-bprop loop in a fresh process with asynchronous launch on ``target``;
     returns {"passed", "wrong", "steps", "calls", "seconds", "target"} (and keeps it for
@@ -186,16 +189,20 @@ def self_check(target: str, steps: int = SELF_CHECK_STEPS, timeout: float = 600.
         env.pop("MM_LAUNCH_BLOCKING")
         save = False
     start = time.time()
-    out = subprocess.run([sys.executable, "-c", _LOOP, target, str(steps)] + (["mm_parallel"] if through_mm_parallel
-                                                                              else []),
-                         capture_output=True, text=True, timeout=timeout, env=env)
-    words = out.stdout.split()[-4:]
+    argv = [sys.executable, "-c", _LOOP, target, str(steps)] + (["mm_parallel"] if through_mm_parallel else [])
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        if through_mm_parallel:
+            raise
+        out = None
     # the loop's process dying under asynchronous launch (seen here: "The pointer[task] is null" in
-    # MindSpore's async_rqueue.cc) makes that launch as unsafe as a skipped bprop: a failed check
-    crashed = out.returncode != 0 and not through_mm_parallel
-    if not crashed and (out.returncode != 0 or len(words) != 4 or words[0] != "wrong"):
+    # MindSpore's async_rqueue.cc) or hanging makes that launch as unsafe as a skipped bprop
+    failed = None if through_mm_parallel else ("hung" if out is None else "crashed" if out.returncode else None)
+    words = out.stdout.split()[-4:] if out is not None else []
+    if not failed and (out.returncode != 0 or len(words) != 4 or words[0] != "wrong"):
         raise RuntimeError(f"the launch-mode self-check failed to run on {target}: {out.stderr[-1500:]}")
-    wrong, calls = ("crashed", 0) if crashed else (int(words[1]), int(words[3]))
+    wrong, calls = (failed, 0) if failed else (int(words[1]), int(words[3]))
     result = {"passed": wrong == 0 and calls == 4 * steps, "wrong": wrong, "calls": calls, "steps": steps,
               "seconds": round(time.time() - start, 1), "target": target, "mindspore": ms.__version__}
     if save:
