@@ -16,6 +16,7 @@ import traceback
 from typing import Dict, List, Tuple
 
 import numpy as np
+from helpers import hccl_stand_in_cases
 
 # (group kind, layout): which groups the cases run on, per world size. tp=2 x cp=2 inside a
 # world of 4 gives contiguous tp groups [0,1],[2,3] and strided cp groups [0,2],[1,3].
@@ -244,39 +245,14 @@ def _run_all_to_all_v(which: str, group) -> str:
 
 
 def _native_all_to_all_v(x, group, send_sizes, recv_sizes):
-    """The native (HCCL) backend's all_to_all_v, its call to mint.distributed.all_to_all_single
-    answered by a stand-in of that call's documented semantics: ``output`` (sum of
-    output_split_sizes rows) is filled, in place, with the output_split_sizes[k] rows each rank k
-    sends here, cut from k's ``input`` by its input_split_sizes; the rows travel by the CPU backend."""
-    import mindspore.mint.distributed as dist
-
-    from mm_parallel.comm import get_backend
+    """The native (HCCL) backend's all_to_all_v on the stand-in of mint.distributed.all_to_all_single
+    (mm_parallel.testing.hccl: numpy on the members' rows, moved by files)."""
     from mm_parallel.comm.native import NativeBackend
+    from mm_parallel.testing import hccl
 
     if group.size == 1:  # comm.all_to_all_v never calls a backend for a group of one
         return x
-    native, cpu, groups = NativeBackend(), get_backend(), {}
-
-    def group_name(g):
-        name = "stand-in-" + "-".join(map(str, g.ranks))
-        groups[name] = g
-        return name
-
-    native.group_name = group_name
-
-    def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
-                          async_op=False):
-        assert isinstance(output_split_sizes, list) and isinstance(input_split_sizes, list)
-        assert output.shape[0] == sum(output_split_sizes) and input.shape[0] == sum(input_split_sizes)
-        rows = cpu.all_to_all_v(input, groups[group], input_split_sizes, output_split_sizes)
-        if rows.shape[0]:
-            output.assign_value(rows)
-
-    real, dist.all_to_all_single = dist.all_to_all_single, all_to_all_single
-    try:
-        return native.all_to_all_v(x, group, send_sizes, recv_sizes)
-    finally:
-        dist.all_to_all_single = real
+    return NativeBackend(hccl).all_to_all_v(x, group, send_sizes, recv_sizes)
 
 
 def _run_large(what: str, megabytes: int, group, name) -> str:
@@ -447,15 +423,19 @@ def _wide(rank: int, dtype, length: int) -> np.ndarray:
     return np.array(values[:length], dtype)
 
 
+NATIVE_DTYPES = ("float32", "bfloat16", "float16", "int32", "int64")
+
+
 def native_case_names(world_size: int) -> List[str]:
     """The cases the native (HCCL) backend runs on its stand-ins: every op, map and group kind, in
-    the dtypes training moves (float32, bfloat16, int64; HCCL's own dtype list is wider than mccl's,
-    whose gaps the CPU backend's carriers fill)."""
+    the dtypes training moves (float32, bfloat16, float16, int32, int64; HCCL's own dtype list is
+    wider than mccl's, whose gaps the CPU backend's carriers fill), and one message over 16 MiB."""
     def wanted(name):
         last = name.split("/")[-1]
-        return "large" not in last and (last not in REDUCE_DTYPES or last in ("float32", "bfloat16", "int64"))
+        return "large" not in last and (last not in REDUCE_DTYPES or last in NATIVE_DTYPES)
 
-    return [name for name in case_names(world_size) if wanted(name)]
+    return ([name for name in case_names(world_size) if wanted(name)] + ["world/broadcast/large20"]
+            + hccl_stand_in_cases.names())
 
 
 def run_cases(world_size: int, native: bool = False) -> Dict[str, str]:
@@ -466,7 +446,8 @@ def run_cases(world_size: int, native: bool = False) -> Dict[str, str]:
         from mm_parallel.testing.device_path import ascend_stand_ins
 
         with ascend_stand_ins():
-            return _run_named(world_size, native_case_names(world_size))
+            results = _run_named(world_size, native_case_names(world_size))
+        return {**results, **hccl_stand_in_cases.run()}
     return _run_named(world_size, case_names(world_size))
 
 

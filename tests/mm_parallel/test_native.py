@@ -141,15 +141,9 @@ def test_rotary_native_kernels_equal_the_written_out_path(interleaved, tables, n
 def fresh_native(monkeypatch, tmp_path):
     """native's caches emptied before and after, its build cache in tmp_path."""
     monkeypatch.setenv("MM_CACHE_DIR", str(tmp_path))
-    for cached in (native.library, native._operator):
-        cached.cache_clear()
-    native._reasons.clear()
-    native._CELLS.clear()
+    native.forget()
     yield
-    for cached in (native.library, native._operator):
-        cached.cache_clear()
-    native._reasons.clear()
-    native._CELLS.clear()
+    native.forget()
     native.set_enabled(True)
 
 
@@ -169,7 +163,7 @@ def test_a_failed_build_falls_back_with_the_compilers_message(fresh_native, monk
     broken.write_text("this is not C++\n")
     monkeypatch.setattr(native, "_SOURCES", tmp_path)
     assert native.library("broken") is None
-    assert "building csrc/broken.cc failed" in native.unavailable_reason("broken")
+    assert "building or loading csrc/broken.cc failed" in native.unavailable_reason("broken")
 
 
 def test_set_enabled_false_turns_them_off(fresh_native):
@@ -195,3 +189,116 @@ def test_a_second_build_reuses_the_cached_library(fresh_native):
     native.library.cache_clear()
     stamp = native.Path(first).stat().st_mtime_ns
     assert native.library("gelu_tanh") == first and native.Path(first).stat().st_mtime_ns == stamp
+
+
+def _kernels(tmp_path):
+    return tmp_path / "kernels"
+
+
+def _replace(path, content: bytes):
+    """A new file at ``path`` (this process may have the old one mapped: writing it in place would
+    pull the pages from under it)."""
+    staged = path.with_name(path.name + ".new")
+    staged.write_bytes(content)
+    native.os.replace(staged, path)
+
+
+def test_a_library_cut_short_is_built_again(fresh_native, tmp_path, caplog):
+    """A cached library is checked against the size and sha256 its build recorded before it is
+    loaded (a truncated one used to be trusted because it existed, and failed at its first call)."""
+    first = native.Path(native.library("layout"))
+    whole = first.read_bytes()
+    _replace(first, whole[: len(whole) // 2])
+    native.forget()
+    with caplog.at_level(logging.WARNING, logger="mm_parallel.ops.native_build"):
+        again = native.library("layout")
+    assert again == str(first) and first.read_bytes() == whole
+    assert any("bytes, its build wrote" in record.getMessage() and "building it again" in record.getMessage()
+               for record in caplog.records)
+
+
+def test_a_library_that_does_not_load_falls_back_with_the_reason(fresh_native, tmp_path, caplog):
+    """A file that passes the record (here: the record rewritten for garbage) but is no library:
+    refused when loading is tried, before any operator is made of it, and the caller falls back."""
+    import hashlib
+    import json
+
+    from mm_parallel.ops import native_build
+
+    path = native_build.library_path(native._SOURCES / "gelu_tanh.cc", "g++", _kernels(tmp_path))
+    path.parent.mkdir()
+    garbage = b"not an ELF file" * 100
+    path.write_bytes(garbage)
+    record = native.Path(str(path) + ".json")
+    record.write_text(json.dumps({"size": len(garbage), "sha256": hashlib.sha256(garbage).hexdigest()}))
+    with caplog.at_level(logging.WARNING, logger="mm_parallel.ops.native"):
+        assert native.operator("gelu_tanh", "GeluTanh") is None
+        assert isinstance(activations._gelu_tanh_on_cpu(), activations._GeluTanh)
+    assert "building or loading csrc/gelu_tanh.cc failed" in native.unavailable_reason("gelu_tanh")
+    assert any("gelu_tanh unavailable" in record.getMessage() for record in caplog.records)
+
+
+def test_a_cache_others_can_write_is_refused(fresh_native, tmp_path):
+    _kernels(tmp_path).mkdir()
+    _kernels(tmp_path).chmod(0o777)
+    assert native.library("layout") is None
+    reason = native.unavailable_reason("layout")
+    assert "not safe to load from" in reason and "writable by other users (mode 0o777)" in reason, reason
+    assert f"chmod go-w {_kernels(tmp_path)}" in reason and "MM_CACHE_DIR" in reason
+    assert not list(_kernels(tmp_path).glob("*.so"))
+    _kernels(tmp_path).chmod(0o755)
+    native.forget()
+    assert native.library("layout") is not None
+
+
+def test_processes_on_a_cold_cache_build_once(tmp_path):
+    """Three processes asking for the same kernel at once on an empty cache: one compiles under
+    the host lock, the others wait and load its library (counted by a compiler wrapper)."""
+    import subprocess
+    import sys
+
+    calls = tmp_path / "calls"
+    wrapper = tmp_path / "cxx"
+    wrapper.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\nexec g++ \"$@\"\n")
+    wrapper.chmod(0o755)
+    env = dict(native.os.environ, MM_CACHE_DIR=str(tmp_path / "cache"), CXX=str(wrapper), GLOG_v="3")
+    code = "from mm_parallel.ops import native; print(native.library('layout'))"
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    paths = {p.communicate(timeout=300)[0].strip() for p in procs}
+    assert len(paths) == 1 and paths.pop().endswith(".so")
+    compiles = [line for line in calls.read_text().splitlines() if " -c " in f" {line} "]
+    assert len(compiles) == 1, calls.read_text()
+
+
+def _agree_with_one_rank_unable_to_build(cache: str):
+    """Rank 1 with a compiler that fails and a cache of its own (as on another host); rank 0 with
+    this machine's cache, where every kernel builds."""
+    import os
+
+    import mm_parallel
+
+    rank = int(os.environ["RANK_ID"])
+    saved = {key: os.environ.get(key) for key in ("MM_CACHE_DIR", "CXX")}
+    if rank == 1:
+        os.environ.update(MM_CACHE_DIR=cache, CXX="false")
+    native.forget()
+    try:
+        mm_parallel.initialize()
+        return {"operator": native.operator("gelu_tanh", "GeluTanh") is not None,
+                "reason": native.unavailable_reason("gelu_tanh"), "library": native.library("gelu_tanh")}
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.update({key: value})
+        native.forget()
+
+
+@pytest.mark.distributed
+def test_every_rank_takes_the_same_path_when_one_cannot_build(run_distributed, tmp_path):
+    """A kernel one rank cannot build is used by none: the native and operator-by-operator paths
+    agree to rounding only, so ranks on different paths would drift apart."""
+    rank0, rank1 = run_distributed(_agree_with_one_rank_unable_to_build, nproc=2, timeout=300, cache=str(tmp_path))
+    assert rank0["library"] is not None and not rank0["operator"], rank0
+    assert rank0["reason"].startswith("another rank of this run cannot use it"), rank0
+    assert rank1["library"] is None and not rank1["operator"], rank1
+    assert "building or loading csrc/gelu_tanh.cc failed" in rank1["reason"], rank1

@@ -1,7 +1,7 @@
 """Custom-bprop Cells get their bprop called on every backward once mm_parallel is imported
 (MindSpore 2.7.2 skips some under asynchronous launch: see mm_parallel.runtime)."""
 
-import json
+import socket
 
 import pytest
 
@@ -28,20 +28,27 @@ def test_device_choice():
     assert runtime.decisions["device"].startswith("device CPU (")  # import mm_parallel chose and said it
 
 
+def _verdict(target, passed, wrong):
+    return {"passed": passed, "wrong": wrong, "steps": 300, "calls": 1200, "target": target,
+            "stack": runtime.device_stack(target)}
+
+
 def test_launch_mode_follows_the_self_check_off_cpu(monkeypatch, tmp_path):
     monkeypatch.setenv("MM_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("MM_LAUNCH_BLOCKING", raising=False)
-    assert runtime.launch_mode("CPU")[0] and not runtime.launch_mode("Ascend")[0]  # unchecked
-    for target, passed in (("CPU", True), ("Ascend", True)):
-        runtime._cache_file(target).parent.mkdir(parents=True, exist_ok=True)
-        runtime._cache_file(target).write_text(json.dumps({"passed": passed, "wrong": 0 if passed else 7,
-                                                           "steps": 300}))
+    host = socket.gethostname()
+    assert runtime.launch_mode("CPU")[0]
+    assert runtime.launch_mode("Ascend") == (True, f"unchecked on Ascend on {host} with this CANN, driver and "
+                                                   "MindSpore: blocking until the self-check passes (mm-train runs "
+                                                   "it before launching; `mm-train doctor` runs it too)")
+    for target in ("CPU", "Ascend"):
+        runtime.keep_self_check(_verdict(target, True, 0))
     # a passed check on CPU is luck (the fault comes and goes there): CPU stays blocking
     assert runtime.launch_mode("CPU")[0] and runtime.launch_mode("CPU")[1].startswith("always on CPU")
-    assert runtime.launch_mode("Ascend") == (False, "self-check on Ascend: 0 of 300 steps wrong under "
+    assert runtime.launch_mode("Ascend") == (False, f"self-check on Ascend on {host}: 0 of 300 steps wrong under "
                                                     "asynchronous launch")
-    runtime._cache_file("Ascend").write_text(json.dumps({"passed": False, "wrong": 7, "steps": 300}))
-    assert runtime.launch_mode("Ascend") == (True, "self-check on Ascend: 7 of 300 steps wrong under "
+    runtime.keep_self_check(_verdict("Ascend", False, 7))
+    assert runtime.launch_mode("Ascend") == (True, f"self-check on Ascend on {host}: 7 of 300 steps wrong under "
                                                    "asynchronous launch")
     monkeypatch.setenv("MM_LAUNCH_BLOCKING", "0")
     assert runtime.launch_mode("CPU") == (False, "MM_LAUNCH_BLOCKING=0")
@@ -50,6 +57,67 @@ def test_launch_mode_follows_the_self_check_off_cpu(monkeypatch, tmp_path):
     monkeypatch.setenv("MM_LAUNCH_BLOCKING", "yes")
     with pytest.raises(ValueError, match="must be 0 or 1"):
         runtime.launch_mode("CPU")
+
+
+# A stand-in Ascend for the self-check's process: the CPU with blocking launch (exact), whose
+# gradients come back as if every custom bprop had been skipped (halved: the four Doubling Cells'
+# factor 2 lost) on every FAKE_SKIP_EVERY-th step.
+FAKE_DEVICE = """
+import os
+import mindspore as ms
+
+ms.runtime.launch_blocking()
+_set_device, _grad = ms.set_device, ms.grad
+EVERY = int(os.environ["FAKE_SKIP_EVERY"])
+
+
+def set_device(target, *args, **kwargs):
+    return _set_device("CPU" if target == "Ascend" else target, *args, **kwargs)
+
+
+def grad(fn, *args, **kwargs):
+    inner, steps = _grad(fn, *args, **kwargs), [0]
+
+    def call(*inputs):
+        steps[0] += 1
+        out = inner(*inputs)
+        return out / 2 if EVERY and steps[0] % EVERY == 0 else out
+
+    return call
+
+
+ms.set_device, ms.grad = set_device, grad
+"""
+
+
+def test_the_self_check_catches_a_device_that_skips_bprops(monkeypatch, tmp_path):
+    """Off CPU asynchronous launch is earned on each host's stack: unchecked, blocking; a device
+    that skips bprops (a stand-in, FAKE_DEVICE) fails the check and stays blocking; a passed check
+    gives asynchronous launch, for that host, CANN, driver and MindSpore only."""
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake" / "sitecustomize.py").write_text(FAKE_DEVICE)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
+    monkeypatch.setenv("MM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("MM_LAUNCH_BLOCKING", raising=False)
+    monkeypatch.setenv("FAKE_SKIP_EVERY", "10")
+    skipping = runtime.self_check("Ascend", steps=100)
+    assert not skipping["passed"] and skipping["wrong"] == 10 and skipping["calls"] == 400, skipping
+    blocking, why = runtime.launch_mode("Ascend")
+    assert blocking and why.endswith(": 10 of 100 steps wrong under asynchronous launch"), why
+    monkeypatch.setenv("FAKE_SKIP_EVERY", "0")
+    exact = runtime.self_check("Ascend", steps=100)
+    assert exact["passed"] and exact["wrong"] == 0 and exact["calls"] == 400, exact
+    assert runtime.launch_mode("Ascend")[0] is False
+    # another CANN on this host, or another host sharing this home directory: not checked there
+    monkeypatch.setattr(runtime, "cann_and_driver", lambda: ("8.1.RC1", "24.1.0"))
+    assert runtime.launch_mode("Ascend")[1].startswith("unchecked on Ascend")
+    monkeypatch.undo()
+    monkeypatch.setenv("MM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("MM_LAUNCH_BLOCKING", raising=False)
+    assert runtime.launch_mode("Ascend")[0] is False
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-7")
+    assert runtime.launch_mode("Ascend")[1].startswith("unchecked on Ascend on node-7")
+    assert len(list((tmp_path / "cache").iterdir())) == 1
 
 
 def test_the_self_check_finds_the_skipped_bprops_on_cpu():

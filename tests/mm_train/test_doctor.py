@@ -45,7 +45,13 @@ def test_the_doctor_passes_on_two_cpu_processes(tmp_path):
         "undocumented form: head size 72"]
     assert "refused" in detail["undocumented form: packed TND without the causal mask"]
     launch = next(row for row in rows if row["check"] == "launch-mode self-check")
-    assert "under asynchronous launch: runs use blocking launch (always on CPU: " in launch["detail"], launch
+    import socket
+
+    import mindspore
+
+    # the verdict names the stack it holds for: this host, its CANN and driver (none here), MindSpore
+    assert (f"under asynchronous launch on {socket.gethostname()} (CANN none, driver none, MindSpore "
+            f"{mindspore.__version__}): runs use blocking launch (always on CPU: ") in launch["detail"], launch
     from mm_train import registry
 
     assert {c for c in status if c.startswith("family ")} == {f"family {name}" for name in registry.families()}

@@ -5,12 +5,15 @@
     y = mm_parallel.comm.all_reduce(x, topo.tp)
 
 Importing it on CPU switches MindSpore to blocking op launch, which custom-bprop Cells need for
-correct gradients (see mm_parallel.runtime): import mm_parallel before running any op.
+correct gradients (see mm_parallel.runtime): import mm_parallel before running any op. It also
+registers the exit hook that lets a process end without a fault in MindSpore's teardown
+(mm_parallel.clean_exit).
 """
 
-from mm_parallel import runtime
+from mm_parallel import clean_exit, runtime
 
 runtime.configure()
+clean_exit.install()  # pyboost's last operator emptied before MindSpore's teardown (clean_exit's docstring)
 
 from mm_parallel import comm, lora, mappings, model_base, moe, ops, pipeline, recompute, sharding, stage_io
 from mm_parallel.__about__ import __version__

@@ -14,13 +14,16 @@ unrelated tensors (silently wrong sums) or fail. Every communication region
 (``mindspore.runtime.launch_blocking()``) the same loops are exact, and on CPU 4-5x faster.
 
 Whether the device has the fault is found by `self_check`: that loop, run in a fresh process
-with asynchronous launch on the device (off CPU mm-train runs it once per device and MindSpore
-version, before it starts any worker; the result is kept in ``$MM_CACHE_DIR`` or ``~/.cache/mm``).
-On CPU blocking launch is always chosen: it is the faster mode there, and the fault comes and
-goes (13-45 of 300 steps here, but one CI run's check found 0 wrong; a lucky check had then
-switched later runs on that machine to the slow, unsafe mode). On any other device the check
-decides: blocking where it failed, asynchronous where it passed (blocking costs a device its
-overlap), asynchronous on an unchecked device. ``MM_LAUNCH_BLOCKING=1`` / ``0`` forces either.
+with asynchronous launch on the device. Off CPU mm-train's launcher runs it on its host before it
+starts any worker, once per `device_stack` — the host, its CANN and driver versions and
+MindSpore's — and keeps the verdict in ``$MM_CACHE_DIR`` or ``~/.cache/mm`` under a name holding
+all of them: a home directory shared by the nodes of a cluster holds one verdict per host, and a
+new CANN, driver or MindSpore is checked again. On CPU blocking launch is always chosen: it is
+the faster mode there, and the fault comes and goes (13-45 of 300 steps here, but one CI run's
+check found 0 wrong; a lucky check had then switched later runs on that machine to the slow,
+unsafe mode). On any other device asynchronous launch is earned: only a passed check on this
+stack gives it (blocking costs a device its overlap, a skipped bprop costs correct gradients);
+unchecked or failed, blocking. ``MM_LAUNCH_BLOCKING=1`` / ``0`` forces either.
 The setting only takes effect before the process runs its first op (measured: switched on after
 five steps, later steps still went wrong), so ``import mm_parallel`` applies it: import
 mm_parallel before running any op.
@@ -28,8 +31,11 @@ mm_parallel before running any op.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
@@ -91,16 +97,64 @@ def select_device(setting: str = "auto", environ: Mapping[str, str] = os.environ
     return target
 
 
+def _version_in(paths) -> Optional[str]:
+    """The ``version=`` value of the first CANN / driver info file found."""
+    for path in paths:
+        try:
+            with open(path) as f:
+                for line in f:
+                    key, _, value = line.partition("=")
+                    if key.strip().lower() in ("version", "package_version") and value.strip():
+                        return value.strip().strip('"')
+        except OSError:
+            continue
+    return None
+
+
+def cann_and_driver() -> Tuple[Optional[str], Optional[str]]:
+    """The installed CANN toolkit's and NPU driver's versions (None where not installed)."""
+    home = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME") or \
+        "/usr/local/Ascend/ascend-toolkit/latest"
+    cann = _version_in([os.path.join(home, name) for name in (
+        "version.cfg", "compiler/version.info", "runtime/version.info",
+        f"{os.uname().machine}-linux/ascend_toolkit_install.info")])
+    driver = _version_in(["/usr/local/Ascend/driver/version.info"])
+    return cann, driver
+
+
+def device_stack(target: str) -> Dict[str, str]:
+    """What a launch-mode verdict holds for: the device kind on this host, with its CANN, driver
+    and MindSpore."""
+    cann, driver = cann_and_driver()
+    return {"target": target, "host": socket.gethostname(), "cann": cann or "none", "driver": driver or "none",
+            "mindspore": ms.__version__}
+
+
 def _cache_file(target: str) -> Path:
     root = Path(os.environ.get("MM_CACHE_DIR") or Path.home() / ".cache" / "mm")
-    return root / f"launch_self_check-{target}-mindspore{ms.__version__}.json"
+    stack = device_stack(target)
+    digest = hashlib.sha256(json.dumps(stack, sort_keys=True).encode()).hexdigest()[:16]
+    host = re.sub(r"[^A-Za-z0-9._-]", "_", stack["host"])
+    return root / f"launch_self_check-{target}-{host}-{digest}.json"
 
 
 def cached_self_check(target: str) -> Optional[dict]:
+    """The verdict kept for this host's device stack, if any."""
     try:
-        return json.loads(_cache_file(target).read_text())
+        check = json.loads(_cache_file(target).read_text())
     except (OSError, ValueError):
         return None
+    return check if check.get("stack") == device_stack(target) else None
+
+
+def keep_self_check(result: dict) -> Path:
+    """Keep a `self_check` result for `launch_mode` (written whole: a reader never sees half)."""
+    path = _cache_file(result["target"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, path)
+    return path
 
 
 def self_check_decides(target: str) -> bool:
@@ -119,10 +173,12 @@ def launch_mode(target: str, environ: Mapping[str, str] = os.environ) -> Tuple[b
         return True, ("always on CPU: faster there, and asynchronous launch skips custom bprops now and then "
                       "(measured, DESIGN §4)")
     check = cached_self_check(target)
-    if check is not None:
-        return not check["passed"], (f"self-check on {target}: {check['wrong']} of {check['steps']} steps wrong "
-                                     "under asynchronous launch")
-    return False, f"unchecked on {target}: asynchronous (run mm-train once, or `mm-train doctor`, to check)"
+    where = f"{target} on {socket.gethostname()}"
+    if check is None:
+        return True, (f"unchecked on {where} with this CANN, driver and MindSpore: blocking until the self-check "
+                      "passes (mm-train runs it before launching; `mm-train doctor` runs it too)")
+    return not check["passed"], (f"self-check on {where}: {check['wrong']} of {check['steps']} steps wrong "
+                                 "under asynchronous launch")
 
 
 def wants_blocking_launch() -> bool:
@@ -204,11 +260,7 @@ def self_check(target: str, steps: int = SELF_CHECK_STEPS, timeout: float = SELF
         raise RuntimeError(f"the launch-mode self-check failed to run on {target}: {out.stderr[-1500:]}")
     wrong, calls = (failed, 0) if failed else (int(words[1]), int(words[3]))
     result = {"passed": wrong == 0 and calls == 4 * steps, "wrong": wrong, "calls": calls, "steps": steps,
-              "seconds": round(time.time() - start, 1), "target": target, "mindspore": ms.__version__}
+              "seconds": round(time.time() - start, 1), "target": target, "stack": device_stack(target)}
     if save:
-        path = _cache_file(target)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result))
-        os.replace(tmp, path)
+        keep_self_check(result)
     return result

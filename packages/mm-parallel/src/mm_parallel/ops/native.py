@@ -10,33 +10,35 @@ about 12 (~30 ms). A C++ loop does each direction in one pass (1.4 ms forward on
 Build: ``$CXX`` (default ``g++``) compiles a source once per (source and headers, flags, compiler, CPU) into
 ``$MM_CACHE_DIR/kernels`` (default ``~/.cache/mm/kernels``): the object with ``-O3 -ffast-math
 -march=native``, the shared library linked without ``-ffast-math`` (GCC 12 would link
-crtfastmath, switching the loading process to flush-to-zero). Concurrent processes (msrun
-workers) each write a temporary file and rename it into place.
+crtfastmath, switching the loading process to flush-to-zero). `mm_parallel.ops.native_build`
+keeps that cache trustworthy: one build per host under a lock, each library checked against the
+size and sha256 its build recorded before it is loaded, a folder others can write refused.
 
-Unavailable (``MM_NATIVE_KERNELS=0``, no compiler, a failed build): the kernels' callers take
-their operator-by-operator path; the reason is logged once as a warning and kept in
-`unavailable_reason`.
+Unavailable (``MM_NATIVE_KERNELS=0``, no compiler, a failed build or load, an unsafe cache):
+the kernels' callers take their operator-by-operator path; the reason is logged once as a warning
+and kept in `unavailable_reason`. On several processes every rank must take the same path (the
+two give results equal to rounding, not bit for bit, and a kernel's Cell is part of the backward
+graph): `agree_across_ranks`, called by `mm_parallel.initialize`, keeps a kernel only where every
+rank has it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
-import hashlib
 import logging
 import os
-import platform
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 import mindspore as ms
 from mindspore import ops
 
+from mm_parallel.ops import native_build
+
 _SOURCES = Path(__file__).resolve().parent / "csrc"
-_OBJECT_FLAGS = ["-O3", "-ffast-math", "-march=native", "-fPIC", "-std=c++17"]
-_LINK_FLAGS = ["-shared", "-pthread"]
 _reasons: Dict[str, str] = {}
 _log = logging.getLogger(__name__)
 _SETTING = {"enabled": os.environ.get("MM_NATIVE_KERNELS", "1") != "0"}  # read once, when mm_parallel loads
@@ -68,48 +70,14 @@ def cell(key: str, build: Callable[[], object]):
 
 
 def unavailable_reason(name: str) -> Optional[str]:
-    """Why ``csrc/<name>.cc`` could not be used in this process, or None (built, or not asked yet)."""
-    return _reasons.get(name)
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _compiler_version(compiler: str) -> str:
-    return subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-
-
-def _build(source: Path, compiler: str, root: Path) -> Path:
-    """The shared library of ``source``, compiled into the cache folder ``root`` unless already there."""
-    headers = [header.read_text() for header in sorted(source.parent.glob("*.h"))]
-    key = hashlib.sha256("\0".join([source.read_text(), *headers, " ".join(_OBJECT_FLAGS + _LINK_FLAGS),
-                                    _compiler_version(compiler), platform.machine(), _cpu_flags()]).encode())
-    library = root / f"{source.stem}-{key.hexdigest()[:16]}.so"
-    if library.exists():
-        return library
-    root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root) as work:
-        obj, built = Path(work) / "kernel.o", Path(work) / "kernel.so"
-        for command in ([compiler, *_OBJECT_FLAGS, "-c", str(source), "-o", str(obj)],
-                        [compiler, *_LINK_FLAGS, str(obj), "-o", str(built)]):
-            done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-            if done.returncode:
-                raise RuntimeError(f"`{' '.join(command)}` failed: {done.stderr.strip()[-1500:]}")
-        os.replace(built, library)  # atomic: another process may have put the same file there
-    return library
+    """Why ``csrc/<name>.cc`` is not used in this process, or None (built, or not asked yet)."""
+    return _VETOED.get(name) or _reasons.get(name)
 
 
 @functools.lru_cache(maxsize=None)
 def library(name: str) -> Optional[str]:
-    """The compiled ``csrc/<name>.cc`` (its path), or None when it cannot be built (the reason
-    logged once and kept in `unavailable_reason`)."""
+    """The compiled ``csrc/<name>.cc`` (its path), built, verified and loaded once in this
+    process, or None when it cannot be (the reason logged once and kept in `unavailable_reason`)."""
     compiler = os.environ.get("CXX", "g++")
     if shutil.which(compiler) is None:
         _reasons[name] = (f"no C++ compiler `{compiler}` on PATH (install g++, e.g. apt-get install g++, or set CXX); "
@@ -117,11 +85,49 @@ def library(name: str) -> Optional[str]:
     else:
         try:
             root = Path(os.environ.get("MM_CACHE_DIR") or Path.home() / ".cache" / "mm") / "kernels"
-            return str(_build(_SOURCES / f"{name}.cc", compiler, root))
+            path = native_build.build(_SOURCES / f"{name}.cc", compiler, root)
+            ctypes.CDLL(str(path))  # a library that does not load is found here, not at its first call
+            return str(path)
+        except native_build.UnsafeCache as error:
+            _reasons[name] = f"the kernel cache is not safe to load from: {error}"
         except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-            _reasons[name] = f"building csrc/{name}.cc failed: {error}"
+            _reasons[name] = f"building or loading csrc/{name}.cc failed: {error}"
     _log.warning("mm_parallel native CPU kernel %s unavailable: %s", name, _reasons[name])
     return None
+
+
+KERNELS = tuple(sorted(path.stem for path in _SOURCES.glob("*.cc")))
+_VETOED: Dict[str, str] = {}  # kernels another rank cannot use: not used here either
+_AGREED = {"done": False}
+
+
+def agree_across_ranks(all_min: Callable[[List[int]], List[int]]) -> None:
+    """Keep each kernel only if every rank can use it. ``all_min`` takes this rank's flags (1 =
+    usable) and returns the minimum over the ranks (one collective). Once per process, from
+    `mm_parallel.initialize` (every rank calls it, so the collective pairs)."""
+    if _AGREED["done"]:
+        return
+    mine = [int(enabled() and library(name) is not None) for name in KERNELS]
+    for name, here, everywhere in zip(KERNELS, mine, all_min(mine)):
+        if here and not everywhere:
+            _VETOED[name] = ("another rank of this run cannot use it (its log says why); every rank takes the "
+                             "operator-by-operator path, as results must not depend on the rank")
+            _log.warning("mm_parallel native CPU kernel %s unused: %s", name, _VETOED[name])
+    if _VETOED:
+        _CELLS.clear()
+        _operator.cache_clear()
+    _AGREED["done"] = True
+
+
+def forget() -> None:
+    """Forget the built libraries, the agreement and the reasons (a test that changes the cache
+    folder or the compiler; the next `mm_parallel.initialize` agrees again)."""
+    library.cache_clear()
+    _operator.cache_clear()
+    _CELLS.clear()
+    _reasons.clear()
+    _VETOED.clear()
+    _AGREED["done"] = False
 
 
 def _same_shape(*shapes):
@@ -169,8 +175,12 @@ def operator(name: str, function: str, outputs: str = "like_first") -> Optional[
 
 @functools.lru_cache(maxsize=None)
 def _operator(name: str, function: str, outputs: str) -> Optional[ops.Custom]:
-    path = library(name)
+    path = None if name in _VETOED else library(name)
     if path is None:
+        return None
+    if not hasattr(ctypes.CDLL(path), function):
+        _reasons[name] = f"csrc/{name}.cc's library has no function {function}"
+        _log.warning("mm_parallel native CPU kernel %s unavailable: %s", name, _reasons[name])
         return None
     out_shape, out_dtype = _OUTPUTS[outputs]
     return ops.Custom(f"{path}:{function}", out_shape=out_shape, out_dtype=out_dtype, func_type="aot")

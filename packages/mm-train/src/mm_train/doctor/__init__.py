@@ -63,30 +63,6 @@ def _row(check: str, status: str, seconds: float = 0.0, detail: str = "", area: 
             "fix": FIX.get(area, "") if status == "fail" else ""}
 
 
-def _read_version_file(paths) -> Optional[str]:
-    """The ``version=`` value of the first CANN / driver info file found."""
-    for path in paths:
-        try:
-            with open(path) as f:
-                for line in f:
-                    key, _, value = line.partition("=")
-                    if key.strip().lower() in ("version", "package_version") and value.strip():
-                        return value.strip().strip('"')
-        except OSError:
-            continue
-    return None
-
-
-def _cann_and_driver():
-    home = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME") or \
-        "/usr/local/Ascend/ascend-toolkit/latest"
-    cann = _read_version_file([os.path.join(home, name) for name in (
-        "version.cfg", "compiler/version.info", "runtime/version.info",
-        f"{os.uname().machine}-linux/ascend_toolkit_install.info")])
-    driver = _read_version_file(["/usr/local/Ascend/driver/version.info"])
-    return cann, driver
-
-
 def check_versions(target: str) -> List[Dict]:
     import mindspore as ms
 
@@ -96,7 +72,9 @@ def check_versions(target: str) -> List[Dict]:
                  detail=f"{ms.__version__} (supported {SUPPORTED['mindspore']})", area="versions"),
             _row("version numpy", "pass" if int(np.__version__.split(".")[0]) < 2 else "fail",
                  detail=f"{np.__version__} (supported {SUPPORTED['numpy']})", area="versions")]
-    cann, driver = _cann_and_driver()
+    from mm_parallel import runtime
+
+    cann, driver = runtime.cann_and_driver()
     for name, found in (("cann", cann), ("driver", driver)):
         if found is None:
             status = "fail" if target == "Ascend" else "skip"
@@ -159,9 +137,11 @@ def check_launch_mode(target: str) -> List[Dict]:
         return [_row("launch-mode self-check", "fail", time.perf_counter() - start, str(error)[-1500:], "launch")]
     blocking, why = runtime.launch_mode(target)
     forced = "" if why.startswith("self-check") else f" ({why})"  # forced, or CPU (always blocking)
+    stack = result["stack"]
     # a failed check is a finding, not a failure: runs then use blocking launch
     return [_row("launch-mode self-check", "pass", result["seconds"],
-                 f"{result['wrong']} of {result['steps']} steps wrong under asynchronous launch: runs use "
+                 f"{result['wrong']} of {result['steps']} steps wrong under asynchronous launch on {stack['host']} "
+                 f"(CANN {stack['cann']}, driver {stack['driver']}, MindSpore {stack['mindspore']}): runs use "
                  f"{'blocking' if blocking else 'asynchronous'} launch{forced}")]
 
 
