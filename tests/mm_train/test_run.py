@@ -127,9 +127,10 @@ def test_a_worker_failure_ends_with_the_workers_own_error_line(tmp_path):
     assert "msrun" in (out / "logs" / "node_0" / "failure.txt").read_text()
 
 
-def launch_two_nodes(tmp_path, *args, outs, data, expect_ok=True):
+def launch_two_nodes(tmp_path, *args, outs, data, expect_ok=True, job_env=None):
     """Two `mm-train launch` (node_rank 0 and 1, one worker each, one scheduler port) on this
     machine; ``outs``: each node's output_dir (two folders stand for two nodes' own disks).
+    ``job_env(rank, port)``: the node's scheduler environment, given instead of the node flags.
     Returns each node's stderr."""
     from mm_parallel.launch import free_port
 
@@ -143,8 +144,11 @@ def launch_two_nodes(tmp_path, *args, outs, data, expect_ok=True):
     (other_machine / "ip").write_text("#!/bin/sh\necho '[]'\n")
     (other_machine / "ip").chmod(0o755)
     envs = [env, {**env, "PATH": f"{other_machine}{os.pathsep}{env['PATH']}"}]
-    nodes = [subprocess.Popen([mm_train_command(), "launch", *args, "--set", f"output_dir={outs[rank]}", "--nnodes",
-                               "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port,
+    flags = [["--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port]
+             if job_env is None else [] for rank in (0, 1)]
+    if job_env is not None:
+        envs = [{**envs[rank], **job_env(rank, port)} for rank in (0, 1)]
+    nodes = [subprocess.Popen([mm_train_command(), "launch", *args, "--set", f"output_dir={outs[rank]}", *flags[rank],
                                "--cluster-timeout", "120"],
                               env=envs[rank], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for rank in (0, 1)]
@@ -165,6 +169,25 @@ def test_two_nodes_on_loopback_train_like_one_process(tmp_path):
     launch_two_nodes(tmp_path, *short, outs=[tmp_path / "two"] * 2, data=tmp_path / "data")
     assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "single"), rel=1e-4)
     assert (tmp_path / "two" / "logs" / "node_1").is_dir()
+
+
+def test_two_nodes_of_a_slurm_job_take_their_places_from_its_environment(tmp_path):
+    """The same run started as a Slurm job would start it: no node flags, each node's place read
+    from SLURM_* (the master the first host of the job's node list, the port MASTER_PORT); the
+    losses equal one process's, and each launcher says where its values came from."""
+    from helpers.train_runs import train
+
+    def slurm(rank, port):
+        return {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_NODEID": str(rank),
+                "SLURM_JOB_NODELIST": "127.0.0.1", "MASTER_PORT": port}
+
+    short = ["--set", "train.steps=3", "--set", "data.samples=32", "--no-progress"]
+    train(None, *short, "--set", f"output_dir={tmp_path / 'single'}", data=tmp_path / "data")
+    errs = launch_two_nodes(tmp_path, *short, outs=[tmp_path / "two"] * 2, data=tmp_path / "data", job_env=slurm)
+    assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "single"), rel=1e-4)
+    assert ("mm-train: this node: nnodes 2, node-rank 1, master-addr 127.0.0.1 from Slurm; master-port "
+            in errs[1]), errs[1][-2000:]
+    assert "from MASTER_PORT; nproc-per-node 1 from the default" in errs[1]
 
 
 def test_node_local_disks_keep_each_nodes_part_and_resume_across_both(tmp_path):

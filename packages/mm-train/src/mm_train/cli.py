@@ -3,6 +3,7 @@
     mm-train run [RECIPE] [--set section.key=value ...] [--nproc N] [--resume | --resume-from DIR] [--overwrite]
                  [--force]
     mm-train launch [RECIPE] --nnodes 2 --node-rank R --master-addr ADDR --master-port P [--nproc-per-node N]
+                    (from a Slurm or Kubernetes job the node flags may be left out: mm_train.scheduler_env)
     mm-train recipes
     mm-train plan [RECIPE] [--set ...] [--nodes N] [--devices-per-node D] [--device NAME] [--json] [--search]
     mm-train convert ...
@@ -32,6 +33,8 @@ from mm_train.plan import refuse_unfitting
 from mm_train.preflight import check_before_launch
 from mm_train.recipe import build_recipe, check_layout, load_recipe
 from mm_train.run_folder import check_unclaimed
+from mm_train.scheduler_env import FIELDS as PLACE_FIELDS
+from mm_train.scheduler_env import node_place
 from mm_train.worker_output import LogRelay, report_failure
 
 # Deferred imports: MindSpore, mm-parallel and mm_train.loop (which loads both): the CLI starts without
@@ -59,11 +62,14 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("recipe", nargs="?", help=RECIPE_HELP)
     launch.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override a recipe field (repeatable)")
-    launch.add_argument("--nnodes", type=int, required=True, help="machines in the job")
-    launch.add_argument("--node-rank", type=int, required=True, help="this machine's index, 0 .. nnodes - 1")
-    launch.add_argument("--master-addr", required=True, help="address of node 0 (msrun's scheduler)")
-    launch.add_argument("--master-port", type=int, required=True, help="port of the scheduler on node 0")
-    launch.add_argument("--nproc-per-node", type=int, default=1, help="workers on this machine (default 1)")
+    from_job = " (default: from the Slurm or Kubernetes job, mm_train.scheduler_env)"
+    launch.add_argument("--nnodes", type=int, help="machines in the job" + from_job)
+    launch.add_argument("--node-rank", type=int, help="this machine's index, 0 .. nnodes - 1" + from_job)
+    launch.add_argument("--master-addr", help="address of node 0 (msrun's scheduler)" + from_job)
+    launch.add_argument("--master-port", type=int, help="port of the scheduler on node 0" + from_job)
+    launch.add_argument("--nproc-per-node", type=int,
+                        help="workers on this machine (default: the recipe's cluster.devices_per_node, the job's "
+                             "tasks per node or visible devices, else 1)")
     _run_folder_options(launch)
     launch.add_argument("--no-progress", action="store_true", help="no progress line")
     launch.add_argument("--timeout", type=float, default=24 * 3600.0, help="stop this node's workers after this long")
@@ -248,9 +254,12 @@ def _launch(args, recipe, nnodes: int = 1, node_rank: int = 0, master_addr: str 
 
 
 def _launch_node(args) -> int:
-    if not 0 <= args.node_rank < args.nnodes:
-        raise ValueError(f"--node-rank {args.node_rank} is not in 0 .. {args.nnodes - 1}")
     recipe = load_recipe(args.recipe, args.overrides)
+    place = node_place({name: getattr(args, name) for name in PLACE_FIELDS}, os.environ,
+                       recipe.cluster.devices_per_node)
+    for name, value in place.values.items():
+        setattr(args, name, value)
+    print(f"mm-train: this node: {place.describe()}", file=sys.stderr)
     check_layout(recipe, args.nnodes * args.nproc_per_node)
     check_before_launch(recipe)
     refuse_unfitting(recipe, args.nnodes, args.nproc_per_node, args.force)
