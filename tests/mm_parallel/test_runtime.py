@@ -142,3 +142,4 @@ def test_a_self_check_that_outlives_its_limit_fails():
     than MindSpore's import."""
     result = runtime.self_check("CPU", timeout=0.5, save=False)
     assert not result["passed"] and result["wrong"] == "hung" and result["calls"] == 0, result
+    assert runtime.verdict(result) == "the loop hung under asynchronous launch"

@@ -177,8 +177,14 @@ def launch_mode(target: str, environ: Mapping[str, str] = os.environ) -> Tuple[b
     if check is None:
         return True, (f"unchecked on {where} with this CANN, driver and MindSpore: blocking until the self-check "
                       "passes (mm-train runs it before launching; `mm-train doctor` runs it too)")
-    return not check["passed"], (f"self-check on {where}: {check['wrong']} of {check['steps']} steps wrong "
-                                 "under asynchronous launch")
+    return not check["passed"], f"self-check on {where}: {verdict(check)}"
+
+
+def verdict(check: dict) -> str:
+    """What a self-check found, in words."""
+    if isinstance(check["wrong"], str):  # "hung" or "crashed"
+        return f"the loop {check['wrong']} under asynchronous launch"
+    return f"{check['wrong']} of {check['steps']} steps wrong under asynchronous launch"
 
 
 def wants_blocking_launch() -> bool:

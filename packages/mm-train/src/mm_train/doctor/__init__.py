@@ -140,7 +140,7 @@ def check_launch_mode(target: str) -> List[Dict]:
     stack = result["stack"]
     # a failed check is a finding, not a failure: runs then use blocking launch
     return [_row("launch-mode self-check", "pass", result["seconds"],
-                 f"{result['wrong']} of {result['steps']} steps wrong under asynchronous launch on {stack['host']} "
+                 f"{runtime.verdict(result)} on {stack['host']} "
                  f"(CANN {stack['cann']}, driver {stack['driver']}, MindSpore {stack['mindspore']}): runs use "
                  f"{'blocking' if blocking else 'asynchronous'} launch{forced}")]
 
