@@ -314,3 +314,24 @@ def test_packing(vl_set):
         if any("pixel_values" in p for p in parts):
             assert np.array_equal(row["pixel_values"],
                                   np.concatenate([p["pixel_values"] for p in parts if "pixel_values" in p]))
+
+
+def test_rows_under_a_token_budget_fill_it_inside_windows():
+    """plan_rows on a long-tailed stream (lognormal tokens around 563, at most 4096, as MindSpeed-
+    MM's Qwen2.5-VL data): rows under 4096 tokens with under 5 % padding, each row from one window,
+    every sample exactly once, a sample over the budget alone in its row and reported."""
+    from mm_data.vl.packing import plan_rows
+
+    rng = np.random.default_rng(0)
+    lengths = [int(n) for n in np.minimum(rng.lognormal(np.log(450), 0.7, 1000), 4096).round()] + [5000, 7]
+    rows, oversized = plan_rows(lengths, 4096, window=128)
+    assert sorted(i for row in rows for i in row) == list(range(len(lengths)))
+    assert oversized == [1000] and [1000] in rows
+    fitted = [row for row in rows if row != [1000]]
+    assert all(sum(lengths[i] for i in row) <= 4096 for row in fitted)
+    assert all(len({i // 128 for i in row}) == 1 for row in rows)
+    padding = 1 - sum(lengths[i] for row in fitted for i in row) / (4096 * len(fitted))
+    assert padding < 0.05, padding
+    assert plan_rows(lengths, 4096) == (rows, oversized)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        plan_rows(lengths, 0)
