@@ -308,9 +308,8 @@ def test_packing(vl_set):
         parts = [vl_set.get(i) for i in members]
         assert np.array_equal(row["input_ids"], np.concatenate([p["input_ids"] for p in parts]))
         sizes = [len(p["input_ids"]) for p in parts]
-        assert row["cu_seqlens"].tolist() == np.concatenate([[0], np.cumsum(sizes)]).tolist()
         assert row["attention_mask"].tolist() == sum(([k + 1] * n for k, n in enumerate(sizes)), [])
-        assert row["position_ids"].tolist() == sum((list(range(n)) for n in sizes), [])
+        assert "position_ids" not in row  # the models compute each sample's own (M-RoPE needs its media)
         if any("pixel_values" in p for p in parts):
             assert np.array_equal(row["pixel_values"],
                                   np.concatenate([p["pixel_values"] for p in parts if "pixel_values" in p]))
@@ -335,3 +334,31 @@ def test_rows_under_a_token_budget_fill_it_inside_windows():
     assert plan_rows(lengths, 4096) == (rows, oversized)
     with pytest.raises(ValueError, match="must be >= 1"):
         plan_rows(lengths, 0)
+
+
+def test_packed_rows_cut_a_share_into_rows_under_the_budget(vl_set, caplog):
+    """PackedRows: every good sample of the share exactly once, in rows of at most max_tokens
+    (a longer sample alone, counted and logged), each row collated to the layout's multiple with
+    padding numbered 0 and labels -100, its media joined in order."""
+    import logging
+
+    from mm_data.vl import PackedRows
+
+    samples = [vl_set.get(i) for i in range(4)]
+    lengths = [len(s["input_ids"]) for s in samples]
+    budget = sorted(lengths)[-2]  # the longest sample is over it
+    rows = PackedRows(vl_set.collator(8), budget)
+    with caplog.at_level(logging.WARNING, logger="mm_data"):
+        batches = rows(samples)
+    assert rows.oversized == 1 and f"longer than data.max_tokens={budget}" in caplog.text
+    seen = []
+    for batch in batches:
+        mask = batch["attention_mask"][0]
+        assert batch["input_ids"].shape[0] == 1 and mask.size % 8 == 0
+        real = int((mask != 0).sum())
+        assert real <= budget or real == max(lengths)
+        assert np.all(batch["labels"][0][mask == 0] == -100) and np.all(mask[real:] == 0)
+        for number in range(1, int(mask.max()) + 1):  # each numbered run is one whole sample
+            tokens = batch["input_ids"][0][mask == number]
+            seen += [k for k, s in enumerate(samples) if np.array_equal(tokens, s["input_ids"]) and k not in seen][:1]
+    assert sorted(seen) == [0, 1, 2, 3]

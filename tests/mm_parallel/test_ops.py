@@ -113,9 +113,15 @@ def test_packed_segments_run_as_padded_blocks(causal):
     from mm_parallel.ops.attention import segment_blocks
 
     seg = np.repeat([3, 0, 7, 1], [5, 8, 3, 8])[None]  # ids need not be ordered, only contiguous
-    gather, valid, scatter = segment_blocks(seg)
-    assert gather.shape == (4, 8) and valid.sum() == 24 and gather[0, 5] == 24  # padding -> the zero row
-    assert (gather.reshape(-1)[scatter] == np.arange(24)).all()
+    groups, scatter = segment_blocks(seg)  # runs of 8 together; 5 and 3 (under 8 / sqrt 2) each alone
+    assert [g.shape for g, _ in groups] == [(2, 8), (1, 5), (1, 3)]
+    long_tail = np.repeat([1, 2, 3, 4], [40, 6, 5, 30])[None]  # a packed row of long-tailed samples
+    groups, scatter = segment_blocks(long_tail)
+    assert [g.shape for g, _ in groups] == [(2, 40), (2, 6)]  # 40 + 30 padded together, 6 + 5
+    (_, valid), (gather, _) = groups
+    assert valid.sum() == 70 and gather[1, 5] == 81  # padding -> the zero row
+    flat = np.concatenate([g.reshape(-1) for g, _ in groups])
+    assert (flat[scatter] == np.arange(81)).all()
     assert segment_blocks(np.array([[0, 0, 1, 1, 0, 0]])) is None  # segment 0 in two pieces: masked path
     assert segment_blocks(np.repeat([0, 1], [20, 4])[None]) is None  # 2 x 20^2 x 2 > 24^2: no saving
     q, k, v = rand(1, 24, 4, 4), rand(1, 24, 2, 4), rand(1, 24, 2, 4)

@@ -26,6 +26,8 @@ def test_the_default_recipe_loads_and_overrides_apply():
     (["parallel.sequence_parallel=true"], "sequence_parallel"),  # needs tp > 1: ParallelConfig's rule
     (["profile.start_stp=2"], "did you mean 'start_step'"),
     (["model.family=llama"], "not available"),
+    (["train.loss_normalization=mean"], "train.loss_normalization must be token or sample"),
+    (["data.max_tokens=64"], "with data.packing: true"),
 ])
 def test_bad_recipes_are_refused_with_a_hint(overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -121,3 +123,11 @@ def test_every_shipped_recipe_loads_and_fits_the_machines_it_is_written_for(name
 
         check_before_launch(recipe)
     assert {p.name for p in path.parent.glob("*.yaml")} == set(SHIPPED)  # each shipped recipe is checked
+
+
+def test_packing_where_it_is_not_supported_yet_is_refused_before_launch():
+    from mm_train.preflight import check_before_launch
+
+    with pytest.raises(ValueError, match="data.packing with parallel.vpp=2 is not supported yet"):
+        check_before_launch(load_recipe(None, ["data.packing=true", "parallel.pp=2", "parallel.vpp=2"]))
+    check_before_launch(load_recipe(None, ["data.packing=true", "parallel.pp=2", "parallel.cp=2"]))

@@ -30,6 +30,15 @@ from mm_data.errors import BadInputLog, BadSample, DataError
 from mm_data.sampler import BucketBatchSampler
 
 
+def concatenate_padded(parts, fill=0) -> np.ndarray:
+    """``parts`` joined along the first axis, their other axes padded with ``fill`` to the longest
+    (image patches and grids; audio features, each audio its own number of frames)."""
+    parts = [np.asarray(a) for a in parts]
+    widest = tuple(max(sizes) for sizes in zip(*(a.shape[1:] for a in parts)))
+    return np.concatenate([np.pad(a, [(0, 0)] + [(0, w - n) for w, n in zip(widest, a.shape[1:])],
+                                  constant_values=fill) for a in parts])
+
+
 class Collator:
     """Stack each field over the batch, padding ragged arrays at the end of every axis.
 
@@ -53,11 +62,8 @@ class Collator:
         keys = list(dict.fromkeys(key for sample in samples for key in sample))
         for key in keys:
             if key in self.concatenate:  # other axes padded to the longest (audio features: frames)
-                parts = [np.asarray(sample[key]) for sample in samples if key in sample]
-                widest = tuple(max(sizes) for sizes in zip(*(a.shape[1:] for a in parts)))
-                fill = self.pad_values.get(key, 0)
-                batch[key] = np.concatenate([np.pad(a, [(0, 0)] + [(0, w - n) for w, n in zip(widest, a.shape[1:])],
-                                                    constant_values=fill) for a in parts])
+                batch[key] = concatenate_padded([sample[key] for sample in samples if key in sample],
+                                                self.pad_values.get(key, 0))
                 continue
             if any(key not in sample for sample in samples):
                 raise ValueError(f"field {key!r} is missing from some samples of the batch; name it in "

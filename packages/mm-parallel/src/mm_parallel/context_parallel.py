@@ -88,20 +88,30 @@ def _valid_keys(batch: int, chunk: int, chunks: List[int], key_length: Optional[
 
 
 def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None, key_padding_mask=None,
-              key_length: Optional[int] = None, topology: Optional[Topology] = None):
+              key_length: Optional[int] = None, segment_ids=None, topology: Optional[Topology] = None):
     """Attention over the whole sequence of q, k, v split along dim 1 in the `split_sequence` layout.
 
     ``key_padding_mask`` (batch, k_len), 0 for padding, is taken without context parallelism only:
     with cp > 1 pack the samples instead of padding them. ``key_length``: the keys at positions
     >= key_length of the whole sequence are padding (a sequence padded to split evenly) and are
     attended by no query, under every layout (each block's positions follow from the layout).
+    ``segment_ids`` (batch, whole length), the whole sequence's on every rank (host data): packed
+    samples; a query attends only keys of its own segment. Ulysses attends the whole
+    sequence after its all-to-all, so it takes them as they are; each ring block takes the ids of
+    its query and key chunks (a query with no key of its segment in a block gets lse = -1e30 there,
+    a zero weight in the merge: it always meets itself in its own chunk's block).
     """
     topo = get_topology(topology)
     if topo.cp.size == 1:
         valid = _valid_keys(k.shape[0], k.shape[1], [0], key_length)
         if valid is not None:
             key_padding_mask = valid if key_padding_mask is None else valid & host_array(key_padding_mask, bool)
-        return local_attention(q, k, v, causal=causal, scale=scale, key_padding_mask=key_padding_mask)
+        return local_attention(q, k, v, causal=causal, scale=scale, key_padding_mask=key_padding_mask,
+                               segment_ids=segment_ids)
+    segments = None if segment_ids is None else host_array(segment_ids)
+    if segments is not None and segments.shape[1] != q.shape[1] * topo.cp.size:
+        raise ValueError(f"segment_ids must cover the whole sequence ({q.shape[1] * topo.cp.size} positions) on every "
+                         f"context-parallel rank, got {segments.shape[1]}")
     if key_padding_mask is not None:
         raise ValueError("context parallel attention takes no padding mask: pack the samples into full sequences "
                          "(or pass key_length for a padded end) when cp > 1")
@@ -117,9 +127,9 @@ def attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None, k
             k, v = (ops.repeat_interleave(t, heads // kv_heads, 2) for t in (k, v))
         q, k, v = (mappings.all_to_all(t, u_group, 2, 1) for t in (q, k, v))
     if ring_group.size > 1:
-        out = _ring_attention(q, k, v, causal, scale, ring_group, key_length)
+        out = _ring_attention(q, k, v, causal, scale, ring_group, key_length, segments)
     else:  # the whole sequence, in order, after the all-to-all
-        out = local_attention(q, k, v, causal=causal, scale=scale,
+        out = local_attention(q, k, v, causal=causal, scale=scale, segment_ids=segments,
                               key_padding_mask=_valid_keys(k.shape[0], k.shape[1], [0], key_length))
     if u_group.size > 1:
         out = mappings.all_to_all(out, u_group, 1, 2)
@@ -137,47 +147,73 @@ def _merge(out, lse, block_out, block_lse):
     return out * scale_old + block_out.astype(ms.float32) * scale_new, new_lse
 
 
-def _block(q, k, v, causal: bool, scale: float, valid):
-    """(out, lse) of q over one passing key block, or None for a block of padding alone (it would
-    add nothing: its weight in the merge is 0; every query still meets chunk 0, whose keys are
-    real). On the device path the fused kernel's block (mm_parallel.ops.flash_blocks: its softmax
-    statistics give the lse), elsewhere the reference."""
+def _block(q, k, v, causal: bool, scale: float, valid, q_segments=None, k_segments=None):
+    """(out, lse) of q over one passing key block, or None for a block of padding alone or one
+    whose queries and keys share no segment (it would add nothing: its weight in the merge is 0;
+    every query still meets chunk 0, whose keys are real, and itself). On the device path the
+    fused kernel's block (mm_parallel.ops.flash_blocks: its softmax statistics give the lse)
+    where it takes no segments, elsewhere the reference."""
     if valid is not None and not np.asarray(valid).any():
         return None
-    if use_fused() and takes_kernel(q):
+    if q_segments is not None and not np.isin(q_segments, k_segments).any():
+        return None
+    if use_fused() and takes_kernel(q) and q_segments is None:
         return flash_block(q, k, v, scale, causal, valid, kernel_dtype(q))
-    return local_attention(q, k, v, causal=causal, scale=scale, key_padding_mask=valid, return_lse=True)
+    return local_attention(q, k, v, causal=causal, scale=scale, key_padding_mask=valid, return_lse=True,
+                           segment_ids=q_segments, kv_segment_ids=k_segments)
 
 
-def _ring_attention(q, k, v, causal, scale, group, key_length=None):
+def _chunk_segments(segments, chunk: int, c: int):
+    """The segment ids of global chunk ``c`` (``chunk`` positions), or None without segments."""
+    return None if segments is None else segments[:, c * chunk:(c + 1) * chunk]
+
+
+def _ring_attention(q, k, v, causal, scale, group, key_length=None, segments=None):
     r, me = group.size, group.rank
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     kv = ops.concat([k, v], -1)  # one shift moves both
     head_dim, half, batch = k.shape[-1], k.shape[1] // 2, k.shape[0]
+    mine = _chunk_ids(me, r)
     if not causal:
+        q_segments = None if segments is None else np.concatenate([_chunk_segments(segments, half, c)
+                                                                    for c in mine], 1)
         out = lse = None
         for step in range(r):
             if step:
                 kv = mappings.ring_shift(kv, group, 1)
-            valid = _valid_keys(batch, half, _chunk_ids((me - step) % r, r), key_length)
-            block = _block(q, kv[..., :head_dim], kv[..., head_dim:], False, scale, valid)
-            if block is not None:
+            chunks = _chunk_ids((me - step) % r, r)
+            valid = _valid_keys(batch, half, chunks, key_length)
+            k_segments = None if segments is None else np.concatenate([_chunk_segments(segments, half, c)
+                                                                        for c in chunks], 1)
+            block = _block(q, kv[..., :head_dim], kv[..., head_dim:], False, scale, valid, q_segments, k_segments)
+            used = block is not None
+            if used:
                 out, lse = _merge(out, lse, *block)
-        return out.astype(q.dtype)
+        return _depending_on(out, kv, used).astype(q.dtype)
 
-    q_chunks = [(c, q[:, i * half:(i + 1) * half]) for i, c in enumerate(_chunk_ids(me, r))]
+    q_chunks = [(c, q[:, i * half:(i + 1) * half]) for i, c in enumerate(mine)]
     results = [[None, None] for _ in q_chunks]
     for step in range(r):
         if step:
             kv = mappings.ring_shift(kv, group, 1)
-        source = (me - step) % r
+        source, used = (me - step) % r, False
         for j, kc in enumerate(_chunk_ids(source, r)):
             block = kv[:, j * half:(j + 1) * half]
             for i, (qc, q_part) in enumerate(q_chunks):
                 if kc > qc:
                     continue  # every key of a later chunk is in the future
                 part = _block(q_part, block[..., :head_dim], block[..., head_dim:], kc == qc, scale,
-                              _valid_keys(batch, half, [kc], key_length))
+                              _valid_keys(batch, half, [kc], key_length), _chunk_segments(segments, half, qc),
+                              _chunk_segments(segments, half, kc))
                 if part is not None:
+                    used = True
                     results[i] = list(_merge(results[i][0], results[i][1], *part))
-    return ops.concat([o for o, _ in results], 1).astype(q.dtype)
+    return _depending_on(ops.concat([o for o, _ in results], 1), kv, used).astype(q.dtype)
+
+
+def _depending_on(out, kv, used: bool):
+    """``out``, made to depend on the last shifted ``kv`` when no block used it (with a weight of
+    0): every rank then runs the backward of every shift, as the ring's partners expect — a rank
+    whose last blocks were all skipped (padding, other segments) would otherwise leave its
+    partner waiting in the backward's exchange."""
+    return out if used else out + 0.0 * kv.sum().astype(out.dtype)

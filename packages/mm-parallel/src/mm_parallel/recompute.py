@@ -42,11 +42,12 @@ class CoreAttention(nn.Cell):
         self.causal, self.scale, self.topology = causal, scale, topology
         self.context_parallel = context_parallel
 
-    def construct(self, q, k, v, key_padding_mask=None, key_length=None):
+    def construct(self, q, k, v, key_padding_mask=None, key_length=None, segment_ids=None):
         if not self.context_parallel:
-            return local_attention(q, k, v, causal=self.causal, scale=self.scale, key_padding_mask=key_padding_mask)
+            return local_attention(q, k, v, causal=self.causal, scale=self.scale, key_padding_mask=key_padding_mask,
+                                   segment_ids=segment_ids)
         return attention(q, k, v, causal=self.causal, scale=self.scale, key_padding_mask=key_padding_mask,
-                         key_length=key_length, topology=self.topology)
+                         key_length=key_length, segment_ids=segment_ids, topology=self.topology)
 
 
 def recompute(cell: nn.Cell) -> nn.Cell:

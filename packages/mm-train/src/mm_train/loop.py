@@ -46,6 +46,7 @@ from mm_parallel.ops.device import as_type, use_fused
 from mm_parallel.tensor_parallel import seed_parameters
 from mm_parallel.topology import Topology
 from mm_train import checkpoint, evaluation, node_disks, run_folder, samples, tensorboard_log
+from mm_train.loss_share import with_loss_divisor
 from mm_train.recipe import Recipe, check_layout
 from mm_train.step_rows import Progress, Rows, finite
 from mm_train.task import Task
@@ -205,6 +206,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
     on_device = use_fused()  # the device path: a step's figures are read when its row is written (step_rows)
     transfers = mm_parallel.stage_io.TransferPlan()  # pipeline headers cross once per micro-batch shape
     stream = task.stream(first)
+    normalization = task.loss_normalization()
     watchdog = _watchdog(recipe.train.collective_timeout, out, topo)
     try:
         for step in range(first, recipe.train.steps):
@@ -220,6 +222,8 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
                                         world_size=topo.world_size, dp_size=topo.dp.size)
             tokens = sum(task.tokens(b) for b in batches)
             batches = [task.model_inputs(b) for b in batches]
+            if normalization:
+                batches = with_loss_divisor(batches, chunks[0], normalization, topo)
             losses, grads = _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer,
                                               policy.accumulate_dtype, transfers)
             figures = _step_loss(losses, tokens, optimizer, topo, on_device)

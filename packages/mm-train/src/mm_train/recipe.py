@@ -133,6 +133,10 @@ class TrainSection:
     collective_timeout: float = 600.0
     # auto | cpu | ascend (MM_DEVICE in the environment overrides it; mm_parallel.runtime)
     device: str = "auto"
+    # token: every answer token of the global batch weighs the same (Megatron's per-token loss; the
+    # default with data.packing); sample: each sample's mean first; unset without packing: the mean
+    # of the micro-batches' means (mm_train.loss_share)
+    loss_normalization: Optional[str] = None
 
     def __post_init__(self):
         for name in ("steps", "global_batch_size", "micro_batch_size", "log_every", "max_nonfinite_steps"):
@@ -143,6 +147,8 @@ class TrainSection:
                              f"got {self.collective_timeout}")
         if self.device not in ("auto", "cpu", "ascend"):
             raise ValueError(f"train.device must be auto, cpu or ascend, got {self.device!r}")
+        if self.loss_normalization not in (None, "token", "sample"):
+            raise ValueError(f"train.loss_normalization must be token or sample, got {self.loss_normalization!r}")
         if self.precision not in ("bf16", "fp16", "fp32"):
             raise ValueError(f"train.precision must be bf16, fp16 or fp32, got {self.precision!r}")
         if self.grad_dtype not in ("fp32", self.precision):

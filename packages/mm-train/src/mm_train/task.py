@@ -144,10 +144,18 @@ class FamilyTask:
         ``data.num_workers`` processes, resumed at the step's position)."""
         from mm_data import DataLoader
 
-        loader = DataLoader(self.dataset, self.sampler, MicroBatches(self.collate, self.recipe.train.micro_batch_size),
-                            num_workers=self.recipe.data.num_workers)
+        loader = DataLoader(self.dataset, self.sampler, self.micro_batches(), num_workers=self.recipe.data.num_workers)
         loader.load_state_dict(self.position(first_step))
         return iter(loader)
+
+    def micro_batches(self) -> Callable:
+        """What cuts a rank's share of a step into micro-batches (`MicroBatches` of micro_batch_size)."""
+        return MicroBatches(self.collate, self.recipe.train.micro_batch_size)
+
+    def loss_normalization(self) -> Optional[str]:
+        """train.loss_normalization; unset, token with packed data (mm_train.loss_share)."""
+        packing = getattr(self.recipe.data, "packing", False)
+        return self.recipe.train.loss_normalization or ("token" if packing else None)
 
     def model_inputs(self, batch: Dict) -> Dict:
         return batch

@@ -7,13 +7,13 @@ from mm_data.vl.dataset import MEDIA_FIELDS, VLSFTDataset, load_image
 from mm_data.vl.dataset_info import DatasetFormat, load_dataset_info
 from mm_data.vl.image_processor import Qwen2VLImageProcessor, smart_resize
 from mm_data.vl.omni import OMNI_SYSTEM, OmniSFTDataset, video_audio_runs
-from mm_data.vl.packing import PackedDataset, pack, plan_packs
+from mm_data.vl.packing import PackedDataset, PackedRows, pack, plan_packs, plan_rows
 from mm_data.vl.qwen3_video_processor import Qwen3VLVideoProcessor, smart_resize_video
 from mm_data.vl.template import IGNORE_INDEX, OMNI_MEDIA, QWEN_MEDIA, QwenChatTemplate
 from mm_data.vl.video_processor import Qwen2VLVideoProcessor
 
 __all__ = ["Conversation", "DatasetFormat", "IGNORE_INDEX", "MEDIA_FIELDS", "OMNI_MEDIA", "OMNI_SYSTEM",
-           "OmniSFTDataset", "PackedDataset", "QWEN_MEDIA", "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor",
-           "Qwen3VLVideoProcessor", "QwenChatTemplate", "VLSFTDataset", "load_dataset_info", "load_image", "pack",
-           "parse_entry", "plan_packs", "read_conversations", "read_datasets", "smart_resize", "smart_resize_video",
-           "video_audio_runs"]
+           "OmniSFTDataset", "PackedDataset", "PackedRows", "QWEN_MEDIA", "Qwen2VLImageProcessor",
+           "Qwen2VLVideoProcessor", "Qwen3VLVideoProcessor", "QwenChatTemplate", "VLSFTDataset", "load_dataset_info",
+           "load_image", "pack", "parse_entry", "plan_packs", "plan_rows", "read_conversations", "read_datasets",
+           "smart_resize", "smart_resize_video", "video_audio_runs"]

@@ -3,22 +3,26 @@
 `plan_packs` bins sample lengths first-fit-decreasing (deterministic: ties keep index order);
 `plan_rows` does it inside windows of a stream's order, for rows under a token budget.
 `pack` joins a bin's samples: token fields end to end, ``attention_mask`` holding each token's
-sample number (1, 1, 1, 2, 2, ...; 0 is padding) so varlen attention never looks across samples,
-``position_ids`` restarting at 0 per sample, ``cu_seqlens`` the sample boundaries, and media
-patches and grids concatenated in order (their placeholders appear in the same order).
-`PackedDataset` serves packs of a data set that has ``length(i)`` and ``get(i, epoch)``.
+sample number (1, 1, 1, 2, 2, ...; 0 is padding — LLaMA-Factory's neat_packing form), from which
+the models keep attention inside each sample and compute each sample's own positions (M-RoPE
+needs its media, so no position_ids are written here), and every other field (media patches,
+grids, audio features) concatenated in order: their placeholders appear in the same order.
+`PackedDataset` serves packs of a data set that has ``length(i)`` and ``get(i, epoch)``;
+`PackedRows` cuts a rank's share of a training step into packed micro-batches of one row each.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+import logging
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from mm_data.errors import BadInputLog, BadSample
-from mm_data.vl.dataset import MEDIA_FIELDS
+from mm_data.loader import concatenate_padded
 
 TOKEN_FIELDS = ("input_ids", "labels", "mm_token_type_ids")
+log = logging.getLogger("mm_data")
 
 
 def plan_packs(lengths: Sequence[int], max_length: int) -> List[List[int]]:
@@ -67,13 +71,31 @@ def pack(samples: Sequence[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
     packed = {key: np.concatenate([s[key] for s in samples]) for key in TOKEN_FIELDS if key in samples[0]}
     sizes = [len(s["input_ids"]) for s in samples]
     packed["attention_mask"] = np.concatenate([np.full(n, k + 1, np.int64) for k, n in enumerate(sizes)])
-    packed["position_ids"] = np.concatenate([np.arange(n, dtype=np.int64) for n in sizes])
-    packed["cu_seqlens"] = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    for key in MEDIA_FIELDS:
-        parts = [s[key] for s in samples if key in s]
-        if parts:
-            packed[key] = np.concatenate(parts)
+    others = dict.fromkeys(key for s in samples for key in s if key not in TOKEN_FIELDS + ("attention_mask",))
+    for key in others:
+        packed[key] = concatenate_padded([s[key] for s in samples if key in s])
     return packed
+
+
+class PackedRows:
+    """A rank's share of a step as micro-batches of one packed row each: the samples planned
+    into rows of at most ``max_tokens`` tokens (`plan_rows`, the share as one window: which
+    samples share a row depends on the share alone, so a resumed stream packs alike), each row
+    `pack`ed and then ``collate``d (padding to the layout's multiple: attention_mask 0, labels
+    -100). A sample over the budget trains in a row of its own and is counted and logged."""
+
+    def __init__(self, collate: Callable, max_tokens: int):
+        self.collate, self.max_tokens, self.oversized = collate, max_tokens, 0
+
+    def __call__(self, samples: List[dict]) -> List[Dict]:
+        lengths = [len(s["input_ids"]) for s in samples]
+        rows, oversized = plan_rows(lengths, self.max_tokens, window=max(1, len(samples)))
+        for index in oversized:
+            self.oversized += 1
+            log.warning("a sample of %d tokens is longer than data.max_tokens=%d: it trains in a row of its own "
+                        "(raise data.max_tokens to pack it; %d so far)", lengths[index], self.max_tokens,
+                        self.oversized)
+        return [self.collate([pack([samples[i] for i in row])]) for row in rows]
 
 
 class PackedDataset:

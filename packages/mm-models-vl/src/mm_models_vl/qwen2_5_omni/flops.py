@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from mm_models_vl.qwen2_5_omni.audio import audio_layout, output_lengths
-from mm_models_vl.qwen2_5_vl.flops import per_sample_flops, qwen2_5_vl_flops, vision_flops
+from mm_models_vl.qwen2_5_vl.flops import per_sample_flops, qwen2_5_vl_flops, sample_lengths, vision_flops
 from mm_profiling.flops import matmul
 
 
@@ -43,4 +43,4 @@ def batch_flops(config, batch: dict) -> float:
                                   lambda grids: vision_flops(config, grids))
     mask = batch.get("feature_attention_mask")
     audio = 0 if mask is None else audio_flops(config, np.asarray(mask).sum(-1))
-    return per_sample + audio / len(batch["input_ids"])
+    return per_sample + audio / len(sample_lengths(batch))

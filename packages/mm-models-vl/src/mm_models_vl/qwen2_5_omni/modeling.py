@@ -37,6 +37,7 @@ from mindspore import Tensor
 from mm_models_vl.qwen2_5_omni import positions as pos
 from mm_models_vl.qwen2_5_omni.audio import Qwen2_5OmniAudioEncoder, output_lengths
 from mm_models_vl.qwen2_5_omni.vision import Qwen2_5OmniVisionEncoder
+from mm_models_vl.qwen2_5_vl import packed_rows
 from mm_models_vl.qwen2_5_vl.checkpoint import disk_name
 from mm_models_vl.qwen2_5_vl.modeling import Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLModel, hf_config, place_rows
 from mm_parallel.ops.device import host_array as host
@@ -111,7 +112,8 @@ class Qwen2_5OmniThinkerForConditionalGeneration(Qwen2_5_VLForConditionalGenerat
     hf_config_name = "Qwen2_5OmniThinkerConfig"
     base_model_class = Qwen2_5OmniThinkerModel
     plan_keys = ("input_ids", "attention_mask", "position_ids", "labels", "image_grid_thw", "video_grid_thw",
-                 "feature_attention_mask", "video_second_per_grid", "use_audio_in_video")
+                 "feature_attention_mask", "video_second_per_grid", "use_audio_in_video", "num_items_in_batch",
+                 "loss_per_sample")
     embed_keys = Qwen2_5_VLForConditionalGeneration.embed_keys + ("input_features", "feature_attention_mask")
 
     @classmethod
@@ -136,14 +138,27 @@ class Qwen2_5OmniThinkerForConditionalGeneration(Qwen2_5_VLForConditionalGenerat
 
     def sequence_plan(self, input_ids, attention_mask=None, position_ids=None, labels=None, image_grid_thw=None,
                       video_grid_thw=None, feature_attention_mask=None, video_second_per_grid=None,
-                      use_audio_in_video: bool = False, past_length: int = 0, rope_deltas=None, split: bool = True):
-        """Qwen2.5-VL's plan (rotary tables, padding mask, targets, cut to this rank) on TMRoPE positions."""
+                      use_audio_in_video: bool = False, past_length: int = 0, rope_deltas=None, split: bool = True,
+                      num_items_in_batch=None, loss_per_sample: bool = False):
+        """Qwen2.5-VL's plan (rotary tables, padding mask or packed segments, targets, cut to this
+        rank) on TMRoPE positions, a packed row's computed for each of its samples alone."""
         if position_ids is None and past_length == 0:
-            position_ids, rope_deltas = self.tmrope_positions(host(input_ids, np.int64), attention_mask,
-                                                              image_grid_thw, video_grid_thw, feature_attention_mask,
-                                                              video_second_per_grid, use_audio_in_video)
+            ids = host(input_ids, np.int64)
+            segments = packed_rows.row_segments(host(attention_mask))
+
+            def positions_of(masks):
+                return self.tmrope_positions(np.broadcast_to(ids, masks.shape), masks, image_grid_thw, video_grid_thw,
+                                             feature_attention_mask, video_second_per_grid, use_audio_in_video)[0]
+
+            if segments is not None:
+                position_ids = packed_rows.per_sample_positions(positions_of, segments)
+            else:
+                position_ids, rope_deltas = self.tmrope_positions(ids, attention_mask, image_grid_thw, video_grid_thw,
+                                                                  feature_attention_mask, video_second_per_grid,
+                                                                  use_audio_in_video)
         return super().sequence_plan(input_ids, attention_mask, position_ids, labels, past_length=past_length,
-                                     rope_deltas=rope_deltas, split=split)
+                                     rope_deltas=rope_deltas, split=split, num_items_in_batch=num_items_in_batch,
+                                     loss_per_sample=loss_per_sample)
 
     def tmrope_positions(self, ids: np.ndarray, attention_mask=None, image_grid_thw=None, video_grid_thw=None,
                          feature_attention_mask=None, video_second_per_grid=None, use_audio_in_video=False):
@@ -178,15 +193,16 @@ class Qwen2_5OmniThinkerForConditionalGeneration(Qwen2_5_VLForConditionalGenerat
                   image_grid_thw=None, video_grid_thw=None, attention_mask=None, feature_attention_mask=None,
                   position_ids=None, past_key_values=None, labels=None, use_cache: bool = False,
                   use_audio_in_video: bool = False, video_second_per_grid=None, rope_deltas=None,
-                  mm_token_type_ids=None, **unused: Any):
+                  mm_token_type_ids=None, num_items_in_batch=None, loss_per_sample: bool = False, **unused: Any):
         del mm_token_type_ids  # what some processors return: TMRoPE finds the media by their token ids
         ids, cache = self.forward_inputs(input_ids, past_key_values, use_cache, unused)
         plan = self.sequence_plan(ids, attention_mask, position_ids, labels, image_grid_thw, video_grid_thw,
                                   feature_attention_mask, video_second_per_grid, use_audio_in_video,
-                                  cache.length() if cache else 0, rope_deltas)
+                                  cache.length() if cache else 0, rope_deltas, num_items_in_batch=num_items_in_batch,
+                                  loss_per_sample=loss_per_sample)
         embeds = self.embed(ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw, input_features,
                             feature_attention_mask)
-        hidden = self.model.language_model(embeds, plan.cos, plan.sin, plan.key_padding_mask, cache)
+        hidden = self.model.language_model(embeds, plan.cos, plan.sin, plan.key_padding_mask, cache, plan.segment_ids)
         logits = self.lm_head(hidden)
-        loss = None if plan.targets is None else self.loss(logits, plan.targets, plan.count)
+        loss = None if plan.targets is None else self.loss(logits, plan)
         return self.forward_output(loss, logits, cache, plan)

@@ -46,12 +46,24 @@ def batch_flops(config, batch: dict) -> float:
                             lambda grids: vision_flops(config, grids))
 
 
-def per_sample_flops(batch: dict, text_flops, vision_flops) -> float:
-    """(text_flops(seq) over each row's real length — the attention mask's count where one is
-    given — plus vision_flops(grids) of the images and the videos) / rows."""
+def sample_lengths(batch: dict) -> np.ndarray:
+    """Each sample's real length in a micro-batch of forward keywords: the attention mask's count
+    per row where one is given; a packed row's samples are the runs its attention_mask numbers."""
     ids = np.asarray(batch["input_ids"])
     mask = batch.get("attention_mask")
-    lengths = np.asarray(mask).sum(1) if mask is not None else np.full(len(ids), ids.shape[1])
+    if mask is None:
+        return np.full(len(ids), ids.shape[1])
+    mask = np.asarray(mask)
+    if mask.size and mask.max() > 1:  # a packed row
+        lengths = np.bincount(mask.reshape(-1).astype(np.int64))[1:]
+        return lengths[lengths > 0]
+    return mask.sum(1)
+
+
+def per_sample_flops(batch: dict, text_flops, vision_flops) -> float:
+    """(text_flops(seq) over each sample's real length (`sample_lengths`: attention stays inside
+    a packed row's samples) plus vision_flops(grids) of the images and the videos) / samples."""
+    lengths = sample_lengths(batch)
     text = sum(text_flops(int(n)) for n in lengths)
     vision = sum(vision_flops(batch[key]) for key in ("image_grid_thw", "video_grid_thw") if batch.get(key) is not None)
-    return (text + vision) / len(ids)
+    return (text + vision) / len(lengths)

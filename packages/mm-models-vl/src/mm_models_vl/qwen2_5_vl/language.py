@@ -65,7 +65,7 @@ class Qwen2_5_VLAttention(nn.Cell):
         self.o_proj = RowParallelLinear(heads * self.head_dim, hidden, bias=o_bias, **column)
         self.core_attention = CoreAttention(causal=True, topology=topology)
 
-    def construct(self, x, cos, sin, key_padding_mask=None, cache: Optional[KVCache] = None):
+    def construct(self, x, cos, sin, key_padding_mask=None, cache: Optional[KVCache] = None, segment_ids=None):
         b = x.shape[0]
         q = self.q_proj(x).reshape(b, -1, self.local_heads, self.head_dim)
         k = self.k_proj(x).reshape(b, -1, self.local_kv_heads, self.head_dim)
@@ -74,7 +74,7 @@ class Qwen2_5_VLAttention(nn.Cell):
         q, k = kernels.apply_rotary(q, cos, sin), kernels.apply_rotary(k, cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)
-        out = self.core_attention(q, k, v, key_padding_mask)
+        out = self.core_attention(q, k, v, key_padding_mask, None, segment_ids)
         return self.o_proj(out.reshape(b, q.shape[1], -1))
 
     def normalize_qk(self, q, k):
@@ -91,8 +91,8 @@ class Qwen2_5_VLDecoderLayer(nn.Cell):
         if topology.config.sequence_parallel and topology.tp.size > 1:  # each tp rank sees part of the sequence
             mark_sequence_parallel(self.input_layernorm.weight, self.post_attention_layernorm.weight)
 
-    def construct(self, x, cos, sin, key_padding_mask=None, cache=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, key_padding_mask, cache)
+    def construct(self, x, cos, sin, key_padding_mask=None, cache=None, segment_ids=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, key_padding_mask, cache, segment_ids)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -128,9 +128,10 @@ class Qwen2_5_VLTextModel(nn.Cell):
             out = out - pad * (out - ops.stop_gradient(out))
         return out
 
-    def construct(self, x, cos, sin, key_padding_mask=None, cache=None):
+    def construct(self, x, cos, sin, key_padding_mask=None, cache=None, segment_ids=None):
+        """``segment_ids``: a packed row's sample numbers (attention stays inside each sample)."""
         for layer in self.layers:
-            x = layer(x, cos, sin, key_padding_mask, cache)
+            x = layer(x, cos, sin, key_padding_mask, cache, segment_ids)
         return x if self.norm is None else self.norm(x)
 
 

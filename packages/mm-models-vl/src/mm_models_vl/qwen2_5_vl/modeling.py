@@ -24,6 +24,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
+from mm_models_vl.qwen2_5_vl import packed_rows
 from mm_models_vl.qwen2_5_vl import positions as pos
 from mm_models_vl.qwen2_5_vl.checkpoint import disk_name
 from mm_models_vl.qwen2_5_vl.language import KVCache, Qwen2_5_VLTextModel, lm_head
@@ -152,6 +153,13 @@ class SequencePlan:
     count: int  # targets counted over the whole sequence (the loss divides by it)
     rope_deltas: Optional[np.ndarray]
     token_mask: Optional[np.ndarray] = None  # the attention mask of this rank's tokens (MoE statistics)
+    segment_ids: Optional[Tensor] = None  # a packed row's sample numbers, whole under cp (float: see key_padding_mask)
+    weights: Optional[Tensor] = None  # per-target loss weights (loss_per_sample), split like the targets
+
+
+def _broadcast(array, shape):
+    """A (1, seq) host array as ``shape`` (a packed row seen as a batch of its samples), or None."""
+    return None if array is None else np.broadcast_to(host(array), shape)
 
 
 def right_padded(mask) -> bool:
@@ -173,7 +181,7 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
     base_model_class = Qwen2_5_VLModel
     # the micro-batch keys a pipeline stage's sequence plan / first stage's embeddings read
     plan_keys = ("input_ids", "attention_mask", "position_ids", "labels", "image_grid_thw", "video_grid_thw",
-                 "mm_token_type_ids", "second_per_grid_ts")
+                 "mm_token_type_ids", "second_per_grid_ts", "num_items_in_batch", "loss_per_sample")
     embed_keys = ("input_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 
     def __init__(self, config, topology: Optional[Topology] = None, chunk: int = 0, pipeline_num_layers=None):
@@ -219,26 +227,40 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
 
     def sequence_plan(self, input_ids, attention_mask=None, position_ids=None, labels=None, image_grid_thw=None,
                       video_grid_thw=None, mm_token_type_ids=None, second_per_grid_ts=None, past_length: int = 0,
-                      rope_deltas=None, split: bool = True) -> SequencePlan:
-        """Rotary tables, padding mask and targets, cut to this rank's part of the sequence."""
+                      rope_deltas=None, split: bool = True, num_items_in_batch=None,
+                      loss_per_sample: bool = False) -> SequencePlan:
+        """Rotary tables, padding mask or packed segments, targets and their weights, cut to this
+        rank's part of the sequence (a packed row: `mm_models_vl.qwen2_5_vl.packed_rows`)."""
         ids = host(input_ids, np.int64)
+        mask = host(attention_mask)
+        segments = packed_rows.row_segments(mask)
         if position_ids is None:
-            position_ids, rope_deltas = self.model.position_ids(
-                ids, attention_mask, image_grid_thw, video_grid_thw, second_per_grid_ts, mm_token_type_ids,
-                past_length, rope_deltas)
+            def positions_of(masks):
+                return self.model.position_ids(np.broadcast_to(ids, masks.shape), masks, image_grid_thw,
+                                               video_grid_thw, second_per_grid_ts,
+                                               _broadcast(mm_token_type_ids, masks.shape), past_length)[0]
+
+            if segments is not None:
+                position_ids = packed_rows.per_sample_positions(positions_of, segments)
+            else:
+                position_ids, rope_deltas = self.model.position_ids(
+                    ids, attention_mask, image_grid_thw, video_grid_thw, second_per_grid_ts, mm_token_type_ids,
+                    past_length, rope_deltas)
+        return self.plan_from_positions(ids, mask, segments, position_ids, labels, rope_deltas, split,
+                                        num_items_in_batch, loss_per_sample, past_length)
+
+    def plan_from_positions(self, ids, mask, segments, position_ids, labels, rope_deltas, split: bool,
+                            num_items_in_batch, loss_per_sample: bool, past_length: int = 0) -> SequencePlan:
+        """`sequence_plan` once the positions are known (each family computes its own)."""
         position_ids = host(position_ids, np.int64)
         if position_ids.ndim == 2:
             position_ids = np.broadcast_to(position_ids, (3,) + position_ids.shape)
         cos, sin = (Tensor(table) for table in self.rotary_tables(position_ids))
-        mask = host(attention_mask)
         # float, not bool: a recomputed layer differentiates its inputs, and MindSpore 2.7.2 fails on bool ones
-        key_padding_mask = None if mask is None or mask.all() else Tensor(mask.astype(np.float32))
-        targets, count = None, 0
-        if labels is not None:  # next-token targets, shifted on the full sequence before any split
-            labels = host(labels, np.int64)
-            shifted = np.full_like(labels, -100)
-            shifted[:, :-1] = labels[:, 1:]
-            targets, count = Tensor(shifted.astype(np.int32)), int((shifted != -100).sum())
+        padded = segments is None and mask is not None and not mask.all()
+        key_padding_mask = Tensor(mask.astype(np.float32)) if padded else None
+        segment_ids = None if segments is None else Tensor(segments.astype(np.float32))
+        targets, weights, count = self.loss_targets(labels, segments, num_items_in_batch, loss_per_sample)
         topo = self.topology
         if split and topo.cp.size > 1:
             if key_padding_mask is not None and right_padded(mask):
@@ -247,13 +269,47 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
                 raise ValueError("with cp > 1 give full or right-padded sequences and no key/value cache")
             cos, sin = split_sequence(cos, 1, topo), split_sequence(sin, 1, topo)
             targets = None if targets is None else split_sequence(targets, 1, topo)
+            weights = None if weights is None else split_sequence(weights, 1, topo)
         token_mask = None
-        if key_padding_mask is not None:
+        if segments is not None and not segments.all():  # a packed row's end padding: this rank's tokens
+            token_mask = (segments > 0).astype(np.int64)
+            token_mask = token_mask[:, self.local_positions(token_mask.shape[1])] if split else token_mask
+        elif key_padding_mask is not None:
             token_mask = mask
             if split and topo.config.sequence_parallel and topo.tp.size > 1:  # this rank's chunk, as enter_sequence
                 chunk = mask.shape[1] // topo.tp.size
                 token_mask = mask[:, topo.tp.rank * chunk:(topo.tp.rank + 1) * chunk]
-        return SequencePlan(cos, sin, key_padding_mask, targets, count, rope_deltas, token_mask)
+        return SequencePlan(cos, sin, key_padding_mask, targets, count, rope_deltas, token_mask, segment_ids,
+                            weights)
+
+    def loss_items(self, batch: dict, per_sample: bool = False) -> int:
+        """What a micro-batch (forward keywords) adds to ``num_items_in_batch``: the targets its
+        loss counts, or with ``per_sample`` the samples that have one (mm_train.loss_share)."""
+        segments = packed_rows.row_segments(host(batch.get("attention_mask")))
+        return self.loss_targets(batch.get("labels"), segments, None, per_sample)[2]
+
+    @staticmethod
+    def loss_targets(labels, segments, num_items_in_batch, loss_per_sample: bool):
+        """(next-token targets, their weights or None, the loss's divisor) of the whole sequence:
+        labels shifted before any split, -100 where a packed row's next token is another
+        sample's; the divisor is ``num_items_in_batch`` when given, else the counted targets (or,
+        with ``loss_per_sample``, the samples that have one) — transformers' ForCausalLMLoss."""
+        if labels is None:
+            return None, None, 0
+        labels = host(labels, np.int64)
+        shifted = np.full_like(labels, -100)
+        shifted[:, :-1] = labels[:, 1:]
+        if segments is not None:
+            shifted = packed_rows.cut_at_boundaries(shifted, segments)
+        weights, count = None, int((shifted != -100).sum())
+        if loss_per_sample:
+            samples = segments if segments is not None else np.broadcast_to(np.arange(len(labels))[:, None],
+                                                                            labels.shape)
+            weights, count = packed_rows.sample_weights(shifted, samples)
+            weights = Tensor(weights)
+        if num_items_in_batch is not None:
+            count = float(host(num_items_in_batch, np.float64))
+        return Tensor(shifted.astype(np.int32)), weights, count
 
     def rotary_tables(self, position_ids: np.ndarray):
         """(cos, sin) numpy tables (batch, seq, head_dim) of (3, batch, seq) positions: M-RoPE."""
@@ -275,14 +331,15 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
     def construct(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                   labels=None, use_cache: bool = False, pixel_values=None, pixel_values_videos=None,
                   image_grid_thw=None, video_grid_thw=None, mm_token_type_ids=None, second_per_grid_ts=None,
-                  rope_deltas=None, **unused: Any):
+                  rope_deltas=None, num_items_in_batch=None, loss_per_sample: bool = False, **unused: Any):
         ids, cache = self.forward_inputs(input_ids, past_key_values, use_cache, unused)
         plan = self.sequence_plan(ids, attention_mask, position_ids, labels, image_grid_thw, video_grid_thw,
-                                  mm_token_type_ids, second_per_grid_ts, cache.length() if cache else 0, rope_deltas)
+                                  mm_token_type_ids, second_per_grid_ts, cache.length() if cache else 0, rope_deltas,
+                                  num_items_in_batch=num_items_in_batch, loss_per_sample=loss_per_sample)
         embeds = self.embed(ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
-        hidden = self.model.language_model(embeds, plan.cos, plan.sin, plan.key_padding_mask, cache)
+        hidden = self.model.language_model(embeds, plan.cos, plan.sin, plan.key_padding_mask, cache, plan.segment_ids)
         logits = self.lm_head(hidden)
-        loss = None if plan.targets is None else self.loss(logits, plan.targets, plan.count)
+        loss = None if plan.targets is None else self.loss(logits, plan)
         return self.forward_output(loss, logits, cache, plan)
 
     def forward_inputs(self, input_ids, past_key_values, use_cache: bool, unused: dict):
@@ -313,19 +370,24 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
         plan = self.sequence_plan(**self.plan_args(batch))
         if self.is_first:
             x = self.embed(**{k: batch.get(k) for k in self.embed_keys})
-        x = self.model.language_model(x, plan.cos, plan.sin, plan.key_padding_mask)
+        x = self.model.language_model(x, plan.cos, plan.sin, plan.key_padding_mask, None, plan.segment_ids)
         return self.lm_head(x) if self.is_last else x
 
     def pipeline_loss(self, logits, batch: dict):
         """The last stage's loss of a micro-batch (the schedule averages over micro-batches)."""
         plan = self.sequence_plan(**self.plan_args(batch))
-        return self.loss(logits, plan.targets, plan.count)
+        return self.loss(logits, plan)
 
-    def loss(self, logits, targets, count: int):
-        """Mean next-token cross entropy over the ``count`` targets != -100 (transformers'
-        ForCausalLMLoss); under cp the ranks' parts are summed (ParallelModel.reduce_loss_over_cp)."""
-        loss = vocab_parallel_cross_entropy(logits, targets, self.topology.tp, reduction="sum") / max(count, 1)
-        return self.reduce_loss_over_cp(loss)
+    def loss(self, logits, plan: SequencePlan):
+        """Next-token cross entropy summed over the targets != -100 (each times its weight with
+        ``loss_per_sample``) and divided by the plan's count (transformers' ForCausalLMLoss with
+        num_items_in_batch); under cp the ranks' parts are summed (ParallelModel.reduce_loss_over_cp)."""
+        group = self.topology.tp
+        if plan.weights is None:
+            total = vocab_parallel_cross_entropy(logits, plan.targets, group, reduction="sum")
+        else:
+            total = (vocab_parallel_cross_entropy(logits, plan.targets, group, reduction="none") * plan.weights).sum()
+        return self.reduce_loss_over_cp(total / (plan.count if plan.count > 0 else 1))
 
     def prompt_positions(self, ids: np.ndarray, inputs: dict) -> np.ndarray:
         """(3, batch, seq) positions of a prompt given with ``inputs`` (generate's keywords)."""

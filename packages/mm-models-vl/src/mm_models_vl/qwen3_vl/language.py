@@ -60,10 +60,10 @@ class Qwen3VLTextDecoderLayer(nn.Cell):
         if topology.config.sequence_parallel and topology.tp.size > 1:  # each tp rank sees part of the sequence
             mark_sequence_parallel(self.input_layernorm.weight, self.post_attention_layernorm.weight)
 
-    def construct(self, x, cos, sin, key_padding_mask=None, cache=None, token_mask=None):
+    def construct(self, x, cos, sin, key_padding_mask=None, cache=None, token_mask=None, segment_ids=None):
         """The new hidden states; an MoE layer also returns its routing statistics, as an output
         rather than only the attribute ``mlp.stats``, so that a recomputed layer differentiates them."""
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, key_padding_mask, cache)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, key_padding_mask, cache, segment_ids)
         h = self.post_attention_layernorm(x)
         if self.is_sparse:
             return x + self.mlp(h, token_mask=token_mask), self.mlp.stats
@@ -77,11 +77,12 @@ class Qwen3VLTextModel(Qwen2_5_VLTextModel):
     layer_class = Qwen3VLTextDecoderLayer
 
     def construct(self, x, cos, sin, key_padding_mask=None, cache=None, deepstack: Optional[Dict] = None,
-                  token_mask=None):
-        """``deepstack``: {global layer number: the features added after that layer}."""
+                  token_mask=None, segment_ids=None):
+        """``deepstack``: {global layer number: the features added after that layer};
+        ``segment_ids``: a packed row's sample numbers."""
         deepstack, self.moe_stats = deepstack or {}, []
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, key_padding_mask, cache, token_mask)
+            x = layer(x, cos, sin, key_padding_mask, cache, token_mask, segment_ids)
             if layer.is_sparse:
                 x, stats = x
                 self.moe_stats.append(stats)

@@ -65,32 +65,57 @@ def _host_segment_ids(cu_seqlens, total: int) -> np.ndarray:
 
 
 def segment_blocks(segments) -> Optional[tuple]:
-    """(gather (S, L) packed row of each block slot, N where it is padding; valid (S, L) bool;
-    scatter (N,) slot of each packed row in the flattened blocks) for (1, N) segment ids that are
-    S contiguous runs of at most L, when the blocks hold at most half the N^2 scores; else None."""
+    """([(gather (S, L): the packed row of each block slot, N where it is padding; valid (S, L)
+    bool)] one padded batch per group of runs, scatter (N,): the slot of each packed row in the
+    groups' flattened blocks, one after another) for (1, N) segment ids that are contiguous runs;
+    None when a segment is in pieces or the blocks would hold more than half the N^2 scores.
+
+    Runs are grouped longest first, a group of longest run L0 taking every run with L^2 >= L0^2 / 2
+    (each run's padded scores at most twice its own): one group for equal windows and frames, a
+    few for a packed row of long-tailed samples, whose one padded batch would cost S x Lmax^2
+    (measured: benchmarks/packing.py)."""
     ids = np.asarray(segments).reshape(-1)
     n = ids.size
     starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
     if len(np.unique(ids[starts])) != len(starts):  # a segment in pieces: leave it to the mask
         return None
     lengths = np.diff(np.r_[starts, n])
-    if 2 * len(lengths) * int(lengths.max()) ** 2 > n * n:
+    squares = lengths.astype(np.int64) ** 2
+    groups, current = [], []
+    for run in np.argsort(-lengths, kind="stable"):
+        if current and 2 * squares[run] < squares[current[0]]:
+            groups.append(current)
+            current = []
+        current.append(run)
+    groups.append(current)
+    if 2 * sum(len(g) * int(squares[g[0]]) for g in groups) > n * n:
         return None
-    return padded_runs(starts, lengths, n)
+    blocks, slots, offset = [], np.empty(n, np.int64), 0
+    for group in groups:
+        group = sorted(group)  # the rows' own order inside a group
+        gather, valid, scatter = padded_runs(starts[group], lengths[group], n)
+        blocks.append((gather, valid))
+        slots[gather.reshape(-1)[scatter]] = offset + scatter
+        offset += gather.size
+    return blocks, slots
 
 
 def _attention_in_blocks(q, k, v, blocks, causal: bool, scale: float):
-    """`attention` of a packed batch of one, segment by segment as a padded batch (`segment_blocks`)."""
-    gather, valid, scatter = blocks
-    count, longest = gather.shape
-    index = Tensor(gather.reshape(-1).astype(np.int32))
+    """`attention` of a packed batch of one, segment by segment as padded batches (`segment_blocks`)."""
+    groups, scatter = blocks
+    outs = []
+    for gather, valid in groups:
+        count, longest = gather.shape
+        index = Tensor(gather.reshape(-1).astype(np.int32))
 
-    def to_blocks(x):
-        return ops.gather(with_zero_row(x[0]), index, 0).reshape((count, longest) + tuple(x.shape[2:]))
+        def to_blocks(x):
+            return ops.gather(with_zero_row(x[0]), index, 0).reshape((count, longest) + tuple(x.shape[2:]))
 
-    out = attention(to_blocks(q), to_blocks(k), to_blocks(v), causal=causal, key_padding_mask=valid, scale=scale)
-    out = ops.gather(out.reshape((count * longest,) + tuple(out.shape[2:])), Tensor(scatter.astype(np.int32)), 0)
-    return out[None]
+        out = attention(to_blocks(q), to_blocks(k), to_blocks(v), causal=causal, scale=scale,
+                        key_padding_mask=None if valid.all() else valid)
+        outs.append(out.reshape((count * longest,) + tuple(out.shape[2:])))
+    out = ops.concat(outs, 0) if len(outs) > 1 else outs[0]
+    return ops.gather(out, Tensor(scatter.astype(np.int32)), 0)[None]
 
 
 def _allowed(batch, q_len, k_len, causal, key_padding_mask, q_segments, k_segments):

@@ -34,8 +34,15 @@ class VLDataSection(DataSection):
     min_pixels: Optional[int] = None  # image / video frame pixel bounds (default: the processors')
     max_pixels: Optional[int] = None
     video_fps: float = 2.0
+    # padding-free training: the samples of a rank's share packed into rows of at most max_tokens
+    # tokens (default: max_length), one row per micro-batch, attention and positions per sample
+    packing: bool = False
+    max_tokens: Optional[int] = None
 
     def __post_init__(self):
+        if self.max_tokens is not None and (not self.packing or self.max_tokens < 1):
+            raise ValueError(f"data.max_tokens={self.max_tokens} is the packed rows' token budget: set it >= 1 with "
+                             "data.packing: true")
         if (self.dataset_info is None) != (self.dataset is None):
             raise ValueError("data.dataset_info and data.dataset go together: the dataset_info.json and the name(s) "
                              "of the data set(s) in it to read")
@@ -44,6 +51,11 @@ class VLDataSection(DataSection):
                              "files are the ones it names)")
         if self.kind == "llamafactory" and self.dataset_info is None:
             self.require_path("a LLaMA-Factory JSON / JSONL file, or set data.dataset_info and data.dataset")
+
+
+def row_budget(data) -> int:
+    """The tokens a packed row holds (data.max_tokens, else data.max_length)."""
+    return data.max_tokens or data.max_length
 
 
 def pixel_bounds(data) -> Dict[str, int]:

@@ -25,6 +25,7 @@ from mm_train.families.vl.data import (
     annotation_files,
     data_sources,
     pixel_bounds,
+    row_budget,
     vl_tokenizer,
     write_processing_files,
 )
@@ -59,6 +60,9 @@ def preflight(recipe, config: dict) -> List[str]:
         if not (data.tokenizer or recipe.model.path):
             problems.append("no tokenizer: set data.tokenizer (a model folder or a tokenizer.json) or model.path")
         require_exists(problems, "data.tokenizer", data.tokenizer, "a model folder or a tokenizer.json")
+    if data.packing and par.vpp > 1:  # the interleaved schedule needs micro-batches in multiples of pp
+        problems.append(f"data.packing with parallel.vpp={par.vpp} is not supported yet: packed rows vary in number "
+                        "from step to step; set data.packing: false or vpp: 1")
     text = {**config, **config.get("text_config", {})}  # hub folders hold the text fields at the top
     attention_rules(problems, "text_config.", text.get("num_attention_heads"), text.get("num_key_value_heads"), par)
     require_divisible(problems, "text_config.intermediate_size", text.get("intermediate_size"), "parallel.tp", par.tp)
@@ -225,12 +229,21 @@ class VLTask(FamilyTask):
         return self.config_class()(**values, **media, bos_token_id=ids["eos_token_id"],
                                    eos_token_id=ids["eos_token_id"], pad_token_id=ids["pad_token_id"])
 
+    def micro_batches(self):
+        """Packed rows under the token budget with data.packing (mm_data.vl.PackedRows), else
+        micro_batch_size samples each."""
+        if not self.recipe.data.packing:
+            return super().micro_batches()
+        from mm_data.vl import PackedRows
+
+        return PackedRows(self.collate, row_budget(self.recipe.data))
+
     @staticmethod
     def tokens(batch: Dict) -> int:
-        return int(batch["attention_mask"].sum())
+        return int((batch["attention_mask"] != 0).sum())  # a packed row's mask numbers its samples
 
     def model_inputs(self, batch: Dict) -> Dict:
-        if self.topo.cp.size > 1:
+        if self.topo.cp.size > 1 and not self.recipe.data.packing:
             # the model takes whole unpadded rows under cp; right padding is harmless without the
             # mask: causal attention keeps real tokens from seeing it and its labels are -100
             return {k: v for k, v in batch.items() if k != "attention_mask"}
