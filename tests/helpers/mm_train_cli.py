@@ -26,12 +26,13 @@ def mm_train(*args, data, timeout=600):
 
 FIELDS = {"step", "loss", "grad_norm", "lr", "samples_per_s", "tokens_per_s", "mfu", "mem_bytes", "skipped"}
 EVAL_FIELDS = {"val_loss", "samples"}  # the rows of the steps that validate / sample (mm_train.evaluation)
+PACKING_FIELDS = {"padding_fraction", "tokens_max_over_mean"}  # packed runs' rows
 
 
 def rows_of(out):
     with open(os.path.join(out, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
-    assert rows and all(FIELDS <= set(row) <= FIELDS | EVAL_FIELDS for row in rows)
+    assert rows and all(FIELDS <= set(row) <= FIELDS | EVAL_FIELDS | PACKING_FIELDS for row in rows)
     return rows
 
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mm_data.errors import DataError
+from mm_data.balance import balance
+from mm_data.errors import BadSample, DataError
 
 HELD_OUT_STREAM = 0x4E1D  # a stream of the seed no other draw uses
 
@@ -54,7 +55,8 @@ class BucketBatchSampler:
 
     def __init__(self, num_samples: int, global_batch_size: int, dp_rank: int = 0, dp_size: int = 1,
                  keys: Optional[Sequence[Hashable]] = None, seed: int = 0, shuffle: bool = True,
-                 drop_last: bool = True, indices: Optional[Sequence[int]] = None):
+                 drop_last: bool = True, indices: Optional[Sequence[int]] = None,
+                 costs: Optional[Callable[[int], Sequence[float]]] = None):
         if global_batch_size < 1 or global_batch_size % dp_size:
             raise ValueError(f"global_batch_size={global_batch_size} must be a positive multiple of the "
                              f"data-parallel size {dp_size}")
@@ -75,6 +77,7 @@ class BucketBatchSampler:
             self.groups[keys[index] if keys is not None else 0].append(index)
         self.groups = {key: np.asarray(members, np.int64) for key, members in self.groups.items()}
         self.key_of = list(keys) if keys is not None else None
+        self.costs, self._cost_of = costs, {}  # sample -> its costs (tokens, vision tokens, ...), read once
         self._cached_epoch, self._cached = None, []
         if not self.epoch_batches(0):
             sizes = {str(k): len(v) for k, v in self.groups.items()}
@@ -103,9 +106,26 @@ class BucketBatchSampler:
         return self._cached
 
     def local(self, batch: np.ndarray) -> np.ndarray:
-        """This rank's contiguous share of a global batch."""
-        share = len(batch) // self.dp_size
-        return batch[self.dp_rank * share:(self.dp_rank + 1) * share]
+        """This rank's share of a global batch: contiguous, or with ``costs`` the share
+        `mm_data.balance` gives it (every kind of cost even across the ranks; shares may differ in
+        size: for packed rows, whose number is free)."""
+        if self.costs is None or self.dp_size == 1:
+            share = len(batch) // self.dp_size
+            return batch[self.dp_rank * share:(self.dp_rank + 1) * share]
+        return batch[balance([self.cost(int(i)) for i in batch], self.dp_size)[self.dp_rank]]
+
+    def cost(self, index: int) -> Sequence[float]:
+        """``costs(index)``, kept; a bad sample costs nothing here (the loader replaces and counts it)."""
+        if index not in self._cost_of:
+            try:
+                self._cost_of[index] = tuple(float(c) for c in np.atleast_1d(self.costs(index)))
+            except BadSample:
+                self._cost_of[index] = None
+        known = self._cost_of[index]
+        if known is None:
+            width = next((len(c) for c in self._cost_of.values() if c is not None), 1)
+            return (0.0,) * width
+        return known
 
     def substitute(self, index: int, epoch: int, attempt: int, exclude=()) -> Optional[int]:
         """Another sample with the same key, to stand in for a bad one, never one of ``exclude``

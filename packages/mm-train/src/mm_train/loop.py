@@ -206,7 +206,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
     on_device = use_fused()  # the device path: a step's figures are read when its row is written (step_rows)
     transfers = mm_parallel.stage_io.TransferPlan()  # pipeline headers cross once per micro-batch shape
     stream = task.stream(first)
-    normalization = task.loss_normalization()
+    normalization, packed = task.loss_normalization(), task.packed()
     watchdog = _watchdog(recipe.train.collective_timeout, out, topo)
     try:
         for step in range(first, recipe.train.steps):
@@ -221,6 +221,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
                                         peak_flops=_peak_flops(recipe.cluster.device, recipe.train.precision),
                                         world_size=topo.world_size, dp_size=topo.dp.size)
             tokens = sum(task.tokens(b) for b in batches)
+            packing = _packing_figures(tokens, sum(b["input_ids"].size for b in batches), topo) if packed else {}
             batches = [task.model_inputs(b) for b in batches]
             if normalization:
                 batches = with_loss_divisor(batches, chunks[0], normalization, topo)
@@ -239,7 +240,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
                 mm_parallel.moe.update_expert_biases(chunk)
             if profiler is not None:
                 profiler.after_step(step + 1)
-            rows.add({**figures, **stats, "step": step + 1, "seconds": time.perf_counter() - start})
+            rows.add({**figures, **stats, **packing, "step": step + 1, "seconds": time.perf_counter() - start})
             saving = every and ((step + 1) % every == 0 or step + 1 == recipe.train.steps)
             if not on_device or saving or _row_due(recipe, step + 1):
                 routing = _routing_metrics(chunks) if moe else {}
@@ -365,6 +366,17 @@ def _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer, grad_dt
         grads = [as_type(g, grad_dtype) for g in grads]
         total = grads if total is None else [a + b for a, b in zip(total, grads)]
     return losses, [g * (1.0 / len(batches)) for g in total] if len(batches) > 1 else total
+
+
+def _packing_figures(tokens: int, positions: int, topo) -> Dict:
+    """A packed step's ``padding_fraction`` (the computed positions, over dp, that are padding)
+    and ``tokens_max_over_mean`` (the busiest dp rank's real tokens over the mean): one all-gather
+    over dp, (1,) tensors read with the step's other figures (step_rows)."""
+    local = ms.Tensor(np.array([tokens, positions], np.float32))
+    both = comm.all_gather(local[None], topo.dp) if topo.dp.size > 1 else local[None]
+    real, computed = both[:, 0], both[:, 1]
+    return {"padding_fraction": (1 - real.sum() / computed.sum()).reshape(1),
+            "tokens_max_over_mean": (real.max() / real.mean()).reshape(1)}
 
 
 def _row_due(recipe, step: int) -> bool:

@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Optional
 import mindspore as ms
 from mindspore import Tensor, ops
 
+PACKING_FIELDS = ("padding_fraction", "tokens_max_over_mean")  # rows of packed runs (mm_train.loop)
 KINDS = {"skipped": bool, "overflow": bool, "tokens": int}  # float unless named here
 # tokens cross as float32: exact up to 2^24 per step, rounded beyond (a throughput figure only)
 
@@ -143,6 +144,7 @@ class Rows:
         if optimizer.scaling:
             row["loss_scale"] = figures["loss_scale"]
             row["skipped_total"] = self.skipped_total
+        row.update({key: figures[key] for key in PACKING_FIELDS if key in figures})
         row.update(extra or {})
         self.metrics.append(row)
         if self.log is not None and (step % recipe.train.log_every == 0 or "val_loss" in row or "samples" in row):

@@ -152,10 +152,13 @@ class FamilyTask:
         """What cuts a rank's share of a step into micro-batches (`MicroBatches` of micro_batch_size)."""
         return MicroBatches(self.collate, self.recipe.train.micro_batch_size)
 
+    def packed(self) -> bool:
+        """Whether micro-batches are packed rows (a family data section's ``packing``)."""
+        return bool(getattr(self.recipe.data, "packing", False))
+
     def loss_normalization(self) -> Optional[str]:
         """train.loss_normalization; unset, token with packed data (mm_train.loss_share)."""
-        packing = getattr(self.recipe.data, "packing", False)
-        return self.recipe.train.loss_normalization or ("token" if packing else None)
+        return self.recipe.train.loss_normalization or ("token" if self.packed() else None)
 
     def model_inputs(self, batch: Dict) -> Dict:
         return batch

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers.mm_train_cli import losses
+from helpers.mm_train_cli import losses, rows_of
 from helpers.train_runs import train
 
 SHORT = ["--set", "train.steps=3", "--set", "data.samples=32", "--set", "checkpoint.every=3", "--no-progress"]
@@ -48,3 +48,24 @@ def test_packed_rows_train_like_the_samples_unpacked_on_every_layout(tmp_path, r
         assert set(got) == set(expected)
         errors = {key: rel(got[key], expected[key]) for key in expected}
         assert max(errors.values()) <= 1e-4, (name, sorted(errors.items(), key=lambda kv: -kv[1])[:3])
+        rows = rows_of(tmp_path / name)  # the rows say how full the rows were and how even the ranks
+        assert all(0 <= row["padding_fraction"] < 0.2 and row["tokens_max_over_mean"] >= 1 for row in rows), rows
+        if name != "dp2_pp2_zero1":
+            assert all(row["tokens_max_over_mean"] == 1 for row in rows)
+    assert "padding_fraction" not in rows_of(tmp_path / "plain")[0]
+
+
+@pytest.mark.parametrize("recipe", ["qwen3_vl_tiny", "qwen2_5_omni_tiny"])
+def test_the_other_vl_families_pack_like_one_process_under_dp2_and_tp2_with_sp(tmp_path, run_distributed, recipe):
+    """Qwen3-VL (DeepStack, timestamps) and the Omni thinker (audio, TMRoPE): packed under dp2 x tp2
+    with sequence parallelism equals the same samples unpacked on one process."""
+    data = tmp_path / "data"
+    train(run_distributed, recipe, *SHORT, "--set", "train.loss_normalization=token", "--set",
+          f"output_dir={tmp_path / 'plain'}", data=data)
+    train(run_distributed, recipe, *SHORT, "--set", "data.packing=true", "--set", "data.max_tokens=160", "--set",
+          "parallel.tp=2", "--set", "parallel.sequence_parallel=true", "--set", f"output_dir={tmp_path / 'packed'}",
+          nproc=4, data=data)
+    assert losses(tmp_path / "packed") == pytest.approx(losses(tmp_path / "plain"), rel=1e-5)
+    expected, got = parameters(tmp_path / "plain"), parameters(tmp_path / "packed")
+    errors = {key: rel(got[key], expected[key]) for key in expected}
+    assert set(got) == set(expected) and max(errors.values()) <= 1e-4, sorted(errors.items(), key=lambda kv: -kv[1])[:3]

@@ -148,6 +148,12 @@ class VLSFTDataset:
         return len(self.template.encode(conversation, image_tokens, video_tokens, max_length=self.max_length,
                                         video_timestamps=timestamps)["input_ids"])
 
+    def costs(self, index: int):
+        """(tokens, vision tokens) of sample ``index`` from headers and probes: what data-parallel
+        ranks are balanced by (`BucketBatchSampler` with ``costs``)."""
+        image_tokens, video_tokens, *_ = self.vision_from_headers(self.conversations[index])
+        return self.length(index), sum(image_tokens) + sum(video_tokens)
+
     def vision_from_headers(self, conversation: Conversation):
         """What `vision` gives but the pixels, from image headers and video probes: (image pad
         counts, video pad counts, each video's timestamps when its processor writes them, video

@@ -152,7 +152,8 @@ class VLTask(FamilyTask):
         self.tokenizer = vl_tokenizer(tokenizer_path)
         self.dataset = self.read_dataset(annotations)
         self.sampler = BucketBatchSampler(len(self.dataset), train.global_batch_size, topo.dp.rank, topo.dp.size,
-                                          seed=train.seed, indices=self.training_indices(len(self.dataset)))
+                                          seed=train.seed, indices=self.training_indices(len(self.dataset)),
+                                          costs=self.dataset.costs if data.packing else None)
         par = recipe.parallel  # sequences cut into equal parts: 2 per cp rank (load-balanced ring), tp under sp
         self.collate = self.dataset.collator((2 * par.cp if par.cp > 1 else 1) *
                                              (par.tp if par.sequence_parallel else 1))
