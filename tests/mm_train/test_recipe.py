@@ -27,7 +27,7 @@ def test_the_default_recipe_loads_and_overrides_apply():
     (["profile.start_stp=2"], "did you mean 'start_step'"),
     (["model.family=llama"], "not available"),
     (["train.loss_normalization=mean"], "train.loss_normalization must be token or sample"),
-    (["data.max_tokens=64"], "with data.packing: true"),
+    (["data.packing=false", "data.max_tokens=64"], "with data.packing: true"),
 ])
 def test_bad_recipes_are_refused_with_a_hint(overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -125,9 +125,19 @@ def test_every_shipped_recipe_loads_and_fits_the_machines_it_is_written_for(name
     assert {p.name for p in path.parent.glob("*.yaml")} == set(SHIPPED)  # each shipped recipe is checked
 
 
-def test_packing_where_it_is_not_supported_yet_is_refused_before_launch():
+def test_a_row_budget_that_cannot_hold_a_picture_is_refused_before_launch():
     from mm_train.preflight import check_before_launch
 
-    with pytest.raises(ValueError, match="data.packing with parallel.vpp=2 is not supported yet"):
-        check_before_launch(load_recipe(None, ["data.packing=true", "parallel.pp=2", "parallel.vpp=2"]))
-    check_before_launch(load_recipe(None, ["data.packing=true", "parallel.pp=2", "parallel.cp=2"]))
+    with pytest.raises(ValueError, match=r"data.max_tokens=8 cannot hold a picture of data.max_pixels \(16 tokens\).*"
+                                         r"set data.max_tokens >= 48"):
+        check_before_launch(load_recipe(None, ["data.max_pixels=12544", "data.min_pixels=3136", "data.max_tokens=8"]))
+    check_before_launch(load_recipe(None, ["data.max_tokens=8"]))  # 4-token pictures fit
+
+
+def test_packed_rows_are_made_a_multiple_of_pp_for_the_interleaved_schedule():
+    from mm_data.vl.packing import split_to_multiple
+
+    rows = split_to_multiple([[0, 3, 4], [1], [2, 5]], 2)
+    assert rows == [[0], [1], [2, 5], [3, 4]] and split_to_multiple(rows, 4) == rows
+    with pytest.raises(ValueError, match="raise train.global_batch_size"):
+        split_to_multiple([[0], [1], [2]], 2)

@@ -33,7 +33,7 @@ def rel(a, b) -> float:
 
 def test_packed_rows_train_like_the_samples_unpacked_on_every_layout(tmp_path, run_distributed):
     data = tmp_path / "data"
-    train(run_distributed, *SHORT, "--set", "train.loss_normalization=token", "--set",
+    train(run_distributed, *SHORT, "--set", "data.packing=false", "--set", "train.loss_normalization=token", "--set",
           f"output_dir={tmp_path / 'plain'}", data=data)
     runs = {"packed": (1, []), "dp2_pp2_zero1": (4, ["--set", "parallel.pp=2", "--set", "parallel.zero_stage=1"]),
             "tp2_sp_ring_cp2": (4, ["--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true", "--set",
@@ -60,8 +60,8 @@ def test_the_other_vl_families_pack_like_one_process_under_dp2_and_tp2_with_sp(t
     """Qwen3-VL (DeepStack, timestamps) and the Omni thinker (audio, TMRoPE): packed under dp2 x tp2
     with sequence parallelism equals the same samples unpacked on one process."""
     data = tmp_path / "data"
-    train(run_distributed, recipe, *SHORT, "--set", "train.loss_normalization=token", "--set",
-          f"output_dir={tmp_path / 'plain'}", data=data)
+    train(run_distributed, recipe, *SHORT, "--set", "data.packing=false", "--set", "train.loss_normalization=token",
+          "--set", f"output_dir={tmp_path / 'plain'}", data=data)
     train(run_distributed, recipe, *SHORT, "--set", "data.packing=true", "--set", "data.max_tokens=160", "--set",
           "parallel.tp=2", "--set", "parallel.sequence_parallel=true", "--set", f"output_dir={tmp_path / 'packed'}",
           nproc=4, data=data)

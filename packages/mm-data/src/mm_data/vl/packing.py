@@ -77,19 +77,36 @@ def pack(samples: Sequence[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
     return packed
 
 
+def split_to_multiple(rows: List[List[int]], multiple: int) -> List[List[int]]:
+    """``rows`` with the row of most samples halved until their number is a multiple of ``multiple``
+    (in order of their first sample); a share too small for it is refused."""
+    rows = [list(row) for row in rows]
+    while len(rows) % multiple:
+        widest = max(rows, key=len)
+        if len(widest) < 2:
+            raise ValueError(f"{sum(map(len, rows))} samples cannot fill a multiple of {multiple} packed rows (the "
+                             "interleaved pipeline schedule needs one); raise train.global_batch_size")
+        rows.remove(widest)
+        rows += [widest[:len(widest) // 2], widest[len(widest) // 2:]]
+    return sorted(rows, key=min)
+
+
 class PackedRows:
     """A rank's share of a step as micro-batches of one packed row each: the samples planned
     into rows of at most ``max_tokens`` tokens (`plan_rows`, the share as one window: which
     samples share a row depends on the share alone, so a resumed stream packs alike), each row
     `pack`ed and then ``collate``d (padding to the layout's multiple: attention_mask 0, labels
-    -100). A sample over the budget trains in a row of its own and is counted and logged."""
+    -100). A sample over the budget trains in a row of its own and is counted and logged. With
+    ``multiple`` (the interleaved pipeline schedule's pp) the rows are made a multiple of it by
+    halving the rows of most samples."""
 
-    def __init__(self, collate: Callable, max_tokens: int):
-        self.collate, self.max_tokens, self.oversized = collate, max_tokens, 0
+    def __init__(self, collate: Callable, max_tokens: int, multiple: int = 1):
+        self.collate, self.max_tokens, self.multiple, self.oversized = collate, max_tokens, multiple, 0
 
     def __call__(self, samples: List[dict]) -> List[Dict]:
         lengths = [len(s["input_ids"]) for s in samples]
         rows, oversized = plan_rows(lengths, self.max_tokens, window=max(1, len(samples)))
+        rows = split_to_multiple(rows, self.multiple)
         for index in oversized:
             self.oversized += 1
             log.warning("a sample of %d tokens is longer than data.max_tokens=%d: it trains in a row of its own "

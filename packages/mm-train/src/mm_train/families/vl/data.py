@@ -34,9 +34,10 @@ class VLDataSection(DataSection):
     min_pixels: Optional[int] = None  # image / video frame pixel bounds (default: the processors')
     max_pixels: Optional[int] = None
     video_fps: float = 2.0
-    # padding-free training: the samples of a rank's share packed into rows of at most max_tokens
-    # tokens (default: max_length), one row per micro-batch, attention and positions per sample
-    packing: bool = False
+    # padding-free training (the default): the samples of a rank's share packed into rows of at most
+    # max_tokens tokens (default: max_length), one row per micro-batch, attention and positions per
+    # sample; false: micro_batch_size samples padded to the longest
+    packing: bool = True
     max_tokens: Optional[int] = None
 
     def __post_init__(self):

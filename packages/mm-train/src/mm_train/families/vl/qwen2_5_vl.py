@@ -60,9 +60,7 @@ def preflight(recipe, config: dict) -> List[str]:
         if not (data.tokenizer or recipe.model.path):
             problems.append("no tokenizer: set data.tokenizer (a model folder or a tokenizer.json) or model.path")
         require_exists(problems, "data.tokenizer", data.tokenizer, "a model folder or a tokenizer.json")
-    if data.packing and par.vpp > 1:  # the interleaved schedule needs micro-batches in multiples of pp
-        problems.append(f"data.packing with parallel.vpp={par.vpp} is not supported yet: packed rows vary in number "
-                        "from step to step; set data.packing: false or vpp: 1")
+    _budget_rule(problems, data, config.get("vision_config", {}))
     text = {**config, **config.get("text_config", {})}  # hub folders hold the text fields at the top
     attention_rules(problems, "text_config.", text.get("num_attention_heads"), text.get("num_key_value_heads"), par)
     require_divisible(problems, "text_config.intermediate_size", text.get("intermediate_size"), "parallel.tp", par.tp)
@@ -82,6 +80,18 @@ def preflight(recipe, config: dict) -> List[str]:
     require_divisible(problems, "vision_config.intermediate_size", vision.get("intermediate_size"), "parallel.tp",
                       par.tp)
     return problems
+
+
+def _budget_rule(problems: List[str], data, vision: dict) -> None:
+    """A packed row must hold the largest picture a sample may carry (data.max_pixels, else the
+    processors' 12,845,056 pixels) when such a sample fits data.max_length."""
+    unit = (vision.get("patch_size", 14) * vision.get("spatial_merge_size", 2)) ** 2
+    picture = -(-(data.max_pixels or 12845056) // unit)  # merged tokens of the largest picture
+    budget = row_budget(data)
+    if data.packing and budget < picture <= data.max_length:
+        problems.append(f"data.max_tokens={budget} cannot hold a picture of data.max_pixels ({picture} tokens) that "
+                        f"samples of data.max_length={data.max_length} may carry: set data.max_tokens >= "
+                        f"{data.max_length} (or lower data.max_pixels)")
 
 
 def _inline_vocabulary(recipe, tp: int) -> Optional[int]:
@@ -237,7 +247,8 @@ class VLTask(FamilyTask):
             return super().micro_batches()
         from mm_data.vl import PackedRows
 
-        return PackedRows(self.collate, row_budget(self.recipe.data))
+        par = self.recipe.parallel  # the interleaved schedule runs micro-batches in multiples of pp
+        return PackedRows(self.collate, row_budget(self.recipe.data), par.pp if par.vpp > 1 else 1)
 
     @staticmethod
     def tokens(batch: Dict) -> int:
