@@ -27,7 +27,7 @@ def test_the_default_recipe_loads_and_overrides_apply():
     (["profile.start_stp=2"], "did you mean 'start_step'"),
     (["model.family=llama"], "not available"),
     (["train.loss_normalization=mean"], "train.loss_normalization must be token or sample"),
-    (["data.packing=false", "data.max_tokens=64"], "with data.packing: true"),
+    (["data.max_tokens=0"], "the packed rows' token budget: set it >= 1"),
 ])
 def test_bad_recipes_are_refused_with_a_hint(overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -50,6 +50,10 @@ class Task(Protocol):
 
     def tokens(self, batch: Dict) -> int: ...  # real tokens of a micro-batch (throughput)
 
+    def packed(self) -> bool: ...  # micro-batches are packed rows (their metrics: padding, balance)
+
+    def loss_normalization(self) -> Optional[str]: ...  # token | sample | None (mm_train.loss_share)
+
     def model_inputs(self, batch: Dict) -> Dict: ...  # a micro-batch as forward keywords
 
     def flops_per_sample(self, model, batch: Dict) -> float: ...  # forward FLOPs of one sample (MFU)

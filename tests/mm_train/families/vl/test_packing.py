@@ -31,6 +31,14 @@ def rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
 
 
+def parameter_errors(got, expected) -> dict:
+    """rel-err of every parameter but the key projections' biases: a bias added to every key moves
+    all of a query's scores alike, so its gradient is zero in exact arithmetic, and Adam turns the
+    rounding noise left in it into steps of the learning rate's size."""
+    assert set(got) == set(expected)
+    return {key: rel(got[key], expected[key]) for key in expected if not key.endswith("k_proj.bias")}
+
+
 def test_packed_rows_train_like_the_samples_unpacked_on_every_layout(tmp_path, run_distributed):
     data = tmp_path / "data"
     train(run_distributed, *SHORT, "--set", "data.packing=false", "--set", "train.loss_normalization=token", "--set",
@@ -44,9 +52,7 @@ def test_packed_rows_train_like_the_samples_unpacked_on_every_layout(tmp_path, r
         train(run_distributed, *SHORT, *PACKED, *extra, "--set", f"output_dir={tmp_path / name}", nproc=nproc,
               data=data)
         assert losses(tmp_path / name) == pytest.approx(plain, rel=1e-5), name
-        got = parameters(tmp_path / name)
-        assert set(got) == set(expected)
-        errors = {key: rel(got[key], expected[key]) for key in expected}
+        errors = parameter_errors(parameters(tmp_path / name), expected)
         assert max(errors.values()) <= 1e-4, (name, sorted(errors.items(), key=lambda kv: -kv[1])[:3])
         rows = rows_of(tmp_path / name)  # the rows say how full the rows were and how even the ranks
         assert all(0 <= row["padding_fraction"] < 0.2 and row["tokens_max_over_mean"] >= 1 for row in rows), rows
@@ -66,6 +72,48 @@ def test_the_other_vl_families_pack_like_one_process_under_dp2_and_tp2_with_sp(t
           "parallel.tp=2", "--set", "parallel.sequence_parallel=true", "--set", f"output_dir={tmp_path / 'packed'}",
           nproc=4, data=data)
     assert losses(tmp_path / "packed") == pytest.approx(losses(tmp_path / "plain"), rel=1e-5)
-    expected, got = parameters(tmp_path / "plain"), parameters(tmp_path / "packed")
-    errors = {key: rel(got[key], expected[key]) for key in expected}
-    assert set(got) == set(expected) and max(errors.values()) <= 1e-4, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+    errors = parameter_errors(parameters(tmp_path / "packed"), parameters(tmp_path / "plain"))
+    assert max(errors.values()) <= 1e-4, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+
+
+def test_ranks_whose_micro_batches_hold_no_image_neither_hang_nor_drift(tmp_path, run_distributed):
+    """Half of the samples text-only, one sample per micro-batch (unpacked) while the vision tower
+    trains: under dp2, pp2 and tp2 some ranks and stages run micro-batches (whole steps, on some
+    ranks) with no picture; every layout equals one process, packed (rows) too."""
+    import json
+    from pathlib import Path
+
+    from helpers.media import write_image
+
+    from mm_train.families.tiny_sets import train_tokenizer
+    from mm_train.families.vl.tiny import SPECIAL
+
+    root = tmp_path / "mixed"
+    root.mkdir()
+    for i in range(4):
+        write_image(str(root / f"img{i}.png"), 56, 56, seed=i)
+    entries = []
+    for i in range(16):
+        picture = i % 2 == 0
+        entries.append({"messages": [{"role": "user", "content": ("<image>" if picture else "") + "What is it?"},
+                                     {"role": "assistant", "content": "A square." if picture else "Words."}],
+                        **({"images": [f"img{i % 4}.png"]} if picture else {})})
+    (root / "sft.json").write_text(json.dumps(entries))
+    train_tokenizer(["What is it?", "A square.", "Words.", "user\n", "assistant\n"], Path(root / "tokenizer.json"),
+                    SPECIAL)
+    data = ["--set", "data.kind=llamafactory", "--set", f"data.path={root / 'sft.json'}", "--set",
+            f"data.tokenizer={root / 'tokenizer.json'}", "--set", "data.min_pixels=3136", "--set",
+            "data.max_pixels=3136", "--set", "train.global_batch_size=4", "--set", "train.micro_batch_size=1"]
+    unpacked = ["--set", "data.packing=false", "--set", "train.loss_normalization=token"]
+    train(run_distributed, *SHORT, *data, *unpacked, "--set", f"output_dir={tmp_path / 'single'}", data=tmp_path)
+    expected, curve = parameters(tmp_path / "single"), losses(tmp_path / "single")
+    runs = {"dp2": (2, unpacked), "pp2": (2, unpacked + ["--set", "parallel.pp=2"]),
+            "tp2": (2, unpacked + ["--set", "parallel.tp=2"]), "packed_dp2": (2, [])}
+    for name, (nproc, extra) in runs.items():
+        train(run_distributed, *SHORT, *data, *extra, "--set", f"output_dir={tmp_path / name}", nproc=nproc,
+              data=tmp_path)
+        assert losses(tmp_path / name) == pytest.approx(curve, rel=1e-5), name
+        got = parameters(tmp_path / name)
+        errors = parameter_errors(got, expected)
+        assert max(errors.values()) <= 1e-4, (name, sorted(errors.items(), key=lambda kv: -kv[1])[:3])
+        assert any(key.startswith("visual.") or ".visual." in key for key in got)  # the tower trained and saved

@@ -153,7 +153,9 @@ class SequencePlan:
     count: int  # targets counted over the whole sequence (the loss divides by it)
     rope_deltas: Optional[np.ndarray]
     token_mask: Optional[np.ndarray] = None  # the attention mask of this rank's tokens (MoE statistics)
-    segment_ids: Optional[Tensor] = None  # a packed row's sample numbers, whole under cp (float: see key_padding_mask)
+    # a packed row's sample numbers, whole under cp: host data (the attention reads them on the host,
+    # and a device copy would be read back at every layer: a wait per call on Ascend)
+    segment_ids: Optional[np.ndarray] = None
     weights: Optional[Tensor] = None  # per-target loss weights (loss_per_sample), split like the targets
 
 
@@ -234,24 +236,21 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
         ids = host(input_ids, np.int64)
         mask = host(attention_mask)
         segments = packed_rows.row_segments(mask)
-        if position_ids is None:
-            def positions_of(masks):
-                return self.model.position_ids(np.broadcast_to(ids, masks.shape), masks, image_grid_thw,
-                                               video_grid_thw, second_per_grid_ts,
-                                               _broadcast(mm_token_type_ids, masks.shape), past_length)[0]
-
-            if segments is not None:
-                position_ids = packed_rows.per_sample_positions(positions_of, segments)
-            else:
-                position_ids, rope_deltas = self.model.position_ids(
-                    ids, attention_mask, image_grid_thw, video_grid_thw, second_per_grid_ts, mm_token_type_ids,
-                    past_length, rope_deltas)
+        if position_ids is None and segments is not None:  # each sample's own, as transformers gives it alone
+            position_ids = packed_rows.per_sample_positions(
+                lambda masks: self.model.position_ids(np.broadcast_to(ids, masks.shape), masks, image_grid_thw,
+                                                      video_grid_thw, second_per_grid_ts,
+                                                      _broadcast(mm_token_type_ids, masks.shape))[0], segments)
+        elif position_ids is None:
+            position_ids, rope_deltas = self.model.position_ids(
+                ids, attention_mask, image_grid_thw, video_grid_thw, second_per_grid_ts, mm_token_type_ids,
+                past_length, rope_deltas)
         return self.plan_from_positions(ids, mask, segments, position_ids, labels, rope_deltas, split,
                                         num_items_in_batch, loss_per_sample, past_length)
 
     def plan_from_positions(self, ids, mask, segments, position_ids, labels, rope_deltas, split: bool,
                             num_items_in_batch, loss_per_sample: bool, past_length: int = 0) -> SequencePlan:
-        """`sequence_plan` once the positions are known (each family computes its own)."""
+        """The rest of `sequence_plan` once the positions are known."""
         position_ids = host(position_ids, np.int64)
         if position_ids.ndim == 2:
             position_ids = np.broadcast_to(position_ids, (3,) + position_ids.shape)
@@ -259,7 +258,7 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
         # float, not bool: a recomputed layer differentiates its inputs, and MindSpore 2.7.2 fails on bool ones
         padded = segments is None and mask is not None and not mask.all()
         key_padding_mask = Tensor(mask.astype(np.float32)) if padded else None
-        segment_ids = None if segments is None else Tensor(segments.astype(np.float32))
+        segment_ids = segments
         targets, weights, count = self.loss_targets(labels, segments, num_items_in_batch, loss_per_sample)
         topo = self.topology
         if split and topo.cp.size > 1:

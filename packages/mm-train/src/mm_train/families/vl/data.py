@@ -41,9 +41,8 @@ class VLDataSection(DataSection):
     max_tokens: Optional[int] = None
 
     def __post_init__(self):
-        if self.max_tokens is not None and (not self.packing or self.max_tokens < 1):
-            raise ValueError(f"data.max_tokens={self.max_tokens} is the packed rows' token budget: set it >= 1 with "
-                             "data.packing: true")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"data.max_tokens={self.max_tokens} is the packed rows' token budget: set it >= 1")
         if (self.dataset_info is None) != (self.dataset is None):
             raise ValueError("data.dataset_info and data.dataset go together: the dataset_info.json and the name(s) "
                              "of the data set(s) in it to read")
