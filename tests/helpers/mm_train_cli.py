@@ -26,7 +26,7 @@ def mm_train(*args, data, timeout=600):
 
 FIELDS = {"step", "loss", "grad_norm", "lr", "samples_per_s", "tokens_per_s", "mfu", "mem_bytes", "skipped"}
 EVAL_FIELDS = {"val_loss", "samples"}  # the rows of the steps that validate / sample (mm_train.evaluation)
-PACKING_FIELDS = {"padding_fraction", "tokens_max_over_mean"}  # packed runs' rows
+PACKING_FIELDS = {"padding_fraction", "tokens_max_over_mean", "batch_samples"}  # packed runs' rows
 
 
 def rows_of(out):

@@ -97,3 +97,49 @@ def test_a_sampler_with_costs_gives_each_rank_its_balanced_share():
     # the heaviest rank's worst kind (a few images over 4 ranks cannot be even): always lighter
     assert all(b < c for b, c in zip(worst["balanced"], worst["contiguous"])), worst
     assert samplers[0].cost(5) == (0.0, 0.0)
+
+
+def test_a_token_budget_cuts_global_batches_by_tokens_and_positions_walk_the_epochs():
+    """BucketBatchSampler(global_batch_tokens=...): the shuffled samples in order, as many as the
+    budget holds (more only to give every rank one), whatever the data-parallel size; every epoch
+    is cut anew, so `state_at` is the position the stream reaches after that many batches; a
+    saved position of samples is refused by a sampler of tokens (and back)."""
+    from mm_data import DataLoader
+    from mm_data.sampler import BucketBatchSampler
+
+    rng = np.random.default_rng(4)
+    tokens = np.minimum(rng.lognormal(np.log(563), 0.8, 96), 4096).astype(int)
+    budget = 4096
+    one = BucketBatchSampler(96, None, seed=2, costs=lambda i: (tokens[i],), global_batch_tokens=budget)
+    four = [BucketBatchSampler(96, None, r, 4, seed=2, costs=lambda i: (tokens[i],), global_batch_tokens=budget)
+            for r in range(4)]
+    for epoch in (0, 1):
+        order = np.random.default_rng([2, epoch]).permutation(96)
+        rank = {int(i): k for k, i in enumerate(order)}
+        batches = sorted(one.epoch_batches(epoch), key=lambda b: rank[int(b[0])])  # cut in order, then shuffled
+        taken = np.concatenate(batches)
+        assert (taken == order[:len(taken)]).all()  # in the epoch's order, the rest under one budget left over
+        assert tokens[order[len(taken):]].sum() < budget
+        for batch, next_one in zip(batches, [b[0] for b in batches[1:]] + [None]):
+            assert tokens[batch].sum() <= budget or len(batch) == 1
+            if next_one is not None:  # full: the next sample would not have fit
+                assert tokens[batch].sum() + tokens[next_one] > budget
+        with_four = sorted(four[0].epoch_batches(epoch), key=lambda b: rank[int(b[0])])
+        for batch, other in zip(batches, with_four):  # the same cut until a batch holds fewer than 4
+            if len(batch) < 4:
+                break
+            assert (batch == other).all()
+        assert all(len(b) >= 4 for b in with_four)
+    walked = itertools.islice(one.positions(), 3 * len(one.epoch_batches(0)))
+    for step, (epoch, position, _) in enumerate(walked):
+        assert one.state_at(step) == {"epoch": epoch, "position": position, "seed": 2, "global_batch_size": None,
+                                      "global_batch_tokens": budget}
+    counted = BucketBatchSampler(96, 8, seed=2)
+    with pytest.raises(ValueError, match="made with global_batch_size=8, this sampler has None"):
+        DataLoader(list(range(96)), one).load_state_dict(counted.state_at(3))
+    with pytest.raises(ValueError, match="made with global_batch_size=None, this sampler has 8"):
+        DataLoader(list(range(96)), counted).load_state_dict(one.state_at(3))
+    with pytest.raises(ValueError, match="exactly one"):
+        BucketBatchSampler(96, 8, costs=lambda i: (tokens[i],), global_batch_tokens=budget)
+    with pytest.raises(ValueError, match="needs costs"):
+        BucketBatchSampler(96, None, global_batch_tokens=budget)

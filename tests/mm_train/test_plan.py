@@ -377,3 +377,25 @@ def test_the_omni_plan_counts_its_audio_tower():
     frozen, trained = _planned("qwen2_5_omni_7b_sft"), _planned("qwen2_5_omni_7b_sft", "model.freeze=[vision]")
     assert trained["ranks"][0]["activations_bytes"] > frozen["ranks"][0]["activations_bytes"]
     assert trained["step_time_s"] > frozen["step_time_s"]
+
+
+def test_a_packed_row_is_planned_as_its_samples_in_a_row_of_the_budget():
+    """data.packing: a micro-batch is one row of as many data.max_length samples as the budget
+    holds, attention per sample (the sum of the squares of the segments). A budget of exactly two
+    samples plans like two samples a micro-batch unpacked (an independent path through the
+    planner); a budget two and a half samples long keeps the same samples in a longer row (20 %
+    padding assumed, more memory); a step of global_batch_tokens is that many samples' tokens."""
+    two = _planned("qwen2_5_vl_7b_sft", "data.max_tokens=8192")
+    unpacked = _planned("qwen2_5_vl_7b_sft", "data.packing=false", "train.micro_batch_size=2")
+    assert two["packing"] == {"samples_per_row": 2, "row_tokens": 8192, "row_positions": 8192,
+                              "padding_fraction": 0.0} and unpacked["packing"] is None
+    assert two["step_time_s"] == pytest.approx(unpacked["step_time_s"], rel=1e-9)
+    assert two["breakdown"] == pytest.approx(unpacked["breakdown"], rel=1e-9)
+    assert [r["activations_bytes"] for r in two["ranks"]] == [r["activations_bytes"] for r in unpacked["ranks"]]
+    longer = _planned("qwen2_5_vl_7b_sft", "data.max_tokens=10240")
+    assert longer["packing"]["padding_fraction"] == pytest.approx(0.2)
+    assert any("20.0% padding assumed" in note for note in longer["notes"])
+    assert max(r["activations_bytes"] for r in longer["ranks"]) > max(r["activations_bytes"] for r in two["ranks"])
+    assert longer["step_time_s"] >= two["step_time_s"]  # the same FLOPs; the longer row crosses the stages
+    by_tokens = _planned("qwen2_5_vl_7b_sft", "data.max_tokens=8192", f"train.global_batch_tokens={64 * 4096}")
+    assert by_tokens["batch_samples"] == 64 and by_tokens["step_time_s"] == pytest.approx(two["step_time_s"])

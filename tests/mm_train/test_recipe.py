@@ -28,10 +28,26 @@ def test_the_default_recipe_loads_and_overrides_apply():
     (["model.family=llama"], "not available"),
     (["train.loss_normalization=mean"], "train.loss_normalization must be token or sample"),
     (["data.max_tokens=0"], "the packed rows' token budget: set it >= 1"),
+    (["train.global_batch_tokens=4096", "data.packing=false"], "does not pack: set data.packing: true"),
+    (["train.global_batch_tokens=0"], "train.global_batch_tokens must be >= 1"),
 ])
 def test_bad_recipes_are_refused_with_a_hint(overrides, message):
     with pytest.raises(ValueError, match=message):
         load_recipe(None, overrides)
+
+
+def test_a_step_counts_samples_or_tokens():
+    """Unset, a step is 8 samples; with train.global_batch_tokens its rows' number is free (one
+    micro-batch is what check_layout can promise); a video recipe, which does not pack, refuses it."""
+    assert load_recipe(None).train.global_batch_size == 8
+    recipe = load_recipe(None, ["train.global_batch_tokens=4096"])
+    assert recipe.train.global_batch_size is None and check_layout(recipe, 2) == 1
+    assert build_recipe(recipe.to_dict()).train == recipe.train  # as recipe.json keeps it
+    assert load_recipe("qwen3_vl_tiny", ["train.global_batch_tokens=512"]).train.global_batch_size is None
+    with pytest.raises(ValueError, match="not both"):
+        build_recipe({**recipe.to_dict(), "train": {"global_batch_size": 8, "global_batch_tokens": 512}})
+    with pytest.raises(ValueError, match="does not pack"):
+        load_recipe("wan2_1_i2v_tiny", ["train.global_batch_tokens=4096"])
 
 
 def test_unknown_section_in_a_file(tmp_path):

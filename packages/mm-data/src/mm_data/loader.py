@@ -190,8 +190,8 @@ class DataLoader:
         return self.sampler.state(self.epoch, self.position)
 
     def load_state_dict(self, state: dict) -> None:
-        for key in ("seed", "global_batch_size"):
-            if key in state and state[key] != getattr(self.sampler, key):
+        for key in ("seed", "global_batch_size", "global_batch_tokens"):
+            if state.get(key) != getattr(self.sampler, key, None) and (key in state or key == "global_batch_tokens"):
                 raise ValueError(f"the saved data position was made with {key}={state[key]}, this sampler has "
                                  f"{getattr(self.sampler, key)}: resuming would not continue the same stream")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])

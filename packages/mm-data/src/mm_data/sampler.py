@@ -11,6 +11,13 @@ within each key, cut into global batches, and the batches of all keys shuffled t
 remainder smaller than a batch waits for the next epoch's shuffle (``drop_last``) or forms a
 short batch (one rank only). The position in the stream is two integers, (epoch, batch in epoch).
 
+With ``global_batch_tokens`` instead of ``global_batch_size`` a global batch counts tokens (the
+first of each sample's ``costs``): the shuffled samples are taken in order while the batch stays
+within the budget, and at least ``dp_size`` of them (every rank gets one), so a batch holds as
+many samples as fit (LLaMA-Factory's and VeOmni's token-budget batches, cut the same on every
+layout). The number of batches then differs between epochs and `state_at` walks the epochs; the
+first epoch reads every sample's cost (headers and probes, once).
+
 With ``indices`` the sampler draws from those samples only (a held-out split's complement, or the
 split itself): `held_out_split` fixes which by the seed alone, so every layout and every resumed
 run holds out the same samples, and a bad sample is replaced from within the same part.
@@ -53,11 +60,16 @@ def held_out_split(num_samples: int, fraction: float, seed: int) -> Tuple[np.nda
 class BucketBatchSampler:
     """See the module docstring."""
 
-    def __init__(self, num_samples: int, global_batch_size: int, dp_rank: int = 0, dp_size: int = 1,
+    def __init__(self, num_samples: int, global_batch_size: Optional[int], dp_rank: int = 0, dp_size: int = 1,
                  keys: Optional[Sequence[Hashable]] = None, seed: int = 0, shuffle: bool = True,
                  drop_last: bool = True, indices: Optional[Sequence[int]] = None,
-                 costs: Optional[Callable[[int], Sequence[float]]] = None):
-        if global_batch_size < 1 or global_batch_size % dp_size:
+                 costs: Optional[Callable[[int], Sequence[float]]] = None, global_batch_tokens: Optional[int] = None):
+        if (global_batch_size is None) == (global_batch_tokens is None):
+            raise ValueError("set exactly one of global_batch_size (samples) and global_batch_tokens (tokens)")
+        if global_batch_tokens is not None and (global_batch_tokens < 1 or costs is None):
+            raise ValueError(f"global_batch_tokens={global_batch_tokens} must be >= 1 and needs costs (each "
+                             "sample's tokens first)")
+        if global_batch_size is not None and (global_batch_size < 1 or global_batch_size % dp_size):
             raise ValueError(f"global_batch_size={global_batch_size} must be a positive multiple of the "
                              f"data-parallel size {dp_size}")
         if not 0 <= dp_rank < dp_size:
@@ -67,7 +79,8 @@ class BucketBatchSampler:
                              f"{dp_size} data-parallel ranks; use drop_last=True (short batches are for one rank)")
         if keys is not None and len(keys) != num_samples:
             raise ValueError(f"{len(keys)} keys for {num_samples} samples")
-        self.num_samples, self.global_batch_size = num_samples, global_batch_size
+        self.num_samples, self.global_batch_size, self.global_batch_tokens = (num_samples, global_batch_size,
+                                                                              global_batch_tokens)
         self.dp_rank, self.dp_size, self.seed, self.shuffle, self.drop_last = dp_rank, dp_size, seed, shuffle, drop_last
         chosen = range(num_samples) if indices is None else [int(i) for i in indices]
         if indices is not None and any(not 0 <= i < num_samples for i in chosen):
@@ -81,12 +94,32 @@ class BucketBatchSampler:
         self._cached_epoch, self._cached = None, []
         if not self.epoch_batches(0):
             sizes = {str(k): len(v) for k, v in self.groups.items()}
-            raise DataError(f"no global batch of {global_batch_size} can be formed from {len(chosen)} samples "
+            size = global_batch_size if global_batch_tokens is None else f"{global_batch_tokens} tokens"
+            raise DataError(f"no global batch of {size} can be formed from {len(chosen)} samples "
                             f"(samples per bucket: {sizes}); lower the batch size or add data")
 
     @property
     def local_batch_size(self) -> int:
+        if self.global_batch_size is None:
+            raise ValueError("a sampler of global_batch_tokens has no fixed batch size")
         return self.global_batch_size // self.dp_size
+
+    def _cut(self, members: np.ndarray) -> Tuple[List[np.ndarray], np.ndarray]:
+        """(the global batches of one key's shuffled samples, the remainder)."""
+        if self.global_batch_tokens is None:
+            cut = len(members) // self.global_batch_size * self.global_batch_size
+            return list(members[:cut].reshape(-1, self.global_batch_size)), members[cut:]
+        batches, start, used = [], 0, 0.0
+        for end, index in enumerate(members):
+            tokens = self.cost(int(index))[0]
+            if end - start >= self.dp_size and used + tokens > self.global_batch_tokens:
+                batches.append(members[start:end])
+                start, used = end, 0.0
+            used += tokens
+        rest = members[start:]
+        if len(rest) >= self.dp_size and used >= self.global_batch_tokens:
+            return batches + [rest], rest[:0]
+        return batches, rest
 
     def epoch_batches(self, epoch: int) -> List[np.ndarray]:
         """The global batches of ``epoch``, in order."""
@@ -96,10 +129,10 @@ class BucketBatchSampler:
             for key in sorted(self.groups, key=repr):  # a fixed key order, whatever the insertion order
                 members = self.groups[key]
                 members = rng.permutation(members) if self.shuffle else members
-                cut = len(members) // self.global_batch_size * self.global_batch_size
-                batches += list(members[:cut].reshape(-1, self.global_batch_size))
-                if cut < len(members) and not self.drop_last:
-                    batches.append(members[cut:])
+                full, rest = self._cut(members)
+                batches += full
+                if len(rest) and not self.drop_last:
+                    batches.append(rest)
             if self.shuffle:
                 batches = [batches[i] for i in rng.permutation(len(batches))]
             self._cached_epoch, self._cached = epoch, batches
@@ -143,13 +176,21 @@ class BucketBatchSampler:
     def state(self, epoch: int, position: int) -> dict:
         """A position in the stream as a loader saves it (JSON): epoch, batch in the epoch, and the
         seed and global batch size it is only valid for."""
-        return {"epoch": epoch, "position": position, "seed": self.seed, "global_batch_size": self.global_batch_size}
+        state = {"epoch": epoch, "position": position, "seed": self.seed, "global_batch_size": self.global_batch_size}
+        if self.global_batch_tokens is not None:
+            state["global_batch_tokens"] = self.global_batch_tokens
+        return state
 
     def state_at(self, step: int) -> dict:
-        """The position at the start of training step ``step`` (one global batch a step; every
-        epoch has as many batches as the first)."""
-        epoch, position = divmod(step, len(self.epoch_batches(0)))
-        return self.state(epoch, position)
+        """The position at the start of training step ``step`` (one global batch a step; batches of
+        samples: every epoch has as many as the first; of tokens: the epochs are walked)."""
+        if self.global_batch_tokens is None:
+            return self.state(*divmod(step, len(self.epoch_batches(0))))
+        epoch = 0
+        while step >= len(self.epoch_batches(epoch)):
+            step -= len(self.epoch_batches(epoch))
+            epoch += 1
+        return self.state(epoch, step)
 
     def positions(self, epoch: int = 0, batch: int = 0):
         """(epoch, batch in epoch, global batch) from the given position on, forever."""

@@ -196,7 +196,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
         with open(os.path.join(out, "recipe.json"), "w") as f:
             json.dump(recipe.to_dict(), f, indent=2, default=str)
     bar = Progress(recipe.train.steps, progress and writer)
-    global_batch = recipe.train.global_batch_size
+    global_batch = recipe.train.global_batch_size or 0  # a token budget's batches say theirs (batch_samples)
     log = _metrics_log(os.path.join(out, "metrics.jsonl"), first) if writer else None
     board = tensorboard_log.open_for(recipe, first, writer)
     every = recipe.checkpoint.every
@@ -221,7 +221,8 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
                                         peak_flops=_peak_flops(recipe.cluster.device, recipe.train.precision),
                                         world_size=topo.world_size, dp_size=topo.dp.size)
             tokens = sum(task.tokens(b) for b in batches)
-            packing = _packing_figures(tokens, sum(b["input_ids"].size for b in batches), topo) if packed else {}
+            packing = _packing_figures(tokens, sum(b["input_ids"].size for b in batches),
+                                       sum(task.samples(b) for b in batches), topo) if packed else {}
             batches = [task.model_inputs(b) for b in batches]
             if normalization:
                 batches = with_loss_divisor(batches, chunks[0], normalization, topo)
@@ -368,15 +369,17 @@ def _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer, grad_dt
     return losses, [g * (1.0 / len(batches)) for g in total] if len(batches) > 1 else total
 
 
-def _packing_figures(tokens: int, positions: int, topo) -> Dict:
-    """A packed step's ``padding_fraction`` (the computed positions, over dp, that are padding)
-    and ``tokens_max_over_mean`` (the busiest dp rank's real tokens over the mean): one all-gather
-    over dp, (1,) tensors read with the step's other figures (step_rows)."""
-    local = ms.Tensor(np.array([tokens, positions], np.float32))
-    both = comm.all_gather(local[None], topo.dp) if topo.dp.size > 1 else local[None]
-    real, computed = both[:, 0], both[:, 1]
+def _packing_figures(tokens: int, positions: int, samples: int, topo) -> Dict:
+    """A packed step's ``padding_fraction`` (the computed positions, over dp, that are padding),
+    ``tokens_max_over_mean`` (the busiest dp rank's real tokens over the mean) and
+    ``batch_samples`` (the global batch's samples): one all-gather over dp, (1,) tensors read with
+    the step's other figures (step_rows)."""
+    local = ms.Tensor(np.array([tokens, positions, samples], np.float32))
+    gathered = comm.all_gather(local[None], topo.dp) if topo.dp.size > 1 else local[None]
+    real, computed = gathered[:, 0], gathered[:, 1]
     return {"padding_fraction": (1 - real.sum() / computed.sum()).reshape(1),
-            "tokens_max_over_mean": (real.max() / real.mean()).reshape(1)}
+            "tokens_max_over_mean": (real.max() / real.mean()).reshape(1),
+            "batch_samples": gathered[:, 2].sum().reshape(1)}
 
 
 def _row_due(recipe, step: int) -> bool:

@@ -6,8 +6,8 @@
                 fields of that kind's own typed section (mm_train.families.<wing>.<family>)
     parallel:   the fields of mm_parallel.ParallelConfig (tp, pp, vpp, cp, cp_algo, ...)
     optim:      the fields of mm_parallel.OptimizerConfig (lr, lr_schedule, warmup_steps, ...)
-    train:      steps, global_batch_size, micro_batch_size, seed, log_every, precision (bf16 | fp16 |
-                fp32), grad_dtype
+    train:      steps, global_batch_size | global_batch_tokens, micro_batch_size, seed, log_every,
+                precision (bf16 | fp16 | fp32), grad_dtype
     checkpoint: every, keep, save_dtype, shared_fs
     cluster:    nodes, devices_per_node, device: where the recipe is meant to run (`mm-train plan`)
     logging:    tensorboard (event files beside metrics.jsonl), tensorboard_dir
@@ -119,10 +119,16 @@ class DataSection:
             raise ValueError(f"data.kind {self.kind} needs data.path: {what}")
 
 
+BATCH_COUNTS = ("global_batch_size", "global_batch_tokens")  # a step counts one of them
+
+
 @dataclass
 class TrainSection:
     steps: int = 100
-    global_batch_size: int = 8
+    # a step's samples, or with global_batch_tokens (packed VL data) its tokens: exactly one is set
+    # (unset both: 8 samples; --set of one unsets the recipe file's other)
+    global_batch_size: Optional[int] = None
+    global_batch_tokens: Optional[int] = None
     micro_batch_size: int = 4
     seed: int = 0
     log_every: int = 1
@@ -139,8 +145,14 @@ class TrainSection:
     loss_normalization: Optional[str] = None
 
     def __post_init__(self):
-        for name in ("steps", "global_batch_size", "micro_batch_size", "log_every", "max_nonfinite_steps"):
-            if getattr(self, name) < 1:
+        if self.global_batch_size is not None and self.global_batch_tokens is not None:
+            raise ValueError("set one of train.global_batch_size (samples a step) and train.global_batch_tokens "
+                             "(tokens a step), not both (--set of one on the command line unsets the other)")
+        if self.global_batch_tokens is None and self.global_batch_size is None:
+            self.global_batch_size = 8
+        for name in ("steps", "global_batch_size", "global_batch_tokens", "micro_batch_size", "log_every",
+                     "max_nonfinite_steps"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.collective_timeout < 0:
             raise ValueError(f"train.collective_timeout must be >= 0 seconds (0: no timeout), "
@@ -427,6 +439,8 @@ def build_recipe(values: Optional[dict] = None, overrides: Sequence[str] = ()) -
             target[part] = inner = dict(inner)
             target = inner
         target[leaf] = value
+        if section == "train" and leaf in BATCH_COUNTS and value is not None:  # the command line's count wins
+            target.pop(next(k for k in BATCH_COUNTS if k != leaf), None)
     built = {}
     for name, cls in sections.items():
         given = dict(values.get(name) or {})
@@ -437,6 +451,10 @@ def build_recipe(values: Optional[dict] = None, overrides: Sequence[str] = ()) -
         built[name] = _typed(name, cls, given)
     output_dir = str(values.get("output_dir", "runs/default"))
     own = {name: built.pop(name) for name in spec.sections}
+    if built["train"].global_batch_tokens is not None and not getattr(built["data"], "packing", False):
+        raise ValueError(f"train.global_batch_tokens counts the tokens of packed rows, and data.kind "
+                         f"{built['data'].kind} of family {spec.name} does not pack: set data.packing: true where "
+                         "the data section has it, or count samples with train.global_batch_size")
     return Recipe(profile=_profile(values.get("profile"), output_dir), output_dir=output_dir, family_sections=own,
                   **built)
 
@@ -503,6 +521,11 @@ def check_layout(recipe: Recipe, world_size: int) -> int:
                          f"{model_parallel}; use a multiple of {model_parallel} processes")
     dp = world_size // model_parallel
     per_step = train.micro_batch_size * dp
+    if recipe.eval.every and (recipe.eval.batch_size or per_step) % per_step:
+        raise ValueError(f"eval.batch_size={recipe.eval.batch_size} is not a multiple of micro_batch_size x dp = "
+                         f"{train.micro_batch_size} x {dp}; validation batches must split into whole micro-batches")
+    if train.global_batch_tokens is not None:  # packed rows under a token budget: their number is free
+        return 1
     if train.global_batch_size % per_step:
         raise ValueError(f"train.global_batch_size={train.global_batch_size} is not a multiple of micro_batch_size x "
                          f"dp = {train.micro_batch_size} x {dp}; the global batch must split into whole micro-batches")
@@ -510,7 +533,4 @@ def check_layout(recipe: Recipe, world_size: int) -> int:
         raise ValueError(f"with vpp > 1 the micro-batches per step and rank ({train.global_batch_size // per_step}) "
                          f"must be a multiple of pp={par.pp} (the interleaved schedule's rule); change "
                          "global_batch_size or micro_batch_size")
-    if recipe.eval.every and (recipe.eval.batch_size or per_step) % per_step:
-        raise ValueError(f"eval.batch_size={recipe.eval.batch_size} is not a multiple of micro_batch_size x dp = "
-                         f"{train.micro_batch_size} x {dp}; validation batches must split into whole micro-batches")
     return train.global_batch_size // per_step

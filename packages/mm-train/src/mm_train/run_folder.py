@@ -9,7 +9,7 @@ pick the wrong run. The choices: ``--resume`` (continue that run), another outpu
 A resumed run compares its recipe with the one the checkpoint recorded (`resume_changes`): the
 layout (parallel.*), the length (train.steps), logging, checkpointing, profiling and the
 micro-batch size may change — the numbers stay those of the run being continued; the model and
-what decides the data order (data.*, train.seed, train.global_batch_size) may not; anything else
+what decides the data order (data.*, train.seed, train.global_batch_size / _tokens) may not; anything else
 (the learning rate, precision ...) is allowed and named in the log.
 """
 
@@ -35,7 +35,7 @@ RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "loss.png", "bad_samples.jsonl", 
                "profile")
 _FREE = ("parallel.", "train.steps", "train.micro_batch_size", "train.log_every", "checkpoint.", "profile",
          "output_dir", "data.num_workers", "data.max_bad_fraction", "model.path", "model.recompute")
-_FIXED = ("model.", "data.", "train.seed", "train.global_batch_size")
+_FIXED = ("model.", "data.", "train.seed", "train.global_batch_size", "train.global_batch_tokens")
 PACKAGES = ("mm-train", "mm-parallel", "mm-models-vl", "mm-models-video", "mm-data", "mm-profiling", "mindspore",
             "numpy", "safetensors", "transformers")
 
@@ -107,7 +107,7 @@ def resume_changes(saved: Optional[dict], current: dict) -> Tuple[List[str], Lis
     docstring."""
     if saved is None:  # a checkpoint from before recipes were saved with it
         return [], []
-    old, new = _flat(saved), _flat(json.loads(json.dumps(current, default=str)))
+    old, new = (_flat(json.loads(json.dumps(recipe, default=str))) for recipe in (saved, current))  # as JSON has them
     refused, noted = [], []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)

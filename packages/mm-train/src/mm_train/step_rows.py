@@ -25,8 +25,9 @@ from typing import Callable, Dict, List, Optional
 import mindspore as ms
 from mindspore import Tensor, ops
 
-PACKING_FIELDS = ("padding_fraction", "tokens_max_over_mean")  # rows of packed runs (mm_train.loop)
-KINDS = {"skipped": bool, "overflow": bool, "tokens": int}  # float unless named here
+# rows of packed runs (mm_train.loop); batch_samples: the global batch's samples (a token budget's vary)
+PACKING_FIELDS = ("padding_fraction", "tokens_max_over_mean", "batch_samples")
+KINDS = {"skipped": bool, "overflow": bool, "tokens": int, "batch_samples": int}  # float unless named here
 # tokens cross as float32: exact up to 2^24 per step, rounded beyond (a throughput figure only)
 
 
@@ -107,7 +108,8 @@ class Rows:
 
     def __init__(self, recipe, optimizer, samples: int, dp: int, log=None, board=None, bar=None,
                  memory_bytes=lambda: None):
-        """``samples``: per dp rank and step; the tokens figure counts the dp group's. ``meter``
+        """``samples``: per dp rank and step (a packed step's ``batch_samples`` figure, when it has
+        one, says it instead); the tokens figure counts the dp group's. ``meter``
         (the run's mm_profiling Throughput) is set before the first row is written."""
         self.recipe, self.optimizer, self.dp, self.meter = recipe, optimizer, dp, None
         self.samples, self.log, self.board, self.bar, self.memory_bytes = samples, log, board, bar, memory_bytes
@@ -136,7 +138,8 @@ class Rows:
         self.bad_in_a_row = self.bad_in_a_row + 1 if figures["skipped"] and not scaling else 0
         self.skipped_total += int(figures["skipped"])
         step = figures["step"]
-        speed = self.meter.record(figures["seconds"], samples=self.samples, tokens=figures["tokens"] // self.dp)
+        samples = figures["batch_samples"] / self.dp if "batch_samples" in figures else self.samples
+        speed = self.meter.record(figures["seconds"], samples=samples, tokens=figures["tokens"] // self.dp)
         row = {"step": step, "loss": finite(figures["loss"]), "grad_norm": finite(figures["grad_norm"]),
                "lr": figures["lr"], "samples_per_s": speed["cluster_samples_per_s"],
                "tokens_per_s": speed["cluster_tokens_per_s"], "mfu": speed["mfu"], "mem_bytes": figures["mem_bytes"],

@@ -50,6 +50,8 @@ class Task(Protocol):
 
     def tokens(self, batch: Dict) -> int: ...  # real tokens of a micro-batch (throughput)
 
+    def samples(self, batch: Dict) -> int: ...  # the samples of a micro-batch (a packed row holds several)
+
     def packed(self) -> bool: ...  # micro-batches are packed rows (their metrics: padding, balance)
 
     def loss_normalization(self) -> Optional[str]: ...  # token | sample | None (mm_train.loss_share)
@@ -166,6 +168,10 @@ class FamilyTask:
 
     def model_inputs(self, batch: Dict) -> Dict:
         return batch
+
+    def samples(self, batch: Dict) -> int:
+        """A micro-batch's samples: its rows (a family that packs several samples a row says more)."""
+        return len(next(iter(batch.values())))
 
     def flops_per_sample(self, model, batch: Dict) -> float:
         return model.flops(batch)

@@ -16,10 +16,10 @@ SHORT = ["--set", "train.steps=3", "--set", "data.samples=32", "--set", "checkpo
 PACKED = ["--set", "data.packing=true", "--set", "data.max_tokens=96"]
 
 
-def parameters(out):
+def parameters(out, folder=os.path.join("checkpoints", "step_3", "model")):
     from safetensors.numpy import load_file
 
-    folder = os.path.join(out, "checkpoints", "step_3", "model")
+    folder = os.path.join(out, folder)
     tensors = {}
     for name in sorted(os.listdir(folder)):
         if name.endswith(".safetensors"):
@@ -37,6 +37,34 @@ def parameter_errors(got, expected) -> dict:
     rounding noise left in it into steps of the learning rate's size."""
     assert set(got) == set(expected)
     return {key: rel(got[key], expected[key]) for key in expected if not key.endswith("k_proj.bias")}
+
+
+def mixed_set(root) -> list:
+    """--set arguments of a LLaMA-Factory set of 16 samples, every other one with a 56 x 56
+    picture (and a longer answer), the rest text only."""
+    import json
+    from pathlib import Path
+
+    from helpers.media import write_image
+
+    from mm_train.families.tiny_sets import train_tokenizer
+    from mm_train.families.vl.tiny import SPECIAL
+
+    root.mkdir()
+    for i in range(4):
+        write_image(str(root / f"img{i}.png"), 56, 56, seed=i)
+    entries = []
+    for i in range(16):
+        picture = i % 2 == 0
+        entries.append({"messages": [{"role": "user", "content": ("<image>" if picture else "") + "What is it?"},
+                                     {"role": "assistant", "content": "A square." if picture else "Words."}],
+                        **({"images": [f"img{i % 4}.png"]} if picture else {})})
+    (root / "sft.json").write_text(json.dumps(entries))
+    train_tokenizer(["What is it?", "A square.", "Words.", "user\n", "assistant\n"], Path(root / "tokenizer.json"),
+                    SPECIAL)
+    return ["--set", "data.kind=llamafactory", "--set", f"data.path={root / 'sft.json'}", "--set",
+            f"data.tokenizer={root / 'tokenizer.json'}", "--set", "data.min_pixels=3136", "--set",
+            "data.max_pixels=3136"]
 
 
 def test_packed_rows_train_like_the_samples_unpacked_on_every_layout(tmp_path, run_distributed):
@@ -80,30 +108,7 @@ def test_ranks_whose_micro_batches_hold_no_image_neither_hang_nor_drift(tmp_path
     """Half of the samples text-only, one sample per micro-batch (unpacked) while the vision tower
     trains: under dp2, pp2 and tp2 some ranks and stages run micro-batches (whole steps, on some
     ranks) with no picture; every layout equals one process, packed (rows) too."""
-    import json
-    from pathlib import Path
-
-    from helpers.media import write_image
-
-    from mm_train.families.tiny_sets import train_tokenizer
-    from mm_train.families.vl.tiny import SPECIAL
-
-    root = tmp_path / "mixed"
-    root.mkdir()
-    for i in range(4):
-        write_image(str(root / f"img{i}.png"), 56, 56, seed=i)
-    entries = []
-    for i in range(16):
-        picture = i % 2 == 0
-        entries.append({"messages": [{"role": "user", "content": ("<image>" if picture else "") + "What is it?"},
-                                     {"role": "assistant", "content": "A square." if picture else "Words."}],
-                        **({"images": [f"img{i % 4}.png"]} if picture else {})})
-    (root / "sft.json").write_text(json.dumps(entries))
-    train_tokenizer(["What is it?", "A square.", "Words.", "user\n", "assistant\n"], Path(root / "tokenizer.json"),
-                    SPECIAL)
-    data = ["--set", "data.kind=llamafactory", "--set", f"data.path={root / 'sft.json'}", "--set",
-            f"data.tokenizer={root / 'tokenizer.json'}", "--set", "data.min_pixels=3136", "--set",
-            "data.max_pixels=3136", "--set", "train.global_batch_size=4", "--set", "train.micro_batch_size=1"]
+    data = mixed_set(tmp_path / "mixed") + ["--set", "train.global_batch_size=4", "--set", "train.micro_batch_size=1"]
     unpacked = ["--set", "data.packing=false", "--set", "train.loss_normalization=token"]
     train(run_distributed, *SHORT, *data, *unpacked, "--set", f"output_dir={tmp_path / 'single'}", data=tmp_path)
     expected, curve = parameters(tmp_path / "single"), losses(tmp_path / "single")
@@ -117,3 +122,24 @@ def test_ranks_whose_micro_batches_hold_no_image_neither_hang_nor_drift(tmp_path
         errors = parameter_errors(got, expected)
         assert max(errors.values()) <= 1e-4, (name, sorted(errors.items(), key=lambda kv: -kv[1])[:3])
         assert any(key.startswith("visual.") or ".visual." in key for key in got)  # the tower trained and saved
+
+
+def test_steps_of_a_token_budget_resume_exactly_under_another_layout(tmp_path, run_distributed):
+    """train.global_batch_tokens: each step takes as many samples as the budget holds (their
+    number, batch_samples, varies with the samples' lengths); the data position is a function of
+    the step, so a run of 4 steps on one process equals 2 steps under dp2 resumed for 2 more on
+    one process — losses step by step and every parameter at the end."""
+    budget = ["--set", "train.global_batch_tokens=64", *mixed_set(tmp_path / "mixed"), "--set", "checkpoint.every=2",
+              *PACKED, "--no-progress"]
+    train(run_distributed, *budget, "--set", "train.steps=4", "--set", f"output_dir={tmp_path / 'whole'}",
+          data=tmp_path)
+    train(run_distributed, *budget, "--set", "train.steps=2", "--set", f"output_dir={tmp_path / 'split'}", nproc=2,
+          data=tmp_path)
+    train(run_distributed, *budget, "--set", "train.steps=4", "--set", f"output_dir={tmp_path / 'split'}", "--resume",
+          data=tmp_path)
+    whole = rows_of(tmp_path / "whole")
+    assert len({row["batch_samples"] for row in whole}) > 1, whole  # the budget, not a count, sets a step's samples
+    assert losses(tmp_path / "split") == pytest.approx(losses(tmp_path / "whole"), rel=1e-5)
+    folder = os.path.join("checkpoints", "step_4", "model")
+    errors = parameter_errors(parameters(tmp_path / "split", folder), parameters(tmp_path / "whole", folder))
+    assert max(errors.values()) <= 1e-4, sorted(errors.items(), key=lambda kv: -kv[1])[:3]

@@ -18,7 +18,7 @@ import yaml
 
 from mm_train import preflight
 from mm_train.plan import memory, timing
-from mm_train.recipe import check_layout
+from mm_train.plan.batches import step_batches
 
 # Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore).
 
@@ -95,12 +95,13 @@ def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] =
 
     spec_device = device_spec(cluster["device"], known)
     world = cluster["nodes"] * cluster["devices_per_node"]
-    micro_batches = check_layout(recipe, world)
     raw, config = configs
     family = recipe.family
     if not family.workload:
         raise ValueError(f"family {family.name} gives no workload: mm-train plan cannot predict it")
     workload = family.workload(recipe, config)
+    step = step_batches(recipe, workload, world)
+    micro_batches, modelled = step.micro_batches, step.recipe  # packed: rows taken as samples (plan.batches)
     built = {} if built is None else built
     par = recipe.parallel
     ranks, peak, slowest = [], 0, None
@@ -111,17 +112,17 @@ def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] =
             built[key] = memory.build_chunks(family, recipe, raw, config, topo)
         entry = {"tp_rank": position.tp, "pp_stage": position.pp, "ep_rank": position.ep, "count": position.count,
                  **memory.static_bytes(built[key], recipe, topo),
-                 **memory.activation_bytes(workload, recipe, topo, spec_device, micro_batches)}
+                 **memory.activation_bytes(step.workload, modelled, topo, spec_device, micro_batches)}
         # the step's buffers come after the backward has freed the activations: the larger counts
         entry["total_bytes"] = sum(entry[k] for k in ("weights_bytes", "grads_bytes", "optimizer_bytes")) + max(
             entry["activations_bytes"], entry["optimizer_step_buffers_bytes"])
         grads_numel = entry["grads_bytes"] // memory.DTYPE_BYTES[recipe.train.grad_dtype]
-        times = timing.step_time(workload, recipe, topo, spec_device, cluster, known["efficiency"], grads_numel,
-                                 micro_batches)
+        times = timing.step_time(step.workload, modelled, topo, spec_device, cluster, known["efficiency"],
+                                 grads_numel, micro_batches)
         ranks.append(entry)
         peak = max(peak, entry["total_bytes"])
         slowest = times if slowest is None or times["step_time_s"] > slowest["step_time_s"] else slowest
-    return _summary(recipe, cluster, spec_device, world, ranks, peak, slowest, workload)
+    return _summary(recipe, cluster, spec_device, world, ranks, peak, slowest, workload, step.samples)
 
 
 def machine_device(recipe) -> str:
@@ -156,16 +157,23 @@ def refuse_unfitting(recipe, nodes: int, devices_per_node: int, force: bool = Fa
     return plan
 
 
-def _summary(recipe, cluster, device, world, ranks, peak, times, workload) -> Dict:
+def _summary(recipe, cluster, device, world, ranks, peak, times, workload, samples: int) -> Dict:
     shared = device.get("shared_memory", False)  # one host's RAM holds every process
     usable = device["memory_bytes"] * device["usable_fraction"] * HEADROOM
     demand = sum(r["total_bytes"] * r["count"] for r in ranks) if shared else peak
     step = times["step_time_s"]
-    sps = recipe.train.global_batch_size / step if step else 0.0
+    sps = samples / step if step else 0.0
     flops = timing.step_flops(workload, 3, 1) * sps  # model FLOPs: no recompute, frozen towers forward only
     terms = {k[:-2]: v for k, v in times.items() if k != "step_time_s"}
     notes = list(workload.notes)
-    return {"fits": demand <= usable, "devices": world, "cluster": cluster, "device": device["name"],
+    row = workload.packed
+    if row is not None:
+        notes.append(f"packed rows of {row.samples} samples ({row.tokens} tokens of the {row.budget}-token budget, "
+                     f"{row.positions} positions: {row.padding_fraction:.1%} padding assumed), attention per sample")
+    packing = {"samples_per_row": row.samples, "row_tokens": row.tokens, "row_positions": row.positions,
+               "padding_fraction": row.padding_fraction} if row is not None else None
+    return {"packing": packing, "batch_samples": samples,
+            "fits": demand <= usable, "devices": world, "cluster": cluster, "device": device["name"],
             "device_memory_bytes": device["memory_bytes"], "usable_bytes": int(usable), "ranks": ranks,
             "peak_bytes": int(peak), "demand_bytes": int(demand), "step_time_s": step, "samples_per_s": sps,
             "tokens_per_s": sps * workload.tokens_per_sample,

@@ -74,7 +74,9 @@ def search(recipe, nodes: Optional[int] = None, devices_per_node: Optional[int] 
     baseline = set(rules(with_layout(recipe, SINGLE), configs[0])) if rules else set()
     built: Dict = {}
     found, refused, tried = [], {}, 0
-    for layout in candidates(world, cluster["devices_per_node"], recipe.train.global_batch_size, moe):
+    # a token budget's batch (packed rows, whose number is free) holds any layout: a batch every one divides
+    batch = recipe.train.global_batch_size or world * max(MICRO_BATCH_SIZES)
+    for layout in candidates(world, cluster["devices_per_node"], batch, moe):
         tried += 1
         candidate = with_layout(recipe, layout)
         try:

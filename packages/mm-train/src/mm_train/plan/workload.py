@@ -24,12 +24,19 @@ Context parallelism divides a stack's tokens by cp (its layers see tokens / cp e
 ``runs_whole`` (the VL towers: plain linears, every rank of the first stage runs the whole tower
 on its sample) is divided by none of tp, sp and cp, has no tp / cp collectives, and its forward
 FLOPs (``flops``) are the first stage's alone, undivided.
+
+Packed data (`PackedRow`): a micro-batch is one row of ``samples`` samples, ``positions`` long
+(the budget, rounded up to the multiple the layout cuts rows into; what the samples leave of it is
+the padding the plan assumes). `Workload.per_row` is the workload of such a row: every stack's tokens and FLOPs
+``samples`` times a sample's, the language model's ``positions`` long, while its attention keys
+stay one sample's — attention costs the sum of the squares of the segments, not the square of the
+row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import List
+from dataclasses import dataclass, field, replace
+from typing import List, Optional
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,21 @@ class AttentionForm:
 
 
 @dataclass(frozen=True)
+class PackedRow:
+    """A packed micro-batch (module docstring): ``samples`` samples of ``tokens`` tokens in all, in a
+    row of ``positions`` (>= tokens) under a budget of ``budget`` tokens (data.max_tokens)."""
+
+    samples: int
+    tokens: int
+    positions: int
+    budget: int
+
+    @property
+    def padding_fraction(self) -> float:
+        return 1 - self.tokens / self.positions
+
+
+@dataclass(frozen=True)
 class Workload:
     stacks: List[LayerStack]
     flops_per_sample: float  # forward FLOPs of one sample (a training step is 3 forwards)
@@ -89,10 +111,20 @@ class Workload:
     encoder_flops: float = 0.0
     notes: List[str] = field(default_factory=list)
     attention: List[AttentionForm] = field(default_factory=list)  # the attention calls of one sample
+    packed: Optional[PackedRow] = None  # micro-batches are packed rows (data.packing)
 
     @property
     def pipelined(self) -> LayerStack:
         return next(s for s in self.stacks if s.pipelined)
+
+    def per_row(self) -> "Workload":
+        """The workload of one packed row taken as a sample (module docstring)."""
+        k, row = self.packed.samples, self.packed
+        stacks = [replace(s, tokens=row.positions if s.pipelined else s.tokens * k, flops=s.flops * k)
+                  for s in self.stacks]
+        return replace(self, stacks=stacks, flops_per_sample=self.flops_per_sample * k,
+                       tokens_per_sample=row.tokens, frozen_flops=self.frozen_flops * k,
+                       encoder_flops=self.encoder_flops * k, packed=None)
 
     def whole_flops(self, trained: bool) -> float:
         """Forward FLOPs per sample of the stacks that run whole, trained or frozen ones."""

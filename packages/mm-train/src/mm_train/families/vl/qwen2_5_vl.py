@@ -30,7 +30,7 @@ from mm_train.families.vl.data import (
     write_processing_files,
 )
 from mm_train.families.vl.generate import generate_answer
-from mm_train.plan.workload import AttentionForm, LayerStack, Workload
+from mm_train.plan.workload import AttentionForm, LayerStack, PackedRow, Workload
 from mm_train.preflight import attention_rules, layer_rules, require_divisible, require_exists
 from mm_train.registry import BuiltinRecipe, FamilySpec, register
 from mm_train.task import FamilyTask, once_on_rank_zero
@@ -163,7 +163,8 @@ class VLTask(FamilyTask):
         self.dataset = self.read_dataset(annotations)
         self.sampler = BucketBatchSampler(len(self.dataset), train.global_batch_size, topo.dp.rank, topo.dp.size,
                                           seed=train.seed, indices=self.training_indices(len(self.dataset)),
-                                          costs=self.dataset.costs if data.packing else None)
+                                          costs=self.dataset.costs if data.packing else None,
+                                          global_batch_tokens=train.global_batch_tokens)
         par = recipe.parallel  # sequences cut into equal parts: 2 per cp rank (load-balanced ring), tp under sp
         self.collate = self.dataset.collator((2 * par.cp if par.cp > 1 else 1) *
                                              (par.tp if par.sequence_parallel else 1))
@@ -254,6 +255,10 @@ class VLTask(FamilyTask):
     def tokens(batch: Dict) -> int:
         return int((batch["attention_mask"] != 0).sum())  # a packed row's mask numbers its samples
 
+    def samples(self, batch: Dict) -> int:
+        mask = batch["attention_mask"]
+        return int(mask.max(axis=-1).sum()) if self.recipe.data.packing else len(mask)
+
     def model_inputs(self, batch: Dict) -> Dict:
         if self.topo.cp.size > 1 and not self.recipe.data.packing:
             # the model takes whole unpadded rows under cp; right padding is harmless without the
@@ -315,9 +320,22 @@ def workload(recipe, config):
     attention = towers + [AttentionForm("language model", seq, text.num_attention_heads, text.num_key_value_heads,
                                         head_dim, causal=True)]
     return Workload(stacks, float(flops), seq, boundary_hidden=h, logits_vocab=text.vocab_size,
-                    frozen_flops=frozen_flops, attention=attention,
+                    frozen_flops=frozen_flops, attention=attention, packed=_packed_row(recipe, seq),
                     notes=[f"one {grid[0][1] * vision.patch_size} x {grid[0][2] * vision.patch_size} picture and "
                            f"{seq} tokens per sample (data.max_pixels, data.max_length)"])
+
+
+def _packed_row(recipe, seq: int):
+    """With data.packing, the row the planner assumes: as many samples of ``seq`` tokens as the
+    budget holds (one when it holds none whole), in a row as long as the budget (the packer fills
+    rows up to it from shorter samples: memory and collectives are those of a full row), rounded
+    up to the multiple the layout cuts rows into (the collator's: 2 cp chunks under cp, tp under sp)."""
+    if not recipe.data.packing:
+        return None
+    par, budget = recipe.parallel, row_budget(recipe.data)
+    samples = max(1, budget // seq)
+    multiple = (2 * par.cp if par.cp > 1 else 1) * (par.tp if par.sequence_parallel else 1)
+    return PackedRow(samples, samples * seq, -(-max(budget, samples * seq) // multiple) * multiple, budget)
 
 
 SPEC = register(FamilySpec(

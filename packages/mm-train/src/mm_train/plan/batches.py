@@ -1,0 +1,45 @@
+"""What one step holds for the planner: its samples, and the micro-batches each data-parallel rank runs.
+
+The samples are train.global_batch_size, or with train.global_batch_tokens that budget over one
+sample's tokens (the workload's samples are data.max_length tokens each), at least one a rank.
+Unpacked, a rank runs G / (dp b) micro-batches of b = train.micro_batch_size samples. Packed (the
+workload's ``packed`` row of k samples), a micro-batch is one row: ceil(G / (dp k)) of them (a
+multiple of pp under vpp, as mm_data.vl.split_to_multiple makes them), and the memory and time
+models see each row as one sample of `Workload.per_row` in micro-batches of one: the recipe and
+workload of `StepBatches` are what they read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from mm_train.recipe import check_layout
+
+
+@dataclass(frozen=True)
+class StepBatches:
+    samples: int  # the global batch's samples
+    micro_batches: int  # per data-parallel rank and step
+    recipe: object  # the recipe the memory and time models read (packed: rows as samples, one a micro-batch)
+    workload: object  # the workload of one of their samples (packed: a row)
+
+
+def step_batches(recipe, workload, world: int) -> StepBatches:
+    """The step of ``recipe`` on ``world`` devices (module docstring); the layout is checked first."""
+    micro_batches = check_layout(recipe, world)
+    par, train = recipe.parallel, recipe.train
+    dp = world // (par.tp * par.cp * par.pp)
+    if train.global_batch_tokens is None:
+        samples = train.global_batch_size
+    else:
+        samples = max(dp, train.global_batch_tokens // workload.tokens_per_sample)
+    row = workload.packed
+    if row is None:
+        return StepBatches(samples, micro_batches, recipe, workload)
+    rows = math.ceil(samples / (dp * row.samples))
+    if par.vpp > 1:
+        rows = math.ceil(rows / par.pp) * par.pp
+    as_rows = dataclasses.replace(train, global_batch_size=rows * dp, global_batch_tokens=None, micro_batch_size=1)
+    return StepBatches(samples, rows, dataclasses.replace(recipe, train=as_rows), workload.per_row())
