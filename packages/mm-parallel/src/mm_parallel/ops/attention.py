@@ -111,8 +111,11 @@ def _attention_in_blocks(q, k, v, blocks, causal: bool, scale: float):
         def to_blocks(x):
             return ops.gather(with_zero_row(x[0]), index, 0).reshape((count, longest) + tuple(x.shape[2:]))
 
+        # causal: a run's padding comes after every key its real queries may see, so the causal
+        # mask alone hides it (and the padded queries' rows are never gathered back)
+        padding = None if causal or valid.all() else valid
         out = attention(to_blocks(q), to_blocks(k), to_blocks(v), causal=causal, scale=scale,
-                        key_padding_mask=None if valid.all() else valid)
+                        key_padding_mask=padding)
         outs.append(out.reshape((count * longest,) + tuple(out.shape[2:])))
     out = ops.concat(outs, 0) if len(outs) > 1 else outs[0]
     return ops.gather(out, Tensor(scatter.astype(np.int32)), 0)[None]
