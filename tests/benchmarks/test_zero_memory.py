@@ -1,6 +1,7 @@
 """benchmarks/zero_memory.py's measurement on one and two processes: per-rank parameter, gradient-sum
 and optimizer bytes, taken from the tensors, equal the formula in fp32 and bf16 (bf16 parameters
-2 B, fp32 gradient sums 4 B, master + moments 12 B / dp under ZeRO)."""
+2 B, fp32 gradient sums 4 B, master + moments 12 B / dp under ZeRO; under ZeRO-3 the weights and
+their gradients 4 B / dp too, the values left whole aside); the whole-step comparison runs."""
 
 import sys
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from zero_memory import measure  # noqa: E402
+from zero_memory import measure, step  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 
@@ -25,7 +26,20 @@ def check(result, dp):
             assert got["optimizer"].get(stage, 12 * padded // dp) == 12 * padded // dp, (name, stage)
 
 
+def check_zero3(result, dp):
+    numel, got = result["fp32"]["numel"], result["zero3"]
+    whole = got["whole_numel"]
+    assert 0 < whole < numel / 10  # norms and biases
+    sliced = 4 * ((numel - whole) // dp + whole)  # hidden 64: every weight a multiple of dp, no padding
+    assert got["params"] == sliced and got["grads"] == sliced
+    assert got["optimizer"] == 12 * numel // dp
+
+
 def test_bytes_per_rank_equal_the_formula(run_distributed):
     check(measure(1, 64, [0]), 1)
-    for rank_result in run_distributed(measure, nproc=2, timeout=300, layers=1, hidden=64, stages=[0, 1, 2]):
+    for rank_result in run_distributed(measure, nproc=2, timeout=300, layers=1, hidden=64, stages=[0, 1, 2, 3]):
         check(rank_result, 2)
+        check_zero3(rank_result, 2)
+    for stage in (1, 3):
+        for rank_result in run_distributed(step, nproc=2, timeout=300, layers=1, hidden=64, stage=stage):
+            assert rank_result["peak_bytes"] >= 0 and rank_result["step_s"] > 0

@@ -59,6 +59,11 @@ def train(topo, zero_stage, cfg, data, save_dir=None, load_dir=None):
     from mm_parallel.optimizer import DistributedOptimizer, OptimizerConfig
 
     stack = build_stack(topo)
+    if zero_stage == 3:  # every linear weight cut into flat slices (the reference stack's are small)
+        from mm_parallel.zero3 import GATHERS, shard_parameters
+
+        shard_parameters(stack, topo, min_numel=1)
+        GATHERS.clear()
     opt = DistributedOptimizer(stack, OptimizerConfig(**cfg), topo, zero_stage=zero_stage)
     params = stack.trainable_params()
     if load_dir:
@@ -80,6 +85,24 @@ def train(topo, zero_stage, cfg, data, save_dir=None, load_dir=None):
         if save_dir and i == 1:
             opt.save(save_dir)
     return losses, norms, full_arrays(stack, topo, params, params), opt
+
+
+def zero3_problems(opt, topo, steps: int):
+    """Under ZeRO-3 every linear weight is held as its 1/D flat slice, gathered once in each
+    step's forward and once in its backward, no more."""
+    from mm_parallel.sharding import sharding_of
+    from mm_parallel.zero3 import GATHERS
+
+    problems, flat = [], [p for p in opt.params if sharding_of(p).flat_over]
+    if not flat:
+        return ["no weight was sharded"]
+    for p in flat:
+        whole = int(np.prod(sharding_of(p).local_shape))
+        if p.shape != (-(-whole // topo.dp_cp.size),):
+            problems.append(f"{p.name}: {p.shape} is not 1/{topo.dp_cp.size} of {whole} values")
+    if dict(GATHERS) != {"forward": len(flat) * steps, "backward": len(flat) * steps}:
+        problems.append(f"gathers {dict(GATHERS)} for {len(flat)} sharded weights over the steps")
+    return problems
 
 
 CFG = {"lr": 1e-2, "weight_decay": 0.1, "clip_grad": 0.5, "betas": (0.9, 0.95), "eps": 1e-8}
@@ -117,8 +140,9 @@ def run_optimizer_cases(layouts, save_root):
             for key, want in ref_params.items():
                 if not np.allclose(params[key], want, rtol=1e-4, atol=1e-5):
                     problems.append(f"param {key} max err {np.abs(params[key] - want).max()}")
-            if case["zero"] > 0 and opt.state_bytes() > 3 * 4 * (opt.numel // topo.dp_cp.size + topo.dp_cp.size):
+            if case["zero"] in (1, 2) and opt.state_bytes() > 3 * 4 * (opt.numel // topo.dp_cp.size + topo.dp_cp.size):
                 problems.append(f"state bytes {opt.state_bytes()} is not about 1/{topo.dp_cp.size} of the full state")
+            problems += zero3_problems(opt, topo, STEPS - first) if case["zero"] == 3 else []
             if case.get("optim", {}).get("bucket_numel") and len(opt.buckets) < 3:
                 problems.append(f"{len(opt.buckets)} buckets: the case means to cut the parameters into several")
             results[name] = problems

@@ -95,13 +95,13 @@ def local_loss_and_grads(loss_fn, params, topo, *inputs):
 
 
 def full_arrays(model, topo, params, tensors):
-    """{parameter name: full numpy array} of per-parameter tensors, tp shards gathered."""
+    """{parameter name: full numpy array} of per-parameter tensors, tp shards (and ZeRO-3 slices) gathered."""
     from mm_parallel.sharding import sharding_of
 
     full = {}
     for p, t in zip(params, tensors):
         spec = sharding_of(p)
-        full[p.name] = (spec.gather(t, topo) if spec.splits else t).asnumpy()
+        full[p.name] = (spec.gather(t, topo) if spec.sharded else t).asnumpy()
     return full
 
 

@@ -1,7 +1,8 @@
 """DistributedOptimizer and learning-rate schedules: one process equals a numpy AdamW written in
-the test; dp2 with zero 0/1/2, cp2, tp2+sp, dp2 x tp2(+sp), dp2 x cp2 and dp4 equal one process
-(losses, grad norms, parameters after three steps); state saved under one dp size / zero stage
-and reloaded under another continues exactly; loss scaling; clear errors."""
+the test; dp2 with zero 0/1/2/3, cp2, tp2+sp, dp2 x tp2(+sp) (zero 3 too), dp2 x cp2 (zero 3
+too) and dp4 equal one process (losses, grad norms, parameters after three steps); state saved
+under one dp size / zero stage and reloaded under another continues exactly (ZeRO-1 <-> ZeRO-3
+too); loss scaling; clear errors."""
 
 import math
 
@@ -82,8 +83,8 @@ def test_loss_scaling():
 
 def test_optimizer_errors(tmp_path):
     stack = build_stack(SOLO, layers=1)
-    with pytest.raises(ValueError, match="zero_stage must be 0, 1 or 2"):
-        DistributedOptimizer(stack, topology=SOLO, zero_stage=3)
+    with pytest.raises(ValueError, match="zero_stage must be 0, 1, 2 or 3"):
+        DistributedOptimizer(stack, topology=SOLO, zero_stage=4)
     opt = DistributedOptimizer(stack, topology=SOLO)
     with pytest.raises(ValueError, match="gradients for"):
         opt.step([])
@@ -139,6 +140,7 @@ LAYOUTS = {
         "tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}, "zero": 1},
         # buckets of 1500 values (~5 here) that cut through parameters
         "dp2_zero1_buckets": {"layout": {"zero_stage": 1}, "zero": 1, "optim": {"bucket_numel": 1500}},
+        "dp2_zero3": {"layout": {"zero_stage": 3}, "zero": 3},
     },
     4: {
         "dp2_tp2_zero1": {"layout": {"tp": 2, "zero_stage": 1}, "zero": 1},
@@ -154,6 +156,10 @@ LAYOUTS = {
         "dp4_zero1_buckets_from_one_bucket": {"layout": {"zero_stage": 1}, "zero": 1, "resume": "dp4_zero1",
                                               "optim": {"bucket_numel": 999}},
         "dp4_zero0_from_buckets": {"layout": {}, "zero": 0, "resume": "dp2_zero1_buckets"},
+        "dp2_tp2_sp_zero3": {"layout": {"tp": 2, "sequence_parallel": True, "zero_stage": 3}, "zero": 3},
+        "dp2_cp2_zero3": {"layout": {"cp": 2, "zero_stage": 3}, "zero": 3},
+        "dp4_zero3_from_dp2_zero1": {"layout": {"zero_stage": 3}, "zero": 3, "resume": "dp2_zero1"},
+        "dp4_zero1_from_dp2_zero3": {"layout": {"zero_stage": 1}, "zero": 1, "resume": "dp2_zero3"},
     },
 }
 

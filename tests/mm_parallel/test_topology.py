@@ -87,7 +87,7 @@ def test_hybrid_cp_ulysses_inside_ring_across():
         (dict(cp=2, ulysses_degree=2, cp_algo="ring"), 2, "applies only to cp_algo='hybrid'"),
         (dict(tp=0), 1, "tp must be a positive integer"),
         (dict(sequence_parallel=True), 1, "needs tp > 1"),
-        (dict(zero_stage=3), 1, "zero_stage=3 is unknown"),
+        (dict(zero_stage=4), 1, "zero_stage=4 is unknown; use 0, 1, 2 or 3"),
     ],
 )
 def test_invalid_layouts_name_the_rule(kwargs, world, rule):

@@ -30,10 +30,20 @@ def test_the_default_recipe_loads_and_overrides_apply():
     (["data.max_tokens=0"], "the packed rows' token budget: set it >= 1"),
     (["train.global_batch_tokens=4096", "data.packing=false"], "does not pack: set data.packing: true"),
     (["train.global_batch_tokens=0"], "train.global_batch_tokens must be >= 1"),
+    (["parallel.zero_stage=3", "train.precision=bf16"], "zero_stage 3 shards float32 weights in this version"),
+    (["parallel.zero3_min_numel=0"], "zero3_min_numel must be a positive integer"),
 ])
 def test_bad_recipes_are_refused_with_a_hint(overrides, message):
     with pytest.raises(ValueError, match=message):
         load_recipe(None, overrides)
+
+
+def test_zero3_needs_more_than_one_data_or_context_parallel_rank():
+    recipe = load_recipe(None, ["parallel.zero_stage=3"])
+    with pytest.raises(ValueError, match="leave one: run more processes or use zero_stage 0"):
+        check_layout(recipe, 1)
+    assert check_layout(recipe, 2) == 1 and check_layout(load_recipe(None, ["parallel.zero_stage=3", "parallel.cp=2"]),
+                                                         2) == 2
 
 
 def test_a_step_counts_samples_or_tokens():

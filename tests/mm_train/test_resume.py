@@ -1,6 +1,7 @@
 """Checkpoints and --resume: a resumed run continues bit for bit on the same layout; a checkpoint
-written under TP2 or DP2 ZeRO-1 resumes on one process (and one from one process under TP2) with
-the losses of the uninterrupted run; incomplete checkpoint folders are never picked."""
+written under TP2, DP2 ZeRO-1 or DP2 ZeRO-3 (its weights held as flat slices) resumes on one
+process (and one from one process under TP2) with the losses of the uninterrupted run; incomplete
+checkpoint folders are never picked."""
 
 import json
 import os
@@ -36,10 +37,13 @@ def test_resume_same_layout_bit_exact_and_across_layouts(tmp_path, run_distribut
     assert f"resuming from {tmp_path / 'same' / 'checkpoints' / 'step_3'} (step 3)" in resumed
 
     tp2, one = (2, ["--set", "parallel.tp=2"]), (1, [])
+    zero3 = (2, ["--set", "parallel.zero_stage=3", "--set", "parallel.zero3_min_numel=1024"])
     layouts = {"tp2_to_1": (tp2, one), "dp2_zero1_to_1": ((2, ["--set", "parallel.zero_stage=1"]), one),
+               "dp2_zero3_to_1": (zero3, one),
                "1_to_tp2": (one, tp2), "pp2_to_1": ((2, ["--set", "parallel.pp=2"]), one)}
     for name, ((nproc_before, before), (nproc_after, after)) in layouts.items():
-        run(run_distributed, tmp_path / name, 3, *before, data=data, nproc=nproc_before)
+        printed = run(run_distributed, tmp_path / name, 3, *before, data=data, nproc=nproc_before)
+        assert ("mm-train: ZeRO-3 holds 1/2 of" in printed) == (name == "dp2_zero3_to_1"), printed
         run(run_distributed, tmp_path / name, 6, "--resume", *after, data=data, nproc=nproc_after)
         got = losses(tmp_path / name)
         assert got[:3] == pytest.approx(whole[:3], rel=1e-4), name

@@ -43,6 +43,8 @@ def activation(name: str):
 class Linear(nn.Cell):
     """torch.nn.Linear: y = x W^T + b with W (out_features, in_features); replicated on every rank."""
 
+    ZERO3_WEIGHTS = ("weight",)  # multiplied through `linear` (mm_parallel.zero3)
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True, init_std: Optional[float] = None):
         super().__init__()
         self.weight = new_parameter((out_features, in_features), "weight", init_std, None)

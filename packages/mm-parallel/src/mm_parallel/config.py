@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 CP_ALGORITHMS = ("ulysses", "ring", "hybrid")
-ZERO_STAGES = (0, 1, 2)
+ZERO_STAGES = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,8 @@ class ParallelConfig:
     (experts whole on every tp rank) or tp (each expert's intermediate dim split over tp, the
     default); sequence_parallel: shard activations along the sequence
     inside the TP group (needs tp > 1); zero_stage: 0 plain DP, 1 sharded optimizer state,
-    2 sharded state and gradients.
+    2 sharded state and gradients, 3 the weights too (mm_parallel.zero3: the linear weights of at
+    least ``zero3_min_numel`` values).
     """
 
     tp: int = 1
@@ -39,9 +40,10 @@ class ParallelConfig:
     expert_tp: Optional[int] = None
     sequence_parallel: bool = False
     zero_stage: int = 0
+    zero3_min_numel: int = 2 ** 16  # zero_stage 3: smaller weights stay whole (mm_parallel.zero3)
 
     def __post_init__(self):
-        for name in ("tp", "pp", "vpp", "cp", "ep"):
+        for name in ("tp", "pp", "vpp", "cp", "ep", "zero3_min_numel"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ParallelConfig.{name} must be a positive integer, got {value!r}")
@@ -50,7 +52,7 @@ class ParallelConfig:
                 f"ParallelConfig.cp_algo={self.cp_algo!r} is unknown; use one of {', '.join(CP_ALGORITHMS)}"
             )
         if self.zero_stage not in ZERO_STAGES:
-            raise ValueError(f"ParallelConfig.zero_stage={self.zero_stage!r} is unknown; use 0, 1 or 2")
+            raise ValueError(f"ParallelConfig.zero_stage={self.zero_stage!r} is unknown; use 0, 1, 2 or 3")
         if self.vpp > 1 and self.pp == 1:
             raise ValueError(
                 f"vpp={self.vpp} needs pipeline parallelism: interleaved chunks exist only with pp > 1; "

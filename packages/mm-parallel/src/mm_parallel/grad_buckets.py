@@ -28,10 +28,12 @@ from mindspore import Parameter, Tensor, ops
 from mm_parallel import comm
 from mm_parallel.ops.device import as_type, use_fused
 from mm_parallel.sharding import sharding_of
+from mm_parallel.topology import Group
 
 _fused_adam = ops.AdamWeightDecay()
 STATES = ("master", "exp_avg", "exp_avg_sq")
 DEFAULT_BUCKET_NUMEL = 40_000_000  # Megatron-Core's DistributedDataParallelConfig default
+ZERO3_GROUP = "zero3"  # the buckets of ZeRO-3 slices (mm_parallel.zero3)
 
 
 @dataclass(frozen=True)
@@ -93,8 +95,9 @@ def bucket_slice(numel: int, group, zero_stage: int) -> Tuple[int, int, int, int
 
 
 def no_weight_decay(name: str, param) -> bool:
-    """Biases and 1-D parameters (norm weights) are not decayed (Megatron's rule)."""
-    return name.endswith("bias") or len(param.shape) <= 1
+    """Biases and 1-D parameters (norm weights) are not decayed (Megatron's rule); a ZeRO-3 slice
+    by the shape of its whole tensor."""
+    return name.endswith("bias") or len(sharding_of(param).local_shape or param.shape) <= 1
 
 
 class WholeParameters:
@@ -251,10 +254,12 @@ def plan_buckets(params: Sequence, topo, zero_stage: int,
     (only their shapes and sharding specs are read)."""
     members: Dict[str, List[int]] = {}
     for i, p in enumerate(params):
-        members.setdefault(sharding_of(p).grad_sync, []).append(i)
+        spec = sharding_of(p)
+        members.setdefault(ZERO3_GROUP if spec.flat_over else spec.grad_sync, []).append(i)
     out = {}
     for name, indices in sorted(members.items()):
-        group = topo.groups[name]
+        # ZeRO-3's slices arrive reduced (mm_parallel.zero3): each rank's own, a group of one
+        group = Group((topo.rank,), 0, ZERO3_GROUP) if name == ZERO3_GROUP else topo.groups[name]
         sizes = [int(np.prod(params[i].shape)) for i in indices]
         out[name] = (group, cut_into_buckets(indices, sizes, bucket_numel, zero_shards(group, zero_stage)))
     return out

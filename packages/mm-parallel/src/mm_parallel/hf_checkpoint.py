@@ -130,11 +130,13 @@ def load_weights(model: nn.Cell, path: str, name_map: Callable[[str], Optional[s
         if key is None:
             raise KeyError(f"{' / '.join(keys)} (parameter {name}) is missing from the checkpoint at {path}")
         full_shape = folder.shape(key)
+        spec = sharding_of(param)
         try:
-            index = sharding_of(param).local_index(full_shape, topology)
+            index = spec.local_index(full_shape, topology)
         except ValueError as error:
             raise ValueError(f"{key}: {error}") from None
-        _set(param, folder.read(key, index), key, full_shape)
+        value = folder.read(key, index)
+        _set(param, spec.flat_slice(value, topology) if spec.flat_over else value, key, full_shape)
         loaded += 1
     return loaded
 
@@ -159,7 +161,7 @@ def full_state(model: nn.Cell, name_map: Callable[[str], Optional[str]] = lambda
         if key is None:
             continue
         spec = sharding_of(param)
-        value = spec.gather(param, topology) if spec.splits else param
+        value = spec.gather(param, topology) if spec.sharded else param
         if not keep:
             continue
         if dtype is not None and value.dtype in DTYPES.values() and value.dtype != dtype:

@@ -14,6 +14,9 @@ by bucket, so its transient buffers are one bucket's. A step, with g_r the gradi
                 expert's gradient already gathers the tokens its ep group sent it)
                 zero_stage 0, 1: all-reduce, then (stage 1) keep (a copy of) this rank's 1/D slice
                 zero_stage 2:    reduce-scatter straight to the slice
+                zero_stage 3:    the weights mm_parallel.zero3 cut arrive reduce-scattered by their
+                                 regions (divided by dp here, updated where they lie, never
+                                 gathered); the rest as stage 2
     overflow    if any rank sees inf/nan in the scaled g: skip the step, shrink the loss scale
     clip        norm = sqrt(sum g^2 over distinct values) / loss_scale, one all-reduce over the
                 world: each rank counts its ZeRO slice (without ZeRO: group rank 0 counts the
@@ -100,8 +103,8 @@ class DistributedOptimizer:
         self.topology = topo = get_topology(topology)
         self.config = config
         self.zero_stage = topo.config.zero_stage if zero_stage is None else zero_stage
-        if self.zero_stage not in (0, 1, 2):
-            raise ValueError(f"zero_stage must be 0, 1 or 2, got {self.zero_stage}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
         if not isinstance(config.bucket_numel, int) or config.bucket_numel < 0:
             raise ValueError(f"optim.bucket_numel must be a whole number of values >= 0 (0: one bucket per group), "
                              f"got {config.bucket_numel!r}")
@@ -116,7 +119,8 @@ class DistributedOptimizer:
                                                                 config.bucket_numel).items():
             for k, pieces in enumerate(buckets):
                 tag = f"{name}.{k}"
-                self.buckets[tag] = Bucket(self.params, pieces, group, self.zero_stage, topo, f"optimizer.{tag}")
+                stage = min(self.zero_stage, 2)  # stage 3's whole parameters: as stage 2 (mm_parallel.zero3)
+                self.buckets[tag] = Bucket(self.params, pieces, group, stage, topo, f"optimizer.{tag}")
         self.numel = sum(b.numel for b in self.buckets.values())
         self.iteration = 0  # step() calls: what the learning-rate schedule follows
         # step_count (optimizer steps taken: skipped steps not counted), loss_scale, good_steps
@@ -370,7 +374,7 @@ class DistributedOptimizer:
                 for i, value in bucket.completed(bucket.host_pieces(key), wholes[key]):  # a collective
                     param, spec = self.params[i], sharding_of(self.params[i])
                     value = value.reshape(param.shape)
-                    if spec.splits:  # a collective over the parameter's tp / ep group
+                    if spec.sharded:  # a collective over the parameter's tp / ep (and ZeRO-3) groups
                         value = spec.gather(Tensor(value), topo).asnumpy()
                     if writer:
                         tensors[f"{names[i]}.{key}"] = np.ascontiguousarray(value)

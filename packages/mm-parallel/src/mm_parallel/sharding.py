@@ -15,6 +15,10 @@ grad_sync        the replicas whose gradients are averaged: "dp_cp" for dense pa
 partial_over_tp  replicated over tp, but a tp rank's gradient covers only its part (its sequence
                  shard under sequence parallelism, its output rows for LoRA A of a column layer):
                  the gradient is the sum over tp (Megatron's ``sequence_parallel`` attribute).
+flat_over        ZeRO-3 (mm_parallel.zero3): the parameter holds only this rank's slice of the
+                 flattened tp / ep-local tensor (``local_shape``), padded to a multiple of the
+                 ``flat_over`` group (its grad_sync group) and cut into equal slices; its
+                 gradient arrives summed over that group (reduce-scattered by its region).
 
 The spec lives on the Parameter (``param.sharding``, as Megatron keeps parameter attributes), set
 by the layer that makes it; a parameter without one is replicated and dense. Checkpoint loading
@@ -40,6 +44,8 @@ class ParamSharding:
     grad_sync: str = "dp_cp"
     partial_over_tp: bool = False
     fused: Tuple[int, ...] = ()
+    flat_over: Optional[str] = None
+    local_shape: Tuple[int, ...] = ()
 
     def __post_init__(self):
         groups = [g for _, g in self.splits]
@@ -51,6 +57,28 @@ class ParamSharding:
             raise ValueError(f"grad_sync {self.grad_sync!r} is not one of {GRAD_SYNC}")
         if self.fused and self.dim("tp") is None:
             raise ValueError("fused parts are cut along the tp-split dim: give a tp split")
+        if self.flat_over not in (None,) + GRAD_SYNC or (self.flat_over is not None) != bool(self.local_shape):
+            raise ValueError(f"flat_over {self.flat_over!r} needs local_shape and is one of {GRAD_SYNC}")
+
+    @property
+    def sharded(self) -> bool:
+        """Whether this rank holds less than the whole tensor (split, or ZeRO-3's flat slice)."""
+        return bool(self.splits) or self.flat_over is not None
+
+    def flat_slice(self, local, topology):
+        """ZeRO-3: this rank's slice of the tp / ep-local ``local`` (numpy), flattened and padded."""
+        group = topology.groups[self.flat_over]
+        flat = np.asarray(local).reshape(-1)
+        per_rank = -(-flat.size // group.size)
+        flat = np.pad(flat, (0, per_rank * group.size - flat.size))
+        return flat[group.rank * per_rank:(group.rank + 1) * per_rank]
+
+    def unflatten(self, flat_slice, topology):
+        """ZeRO-3: the tp / ep-local tensor from every rank's flat slice (an all-gather over ``flat_over``)."""
+        from mm_parallel import comm
+
+        flat = comm.all_gather(flat_slice, topology.groups[self.flat_over], 0)
+        return flat[:int(np.prod(self.local_shape))].reshape(self.local_shape)
 
     def dim(self, group: str) -> Optional[int]:
         """The dim split over ``group``, or None."""
@@ -76,16 +104,19 @@ class ParamSharding:
         return tuple(index)
 
     def local(self, full, topology):
-        """This rank's slice of a full array (numpy or Tensor)."""
-        return full[self.local_index(tuple(full.shape), topology)] if self.splits else full
+        """This rank's slice of a full array (numpy or Tensor; ZeRO-3's flat slice: numpy)."""
+        local = full[self.local_index(tuple(full.shape), topology)] if self.splits else full
+        return self.flat_slice(local, topology) if self.flat_over else local
 
     def gather(self, local, topology):
-        """The full tensor from every rank's slice (all-gathers over the split groups: a
-        collective every member calls)."""
+        """The full tensor from every rank's slice (all-gathers over ZeRO-3's group and the split
+        groups: a collective every member calls)."""
         from mindspore import Tensor, ops
 
         from mm_parallel import comm
 
+        if self.flat_over:
+            local = self.unflatten(local, topology)
         for dim, name in reversed(self.splits):
             group = topology.groups[name]
             if group.size == 1:

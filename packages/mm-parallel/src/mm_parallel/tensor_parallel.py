@@ -22,7 +22,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-from mm_parallel import census, comm, mappings
+from mm_parallel import census, comm, mappings, zero3
 from mm_parallel.ops import low_precision
 from mm_parallel.ops.device import as_type, host_array, ones, tiled_to, use_fused
 from mm_parallel.sequence_parallel import mark_sequence_parallel
@@ -74,14 +74,19 @@ _bias_add = _BiasAdd()
 
 
 def linear(x, weight, bias):
-    """x W^T + b computed in W's dtype (mm_parallel.ops.low_precision: emulated on CPU for bf16 / fp16)."""
-    x, w = low_precision.matmul_operands(x, weight)
-    out = _matmul_nt(x.reshape(-1, x.shape[-1]), w)
+    """x W^T + b computed in W's dtype (mm_parallel.ops.low_precision: emulated on CPU for bf16 / fp16);
+    a ZeRO-3 weight is gathered for the matmul alone (mm_parallel.zero3)."""
+    if zero3.is_sharded(weight):
+        x = low_precision.to_compute(x, weight.dtype)
+        out = zero3.gathered_matmul(x.reshape(-1, x.shape[-1]), weight)
+    else:
+        x, w = low_precision.matmul_operands(x, weight)
+        out = _matmul_nt(x.reshape(-1, x.shape[-1]), w)
     if bias is not None:
         out = _bias_add(out, as_type(bias, out.dtype))
     if weight.dtype in low_precision.LOW:
         out = low_precision.to_compute(out, weight.dtype)
-    return out.reshape(x.shape[:-1] + (weight.shape[0],))
+    return out.reshape(x.shape[:-1] + (zero3.output_features(weight),))
 
 
 def add_bias(y, bias):
@@ -157,6 +162,8 @@ class _TensorParallel(nn.Cell):
 class ColumnParallelLinear(_TensorParallel):
     """Linear whose output features are split over tp; see the module docstring."""
 
+    ZERO3_WEIGHTS = ("weight",)  # multiplied through `linear` (mm_parallel.zero3)
+
     def __init__(self, in_features, out_features, bias=True, gather_output=False, *, topology=None,
                  sequence_parallel=None, seq_dim=1, init_std=None):
         super().__init__(topology, sequence_parallel, seq_dim)
@@ -177,6 +184,8 @@ class ColumnParallelLinear(_TensorParallel):
 
 class RowParallelLinear(_TensorParallel):
     """Linear whose input features are split over tp; see the module docstring."""
+
+    ZERO3_WEIGHTS = ("weight",)
 
     def __init__(self, in_features, out_features, bias=True, input_is_parallel=True, *, topology=None,
                  sequence_parallel=None, seq_dim=1, init_std=None):

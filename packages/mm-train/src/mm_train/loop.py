@@ -38,6 +38,7 @@ from mindspore import ops
 
 import mm_parallel
 import mm_parallel.precision
+import mm_parallel.zero3
 from mm_parallel import ParallelConfig, comm, pipeline
 from mm_parallel.comm.watchdog import HANG_EXIT_CODE, Watchdog
 from mm_parallel.moe import routing_metrics
@@ -81,7 +82,20 @@ def build_model(task: Task, recipe: Recipe, topo, resume_from: Optional[str] = N
         task.plan(chunk, lora)
         if lora is not None and resume_from:
             chunk.load_adapter(os.path.join(resume_from, "adapters"))
+    if topo.config.zero_stage == 3:  # after the plan: LoRA and freezing decide what trains
+        _shard_weights(chunks, topo)
     return chunks, lora
+
+
+def _shard_weights(chunks, topo) -> None:
+    """ZeRO-3: each chunk's linear weights cut into flat slices (mm_parallel.zero3), said once."""
+    done = [mm_parallel.zero3.shard_parameters(chunk, topo) for chunk in chunks]
+    if topo.rank == 0:
+        sharded, numel = sum(d.sharded for d in done), sum(d.sharded_numel for d in done)
+        whole, rest = sum(d.whole for d in done), sum(d.whole_numel for d in done)
+        print(f"mm-train: ZeRO-3 holds 1/{topo.dp_cp.size} of {sharded} weights ({numel:,} values); {whole} "
+              f"trained parameters ({rest:,} values) stay whole (under parallel.zero3_min_numel="
+              f"{topo.config.zero3_min_numel:,}, norms, biases, embeddings, tied)", file=sys.stderr)
 
 
 @contextlib.contextmanager

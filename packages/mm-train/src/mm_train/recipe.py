@@ -451,6 +451,9 @@ def build_recipe(values: Optional[dict] = None, overrides: Sequence[str] = ()) -
         built[name] = _typed(name, cls, given)
     output_dir = str(values.get("output_dir", "runs/default"))
     own = {name: built.pop(name) for name in spec.sections}
+    if built["parallel"].zero_stage == 3 and built["train"].precision != "fp32":
+        raise ValueError(f"parallel.zero_stage 3 shards float32 weights in this version; train.precision is "
+                         f"{built['train'].precision}: use fp32, or zero_stage 2")
     if built["train"].global_batch_tokens is not None and not getattr(built["data"], "packing", False):
         raise ValueError(f"train.global_batch_tokens counts the tokens of packed rows, and data.kind "
                          f"{built['data'].kind} of family {spec.name} does not pack: set data.packing: true where "
@@ -521,6 +524,10 @@ def check_layout(recipe: Recipe, world_size: int) -> int:
                          f"{model_parallel}; use a multiple of {model_parallel} processes")
     dp = world_size // model_parallel
     per_step = train.micro_batch_size * dp
+    if par.zero_stage == 3 and dp * par.cp == 1:
+        raise ValueError(f"parallel.zero_stage 3 cuts the weights over the data- and context-parallel ranks, and "
+                         f"{world_size} processes at tp x cp x pp = {model_parallel} leave one: run more processes or "
+                         "use zero_stage 0")
     if recipe.eval.every and (recipe.eval.batch_size or per_step) % per_step:
         raise ValueError(f"eval.batch_size={recipe.eval.batch_size} is not a multiple of micro_batch_size x dp = "
                          f"{train.micro_batch_size} x {dp}; validation batches must split into whole micro-batches")

@@ -80,7 +80,7 @@ def full_arrays(spec: ModelSpec, chunks, topo, tensors) -> Dict[str, np.ndarray]
             tensor = next(tensors)
             name, _, _ = owners[id(param)]
             sharding = sharding_of(param)
-            full = sharding.gather(tensor, topo) if sharding.splits else tensor
+            full = sharding.gather(tensor, topo) if sharding.sharded else tensor
             out[spec.global_name(model, name)] = np.asarray(full.asnumpy(), np.float32)
     return out
 

@@ -1,0 +1,135 @@
+"""ZeRO-3: weights held as 1/D flat slices, gathered whole only inside the layer that multiplies them.
+
+A sharded weight W (the tp-local tensor, n values) lives as w_r, rank r's slice of flat(W) padded
+to a multiple of D, D the size of its gradient-sync group G (dp_cp: data and context parallel
+ranks hold replicas of a dense weight). Its matmul runs in a region of its own (the form of
+mm_parallel.mappings, with the weight as a second input):
+
+    region            forward                              backward (dY given; X the input)
+    gathered_matmul   W = unflat(cat_j w_j)                W = unflat(cat_j w_j)          (again)
+                      Y = X W^T, W dropped                 dX = dY W
+                                                           dw_r = chunk_r(sum_j flat(dY_j^T X_j))
+                                                                                  (reduce-scatter)
+
+Why a region with a written backward: a PyNative bprop receives the inputs (X, w_r), the output
+and dY only, so nothing gathered in the forward stays alive until the backward — autograd through
+an all-gather would keep every layer's whole W from its forward to its backward, the whole model.
+A step therefore holds one layer's whole weight at a time; gathers per step = the sharded weights
+x micro-batches x 2 (x 3 with recomputation, whose forward runs again), counted in ``GATHERS``.
+
+dw_r is the group's sum of this rank's slice; the DistributedOptimizer (zero_stage 3) divides it
+by dp like every gradient and updates w_r where it lies: no all-gather after the step. Checkpoints
+keep today's format (mm_parallel.sharding: ``flat_over`` gathers and re-cuts the slices), so a
+ZeRO-3 run resumes under ZeRO-1 or another dp, and the reverse.
+
+Which weights (`shard_parameters`): the trainable ones a cell multiplies through `linear` (the
+cell lists them in ``ZERO3_WEIGHTS``: column / row parallel and replicated linears) of at least
+``min_numel`` values, in float32, not tied to another cell. The rest (norms, biases, embeddings,
+convolutions, experts, frozen and tied weights) stays whole and is reduced as under ZeRO-2;
+`Sharded` counts both.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+from mm_parallel import comm
+from mm_parallel.census import owned_parameters
+from mm_parallel.ops.device import as_type
+from mm_parallel.ops.low_precision import compute_weight
+from mm_parallel.sharding import set_sharding, sharding_of
+from mm_parallel.topology import Topology, get_topology
+
+GATHERS: collections.Counter = collections.Counter()  # "forward" / "backward": whole weights gathered
+
+_matmul_nt = ops.MatMul(transpose_b=True)
+_matmul_tn = ops.MatMul(transpose_a=True)
+
+
+@dataclass(frozen=True)
+class Sharded:
+    """What `shard_parameters` did: weights (and their values) sharded, and those left whole."""
+
+    sharded: int
+    sharded_numel: int
+    whole: int
+    whole_numel: int
+
+
+class _GatheredMatmul(nn.Cell):
+    """The region of the module docstring for one sharded weight."""
+
+    def __init__(self, spec, topology: Topology):
+        super().__init__()
+        self.spec, self.topology = spec, topology
+        self.group = topology.groups[spec.flat_over]
+        self.numel = int(np.prod(spec.local_shape))
+
+    def whole(self, shard, phase: str):
+        GATHERS[phase] += 1
+        return compute_weight(self.spec.unflatten(shard, self.topology))
+
+    def construct(self, x, shard):
+        return _matmul_nt(x, self.whole(shard, "forward"))
+
+    def bprop(self, x, shard, out, dout):
+        weight = self.whole(shard, "backward")
+        dx = ops.matmul(dout, weight)
+        flat = _matmul_tn(dout, x).reshape(-1)
+        padded = shard.shape[0] * self.group.size
+        if padded > self.numel:
+            flat = ops.concat([flat, ops.zeros(padded - self.numel, flat.dtype)])
+        return dx, as_type(comm.reduce_scatter(flat, self.group), shard.dtype)
+
+
+def is_sharded(weight) -> bool:
+    return sharding_of(weight).flat_over is not None
+
+
+def output_features(weight) -> int:
+    """A linear weight's rows (out_features), whole or ZeRO-3's flat slice."""
+    spec = sharding_of(weight)
+    return spec.local_shape[0] if spec.flat_over else weight.shape[0]
+
+
+def gathered_matmul(x2d, weight):
+    """x2d W^T for a weight `shard_parameters` cut (the region of the module docstring)."""
+    region = getattr(weight, "zero3_region", None)
+    if region is None:
+        raise ValueError(f"{weight.name} is not a ZeRO-3 weight (mm_parallel.zero3.shard_parameters makes them)")
+    return region(x2d, weight)
+
+
+def shard_parameters(model: nn.Cell, topology=None, min_numel: Optional[int] = None) -> Sharded:
+    """Cut every eligible weight of ``model`` (module docstring) into this rank's flat slice, in
+    place; ``min_numel``: by default the topology's ParallelConfig.zero3_min_numel (smaller
+    weights' gathers would cost more than they save)."""
+    topo = get_topology(topology if topology is not None else getattr(model, "topology", None))
+    min_numel = topo.config.zero3_min_numel if min_numel is None else min_numel
+    owners = collections.Counter(id(p) for _, cell in model.cells_and_names() for p in cell._params.values())
+    sharded = sharded_numel = whole = whole_numel = 0
+    for _, param, cell, attr in owned_parameters(model):
+        spec, numel = sharding_of(param), int(np.prod(param.shape))
+        # a tied weight (an LM head sharing the embedding's) is read whole by its other owner: kept whole
+        eligible = (param.requires_grad and attr in getattr(cell, "ZERO3_WEIGHTS", ()) and numel >= min_numel
+                    and owners[id(param)] == 1 and spec.flat_over is None and topo.groups[spec.grad_sync].size > 1)
+        if not eligible:
+            whole += param.requires_grad
+            whole_numel += numel if param.requires_grad else 0
+            continue
+        if param.dtype != ms.float32:
+            raise ValueError(f"{param.name}: ZeRO-3 shards float32 weights in this version, got {param.dtype}; use "
+                             "train.precision fp32 or parallel.zero_stage 2")
+        flat_spec = dataclasses.replace(spec, flat_over=spec.grad_sync, local_shape=tuple(int(d) for d in param.shape))
+        param.set_data(Tensor(flat_spec.flat_slice(param.asnumpy(), topo), param.dtype))
+        set_sharding(param, flat_spec)
+        param.zero3_region = _GatheredMatmul(flat_spec, topo)
+        sharded, sharded_numel = sharded + 1, sharded_numel + numel
+    return Sharded(sharded, sharded_numel, whole, whole_numel)
