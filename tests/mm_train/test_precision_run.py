@@ -1,7 +1,8 @@
 """`mm-train run` in bf16 and fp16: the built-in default trains in bf16 with falling loss and
 writes bf16 checkpoints (config.json says so, the optimizer state stays fp32); resuming a bf16 run
-is bit-exact; fp16's dynamic loss scaling skips overflowing steps, halves the scale and grows it
-again; bad precision settings are refused before launch."""
+is bit-exact; bf16 under ZeRO-3 equals ZeRO-1 to the bit; fp16's dynamic loss scaling skips
+overflowing steps, halves the scale and grows it again; bad precision settings are refused before
+launch."""
 
 import json
 import os
@@ -60,6 +61,21 @@ def test_bf16_trains_saves_bf16_and_resumes_bit_exact(tmp_path):
     saved = tmp_path / "fp32_save" / "checkpoints" / "step_1" / "model"
     assert set(dtypes(saved / "model.safetensors").values()) == {"F32"}
     assert json.loads((saved / "config.json").read_text())["dtype"] == "float32"
+
+
+def test_bf16_zero3_equals_zero1_at_the_same_dp_and_saves_bf16(tmp_path, run_distributed):
+    """ZeRO-3 in bf16: each weight's float32 slice is rounded to bf16 for the matmul and each
+    rank's weight gradient to bf16 before the float32 sum, as the whole bf16 weight's path does:
+    dp2 ZeRO-3 equals dp2 ZeRO-1 to the bit, losses and saved weights (bf16, like ZeRO-1's)."""
+    data = tmp_path / "data"
+    bf16 = [*SHORT, "--set", "train.precision=bf16", "--set", "train.steps=3", "--set", "checkpoint.every=3"]
+    for name, stage in (("zero1", ["--set", "parallel.zero_stage=1"]),
+                        ("zero3", ["--set", "parallel.zero_stage=3", "--set", "parallel.zero3_min_numel=1024"])):
+        train(run_distributed, *bf16, *stage, "--set", f"output_dir={tmp_path / name}", nproc=2, data=data)
+    assert [r["loss"] for r in rows(tmp_path / "zero3")] == [r["loss"] for r in rows(tmp_path / "zero1")]
+    model = os.path.join("checkpoints", "step_3", "model", "model.safetensors")
+    assert set(dtypes(tmp_path / "zero3" / model).values()) == {"BF16"}
+    assert (tmp_path / "zero3" / model).read_bytes() == (tmp_path / "zero1" / model).read_bytes()
 
 
 def test_fp16_loss_scaling_skips_overflows_and_grows_back(tmp_path):

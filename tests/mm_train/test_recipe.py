@@ -30,7 +30,6 @@ def test_the_default_recipe_loads_and_overrides_apply():
     (["data.max_tokens=0"], "the packed rows' token budget: set it >= 1"),
     (["train.global_batch_tokens=4096", "data.packing=false"], "does not pack: set data.packing: true"),
     (["train.global_batch_tokens=0"], "train.global_batch_tokens must be >= 1"),
-    (["parallel.zero_stage=3", "train.precision=bf16"], "zero_stage 3 shards float32 weights in this version"),
     (["parallel.zero3_min_numel=0"], "zero3_min_numel must be a positive integer"),
 ])
 def test_bad_recipes_are_refused_with_a_hint(overrides, message):

@@ -21,6 +21,7 @@ from typing import Callable, Dict, Optional, Tuple
 import numpy as np
 from mindspore import Tensor, nn
 
+from mm_parallel import zero3
 from mm_parallel.census import owned_parameters
 from mm_parallel.precision import DTYPES
 from mm_parallel.sharding import sharding_of
@@ -164,8 +165,9 @@ def full_state(model: nn.Cell, name_map: Callable[[str], Optional[str]] = lambda
         value = spec.gather(param, topology) if spec.sharded else param
         if not keep:
             continue
-        if dtype is not None and value.dtype in DTYPES.values() and value.dtype != dtype:
-            value = value.astype(dtype)
+        wanted = dtype if dtype is not None else zero3.value_dtype(param)  # a ZeRO-3 slice: its layer's dtype
+        if value.dtype in DTYPES.values() and value.dtype != wanted:
+            value = value.astype(wanted)
         value = value.asnumpy()  # float32, or bfloat16 / float16: safetensors writes BF16 / F16
         if hasattr(cell, "hf_tensors"):  # a cell that chooses its own tensors on disk (MoE experts)
             state.update(cell.hf_tensors(key, attr, value))

@@ -25,9 +25,12 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 import mindspore as ms
+import numpy as np
 
+from mm_parallel import zero3
 from mm_parallel.census import owned_parameters
 from mm_parallel.ops import low_precision
+from mm_parallel.sharding import sharding_of
 
 DTYPES = {"fp32": ms.float32, "bf16": ms.bfloat16, "fp16": ms.float16}
 TORCH_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # config.json's "dtype"
@@ -137,5 +140,6 @@ def dominant_dtype_name(params) -> str:
     """The torch name of the dtype most of ``params``' values are in (what config.json records)."""
     counts = {}
     for p in params:
-        counts[p.dtype] = counts.get(p.dtype, 0) + int(p.size)
+        dtype = zero3.value_dtype(p)  # a ZeRO-3 slice is float32 storage of its layer's dtype
+        counts[dtype] = counts.get(dtype, 0) + int(np.prod(sharding_of(p).local_shape or p.shape))
     return torch_name(max(counts, key=counts.get)) if counts else "float32"

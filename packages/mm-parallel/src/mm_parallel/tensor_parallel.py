@@ -77,15 +77,17 @@ def linear(x, weight, bias):
     """x W^T + b computed in W's dtype (mm_parallel.ops.low_precision: emulated on CPU for bf16 / fp16);
     a ZeRO-3 weight is gathered for the matmul alone (mm_parallel.zero3)."""
     if zero3.is_sharded(weight):
-        x = low_precision.to_compute(x, weight.dtype)
+        dtype = zero3.compute_dtype(weight)
+        x = low_precision.to_compute(x, dtype)
         out = zero3.gathered_matmul(x.reshape(-1, x.shape[-1]), weight)
     else:
+        dtype = weight.dtype
         x, w = low_precision.matmul_operands(x, weight)
         out = _matmul_nt(x.reshape(-1, x.shape[-1]), w)
     if bias is not None:
         out = _bias_add(out, as_type(bias, out.dtype))
-    if weight.dtype in low_precision.LOW:
-        out = low_precision.to_compute(out, weight.dtype)
+    if dtype in low_precision.LOW:
+        out = low_precision.to_compute(out, dtype)
     return out.reshape(x.shape[:-1] + (zero3.output_features(weight),))
 
 

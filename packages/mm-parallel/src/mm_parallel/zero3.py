@@ -24,7 +24,10 @@ ZeRO-3 run resumes under ZeRO-1 or another dp, and the reverse.
 
 Which weights (`shard_parameters`): the trainable ones a cell multiplies through `linear` (the
 cell lists them in ``ZERO3_WEIGHTS``: column / row parallel and replicated linears) of at least
-``min_numel`` values, in float32, not tied to another cell. The rest (norms, biases, embeddings,
+``min_numel`` values, not tied to another cell; the slice is float32 whatever the layer computes
+in (the optimizer's update lands there unrounded; the region rounds W to the layer's dtype, as
+the optimizer's write of a bf16 weight would), and each rank's dW is rounded to that dtype
+before the float32 sum: the same values as the whole weight's path. The rest (norms, biases, embeddings,
 convolutions, experts, frozen and tied weights) stays whole and is reduced as under ZeRO-2;
 `Sharded` counts both.
 """
@@ -38,10 +41,11 @@ from typing import Optional
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Parameter, Tensor, nn, ops
 
 from mm_parallel import comm
 from mm_parallel.census import owned_parameters
+from mm_parallel.ops import low_precision
 from mm_parallel.ops.device import as_type
 from mm_parallel.ops.low_precision import compute_weight
 from mm_parallel.sharding import set_sharding, sharding_of
@@ -64,17 +68,19 @@ class Sharded:
 
 
 class _GatheredMatmul(nn.Cell):
-    """The region of the module docstring for one sharded weight."""
+    """The region of the module docstring for one sharded weight, computing in ``dtype``."""
 
-    def __init__(self, spec, topology: Topology):
+    def __init__(self, spec, topology: Topology, dtype):
         super().__init__()
-        self.spec, self.topology = spec, topology
+        self.spec, self.topology, self.dtype = spec, topology, dtype
         self.group = topology.groups[spec.flat_over]
         self.numel = int(np.prod(spec.local_shape))
 
     def whole(self, shard, phase: str):
+        """W as the matmul takes it: rounded (or cast) to the compute dtype before the gather,
+        which halves a bf16 gather's bytes on a device and changes no value."""
         GATHERS[phase] += 1
-        return compute_weight(self.spec.unflatten(shard, self.topology))
+        return compute_weight(self.spec.unflatten(low_precision.to_compute(shard, self.dtype), self.topology))
 
     def construct(self, x, shard):
         return _matmul_nt(x, self.whole(shard, "forward"))
@@ -82,15 +88,26 @@ class _GatheredMatmul(nn.Cell):
     def bprop(self, x, shard, out, dout):
         weight = self.whole(shard, "backward")
         dx = ops.matmul(dout, weight)
-        flat = _matmul_tn(dout, x).reshape(-1)
+        # each rank's dW in the compute dtype, as autograd returns a bf16 weight's, summed in fp32
+        flat = as_type(low_precision.to_compute(_matmul_tn(dout, x), self.dtype), ms.float32).reshape(-1)
         padded = shard.shape[0] * self.group.size
         if padded > self.numel:
             flat = ops.concat([flat, ops.zeros(padded - self.numel, flat.dtype)])
-        return dx, as_type(comm.reduce_scatter(flat, self.group), shard.dtype)
+        return dx, comm.reduce_scatter(flat, self.group)
 
 
 def is_sharded(weight) -> bool:
     return sharding_of(weight).flat_over is not None
+
+
+def compute_dtype(weight):
+    """The dtype a ZeRO-3 weight's layer computes in (its slice is float32)."""
+    return weight.zero3_region.dtype
+
+
+def value_dtype(param):
+    """The dtype of a parameter's values as a checkpoint keeps them: a ZeRO-3 slice's layer's."""
+    return compute_dtype(param) if is_sharded(param) else param.dtype
 
 
 def output_features(weight) -> int:
@@ -124,12 +141,13 @@ def shard_parameters(model: nn.Cell, topology=None, min_numel: Optional[int] = N
             whole += param.requires_grad
             whole_numel += numel if param.requires_grad else 0
             continue
-        if param.dtype != ms.float32:
-            raise ValueError(f"{param.name}: ZeRO-3 shards float32 weights in this version, got {param.dtype}; use "
-                             "train.precision fp32 or parallel.zero_stage 2")
         flat_spec = dataclasses.replace(spec, flat_over=spec.grad_sync, local_shape=tuple(int(d) for d in param.shape))
-        param.set_data(Tensor(flat_spec.flat_slice(param.asnumpy(), topo), param.dtype))
-        set_sharding(param, flat_spec)
-        param.zero3_region = _GatheredMatmul(flat_spec, topo)
+        value = flat_spec.flat_slice(as_type(param, ms.float32).asnumpy(), topo)
+        # the slice in float32 whatever the layer computes in (FSDP2's sharded parameter): the
+        # optimizer writes its fp32 update there, the region rounds it for the matmul
+        shard = Parameter(Tensor(value, ms.float32), name=param.name, requires_grad=True)
+        set_sharding(shard, flat_spec)
+        shard.zero3_region = _GatheredMatmul(flat_spec, topo, param.dtype)
+        setattr(cell, attr, shard)
         sharded, sharded_numel = sharded + 1, sharded_numel + numel
     return Sharded(sharded, sharded_numel, whole, whole_numel)

@@ -451,9 +451,6 @@ def build_recipe(values: Optional[dict] = None, overrides: Sequence[str] = ()) -
         built[name] = _typed(name, cls, given)
     output_dir = str(values.get("output_dir", "runs/default"))
     own = {name: built.pop(name) for name in spec.sections}
-    if built["parallel"].zero_stage == 3 and built["train"].precision != "fp32":
-        raise ValueError(f"parallel.zero_stage 3 shards float32 weights in this version; train.precision is "
-                         f"{built['train'].precision}: use fp32, or zero_stage 2")
     if built["train"].global_batch_tokens is not None and not getattr(built["data"], "packing", False):
         raise ValueError(f"train.global_batch_tokens counts the tokens of packed rows, and data.kind "
                          f"{built['data'].kind} of family {spec.name} does not pack: set data.packing: true where "
