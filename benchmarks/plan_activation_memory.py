@@ -40,7 +40,8 @@ QWEN = ["model.config.text_config.hidden_size=256", "model.config.text_config.nu
         "model.config.vision_config.out_hidden_size=256", "model.config.vision_config.window_size=112",
         "model.config.image_token_id=1000", "model.config.video_token_id=1001",
         "model.config.vision_start_token_id=1002", "model.config.vision_end_token_id=1003",
-        "data.max_length=1024", "data.min_pixels=50176", "data.max_pixels=50176", "train.micro_batch_size=2"]
+        "data.max_length=1024", "data.min_pixels=50176", "data.max_pixels=50176", "train.micro_batch_size=2",
+        "data.packing=false"]  # what is measured: micro_batch_size samples padded, as the plan then counts them
 WAN = ["model.config.num_attention_heads=4", "model.config.attention_head_dim=32", "model.config.ffn_dim=512",
        "model.config.num_layers=4", "data.kind=video_features", "data.path=unused", "data.num_frames=33",
        "data.max_area=65536", "data.text_max_length=64", "train.micro_batch_size=2"]

@@ -216,6 +216,8 @@ class RowParallelLinear(_TensorParallel):
 class VocabParallelEmbedding(_TensorParallel):
     """Embedding whose vocabulary rows are split over tp; see the module docstring."""
 
+    ZERO3_WEIGHTS, ZERO3_REGION = ("weight",), "rows"  # looked up through `_rows` (mm_parallel.zero3)
+
     def __init__(self, num_embeddings, embedding_dim, *, topology=None, sequence_parallel=None, seq_dim=1,
                  init_std=None):
         super().__init__(topology, sequence_parallel, seq_dim)
@@ -229,16 +231,21 @@ class VocabParallelEmbedding(_TensorParallel):
         self.weight = new_parameter((num_embeddings, embedding_dim), "weight", init_std, self.group, 0)
 
     def construct(self, input_ids):
-        table = low_precision.compute_weight(self.weight)  # (no bf16 gather on CPU)
         if self.group.size == 1:
-            return ops.gather(table, input_ids, 0)
+            return self._rows(input_ids)
         local = input_ids - self.start
         outside = ops.logical_or(local < 0, local >= self.per_rank)
-        rows = ops.gather(table, ops.masked_fill(local, outside, 0), 0)
+        rows = self._rows(ops.masked_fill(local, outside, 0))
         rows = ops.masked_fill(rows, outside[..., None], 0.0)
         if self.sequence_parallel:
             return mappings.reduce_scatter_to_sequence(rows, self.group, self.seq_dim)
         return mappings.reduce_from_region(rows, self.group)
+
+    def _rows(self, ids):
+        """This rank's table rows at ``ids`` (float32 when emulating: no bf16 gather on CPU)."""
+        if zero3.is_sharded(self.weight):
+            return zero3.gathered_rows(ids, self.weight)
+        return ops.gather(low_precision.compute_weight(self.weight), ids, 0)
 
 
 def vocab_parallel_cross_entropy(logits, labels, group: Optional[Group] = None, ignore_index: int = -100,

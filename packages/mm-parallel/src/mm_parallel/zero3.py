@@ -10,26 +10,30 @@ mm_parallel.mappings, with the weight as a second input):
                       Y = X W^T, W dropped                 dX = dY W
                                                            dw_r = chunk_r(sum_j flat(dY_j^T X_j))
                                                                                   (reduce-scatter)
+    gathered_rows     W = unflat(cat_j w_j)                dw_r = chunk_r(sum_j flat(S_j)), S_j the
+                      Y = W[ids], W dropped                rows of dY_j added at ids_j (no W needed)
 
 Why a region with a written backward: a PyNative bprop receives the inputs (X, w_r), the output
 and dY only, so nothing gathered in the forward stays alive until the backward — autograd through
 an all-gather would keep every layer's whole W from its forward to its backward, the whole model.
 A step therefore holds one layer's whole weight at a time; gathers per step = the sharded weights
-x micro-batches x 2 (x 3 with recomputation, whose forward runs again), counted in ``GATHERS``.
+x micro-batches x 2 (an embedding's backward needs none; recomputation adds a forward's),
+counted in ``GATHERS``.
 
 dw_r is the group's sum of this rank's slice; the DistributedOptimizer (zero_stage 3) divides it
 by dp like every gradient and updates w_r where it lies: no all-gather after the step. Checkpoints
 keep today's format (mm_parallel.sharding: ``flat_over`` gathers and re-cuts the slices), so a
 ZeRO-3 run resumes under ZeRO-1 or another dp, and the reverse.
 
-Which weights (`shard_parameters`): the trainable ones a cell multiplies through `linear` (the
-cell lists them in ``ZERO3_WEIGHTS``: column / row parallel and replicated linears) of at least
-``min_numel`` values, not tied to another cell; the slice is float32 whatever the layer computes
-in (the optimizer's update lands there unrounded; the region rounds W to the layer's dtype, as
-the optimizer's write of a bf16 weight would), and each rank's dW is rounded to that dtype
-before the float32 sum: the same values as the whole weight's path. The rest (norms, biases, embeddings,
-convolutions, experts, frozen and tied weights) stays whole and is reduced as under ZeRO-2;
-`Sharded` counts both.
+Which weights (`shard_parameters`): the trainable ones a cell lists in ``ZERO3_WEIGHTS`` and
+uses through a region (``ZERO3_REGION``: "matmul" for column / row parallel and replicated
+linears, which multiply through `linear`; "rows" for the vocabulary embedding) of at least
+``min_numel`` values, not tied to another cell. The slice is float32 whatever the layer computes
+in (FSDP2's sharded parameter: the optimizer's update lands there unrounded; the region rounds W
+to the layer's dtype, as the optimizer's write of a whole bf16 weight would), and each rank's dW
+is rounded to that dtype before the float32 sum: the values of the whole weight's path. The rest
+(norms, biases, convolutions, experts, frozen and tied weights) stays whole and is reduced as
+under ZeRO-2; `Sharded` counts both.
 """
 
 from __future__ import annotations
@@ -87,13 +91,38 @@ class _GatheredMatmul(nn.Cell):
 
     def bprop(self, x, shard, out, dout):
         weight = self.whole(shard, "backward")
-        dx = ops.matmul(dout, weight)
-        # each rank's dW in the compute dtype, as autograd returns a bf16 weight's, summed in fp32
-        flat = as_type(low_precision.to_compute(_matmul_tn(dout, x), self.dtype), ms.float32).reshape(-1)
-        padded = shard.shape[0] * self.group.size
+        return ops.matmul(dout, weight), self._reduce_scattered(_matmul_tn(dout, x))
+
+    def _reduce_scattered(self, dw):
+        """This rank's slice of the group's sum of dW, each rank's dW first rounded to the layer's
+        dtype (as autograd returns a whole bf16 weight's gradient), summed in float32."""
+        flat = as_type(low_precision.to_compute(dw, self.dtype), ms.float32).reshape(-1)
+        padded = self.group.size * -(-self.numel // self.group.size)
         if padded > self.numel:
             flat = ops.concat([flat, ops.zeros(padded - self.numel, flat.dtype)])
-        return dx, comm.reduce_scatter(flat, self.group)
+        return comm.reduce_scatter(flat, self.group)
+
+
+class _GatheredRows(_GatheredMatmul):
+    """The embedding's region: rows = W[ids] from the gathered table; its backward needs no W:
+    dW = the rows' gradients added at their ids (rounded to the layer's dtype on each rank, as a
+    whole bf16 table's gradient is), reduce-scattered into the slice."""
+
+    def construct(self, ids, shard):
+        return ops.gather(self.whole(shard, "forward"), ids, 0)
+
+    def bprop(self, ids, shard, out, dout):
+        rows, width = self.spec.local_shape[0], dout.shape[-1]
+        table = ops.unsorted_segment_sum(as_type(dout, ms.float32).reshape(-1, width), ids.reshape(-1), rows)
+        return ops.zeros_like(ids), self._reduce_scattered(table)
+
+
+REGIONS = {"matmul": _GatheredMatmul, "rows": _GatheredRows}  # a cell's ZERO3_REGION names its weight's
+
+
+def gathered_rows(ids, weight):
+    """W[ids] for an embedding table `shard_parameters` cut (`_GatheredRows`)."""
+    return weight.zero3_region(ids, weight)
 
 
 def is_sharded(weight) -> bool:
@@ -147,7 +176,18 @@ def shard_parameters(model: nn.Cell, topology=None, min_numel: Optional[int] = N
         # optimizer writes its fp32 update there, the region rounds it for the matmul
         shard = Parameter(Tensor(value, ms.float32), name=param.name, requires_grad=True)
         set_sharding(shard, flat_spec)
-        shard.zero3_region = _GatheredMatmul(flat_spec, topo, param.dtype)
+        shard.zero3_region = REGIONS[getattr(cell, "ZERO3_REGION", "matmul")](flat_spec, topo, param.dtype)
         setattr(cell, attr, shard)
         sharded, sharded_numel = sharded + 1, sharded_numel + numel
+    if sharded:
+        _refresh_recomputed(model)
     return Sharded(sharded, sharded_numel, whole, whole_numel)
+
+
+def _refresh_recomputed(model: nn.Cell) -> None:
+    """Mark the recomputed cells again: MindSpore's ``Cell.recompute()`` captures the cell's
+    trainable parameters when it is called (its recompute cell's ``internal_params``), which
+    would still name the whole weights the slices replaced — their slices would get no gradient."""
+    for _, cell in model.cells_and_names():
+        if getattr(cell, "_recompute_cell", None) is not None:
+            cell.recompute()

@@ -95,7 +95,7 @@ def _shard_weights(chunks, topo) -> None:
         whole, rest = sum(d.whole for d in done), sum(d.whole_numel for d in done)
         print(f"mm-train: ZeRO-3 holds 1/{topo.dp_cp.size} of {sharded} weights ({numel:,} values); {whole} "
               f"trained parameters ({rest:,} values) stay whole (under parallel.zero3_min_numel="
-              f"{topo.config.zero3_min_numel:,}, norms, biases, embeddings, tied)", file=sys.stderr)
+              f"{topo.config.zero3_min_numel:,}, norms, biases, convolutions, experts, tied)", file=sys.stderr)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,91 @@
+"""mm_parallel.zero3's regions on two processes: a model whose embedding and linear weights are cut
+into flat slices computes what the whole model computes, and each slice's gradient is that slice
+of the sum over the ranks of the whole weights' gradients (the rest: each rank's own) — fp32 and
+bf16 (emulated: W rounded before the matmul, each rank's dW rounded before the sum); gathers are
+counted; gathered slices give back the whole weights."""
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.distributed
+
+
+def _model(topo):
+    from mindspore import nn
+
+    from mm_parallel.blocks import Linear
+    from mm_parallel.tensor_parallel import ColumnParallelLinear, VocabParallelEmbedding, seed_parameters
+
+    seed_parameters(5)
+
+    class Model(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.embed = VocabParallelEmbedding(64, 16, topology=topo)
+            self.up = ColumnParallelLinear(16, 33, topology=topo)  # 528 values: padded to a multiple of 2
+            self.down = Linear(33, 16, bias=False)
+
+        def construct(self, ids):
+            return self.down(self.up(self.embed(ids)))
+
+    return Model()
+
+
+def regions_equal_the_whole_model(precision_name):
+    """Runs on every rank: [problems]."""
+    import mindspore as ms
+    from mindspore import Tensor
+
+    import mm_parallel
+    from mm_parallel import ParallelConfig, comm, precision
+    from mm_parallel.ops.device import as_type
+    from mm_parallel.sharding import sharding_of
+    from mm_parallel.zero3 import GATHERS, shard_parameters
+
+    topo = mm_parallel.initialize(ParallelConfig(zero_stage=3))
+    policy = precision.Precision(precision_name)
+    ids = Tensor(np.random.default_rng(topo.rank).integers(0, 64, (2, 5)).astype(np.int32))
+    problems = []
+    try:
+        whole, sharded = _model(topo), _model(topo)
+        for model in (whole, sharded):
+            precision.apply(model, policy)
+        done = shard_parameters(sharded, topo, min_numel=1)
+        if done.sharded != 3:
+            problems.append(f"{done} sharded, expected the embedding and both linears")
+        GATHERS.clear()
+
+        def run(model):
+            params = model.trainable_params()
+            out, grads = ms.value_and_grad(lambda t: (as_type(model(t), ms.float32) ** 2).sum(), None, params)(ids)
+            return out, {p.name: g for p, g in zip(params, grads)}
+
+        loss_whole, grads_whole = run(whole)
+        loss_sharded, grads_sharded = run(sharded)
+        if dict(GATHERS) != {"forward": 3, "backward": 2}:  # the embedding's backward needs no gather
+            problems.append(f"gathers {dict(GATHERS)}")
+        if float(loss_whole.asnumpy()) != float(loss_sharded.asnumpy()):
+            problems.append(f"loss {loss_sharded} != {loss_whole}")
+        for p in sharded.trainable_params():
+            spec = sharding_of(p)
+            local = as_type(grads_whole[p.name], ms.float32)  # a whole parameter's: this rank's, reduced later
+            want = (spec.flat_slice(comm.all_reduce(local, topo.dp).asnumpy(), topo) if spec.flat_over
+                    else local.asnumpy())
+            got = as_type(grads_sharded[p.name], ms.float32).asnumpy()
+            if got.shape != want.shape or not np.allclose(got, want, rtol=1e-6, atol=1e-7):
+                problems.append(f"{p.name}: gradient {got.shape} differs from the whole model's slice {want.shape}")
+            if spec.flat_over:  # the slice round-trips: gathered it is the whole weight's value
+                full = spec.gather(p, topo).asnumpy()
+                weight = dict((q.name, q) for q in whole.trainable_params())[p.name]
+                if not np.array_equal(as_type(Tensor(full), weight.dtype).astype(ms.float32).asnumpy(),
+                                      as_type(weight, ms.float32).asnumpy()):
+                    problems.append(f"{p.name}: gathered slices differ from the whole weight")
+    finally:
+        precision.activate(precision.Precision())
+    return problems
+
+
+@pytest.mark.parametrize("precision_name", ["fp32", "bf16"])
+def test_sharded_weights_compute_and_reduce_like_whole_ones(run_distributed, precision_name):
+    results = run_distributed(regions_equal_the_whole_model, nproc=2, timeout=300, precision_name=precision_name)
+    assert results == [[], []], results
