@@ -36,6 +36,10 @@ CASES = {
                                                    "train.precision=bf16"]),
     "wan_tp2_cp2": ("wan2_1_t2v_tiny", 8, ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.cp=2",
                                           "parallel.zero_stage=1"]),
+    "vl_tp2_zero3_bf16": ("qwen2_5_vl_tiny", 8, ["parallel.tp=2", "parallel.pp=2", "parallel.zero_stage=3",
+                                                 "parallel.zero3_min_numel=1024", "train.precision=bf16"]),
+    "wan_zero3_cp2": ("wan2_1_t2v_tiny", 2, ["parallel.cp=2", "parallel.zero_stage=3",
+                                            "parallel.zero3_min_numel=1024"]),
 }
 
 
@@ -46,7 +50,9 @@ def test_predicted_parameter_and_optimizer_bytes_equal_the_real_build(case, tmp_
     import mm_parallel
     from mm_parallel.census import owned_parameters
     from mm_parallel.ops import low_precision
+    from mm_parallel.sharding import sharding_of
     from mm_parallel.topology import Topology
+    from mm_parallel.zero3 import shard_parameters
 
     name, world, sets = CASES[case]
     recipe = load_recipe(name, [*sets, f"output_dir={tmp_path / 'out'}", f"data.path={tmp_path / 'data'}"])
@@ -60,15 +66,19 @@ def test_predicted_parameter_and_optimizer_bytes_equal_the_real_build(case, tmp_
             predicted = memory.static_bytes(memory.build_chunks(recipe.family, recipe, raw, config, topo), recipe,
                                             topo)
             real = memory.build_chunks(recipe.family, recipe, raw, config, topo, values=True)
+            if recipe.parallel.zero_stage == 3:  # as mm_train.loop does after the plan
+                assert sum(shard_parameters(chunk, topo).sharded for chunk in real) > 0
             held = [p for chunk in real for _, p, _, _ in owned_parameters(chunk)]
             trainable = [p for chunk in real for p in chunk.trainable_params()]
             optimizer = mm_parallel.DistributedOptimizer(real[0] if len(real) == 1 else real,
                                                          recipe.train.precision_policy().optimizer_config(recipe.optim),
                                                          topo)
-            assert predicted["params"] == sum(int(p.size) for p in held), position
+            assert predicted["params"] == sum(math.prod(sharding_of(p).local_shape or p.shape) for p in held), position
             assert predicted["weights_bytes"] == sum(int(p.nbytes) for p in held), position
             grad_size = 4 if recipe.train.grad_dtype == "fp32" else 2
-            assert predicted["grads_bytes"] == sum(int(p.size) for p in trainable) * grad_size, position
+            # a ZeRO-3 slice's gradient is float32 like the slice
+            assert predicted["grads_bytes"] == sum(int(p.size) * (4 if sharding_of(p).flat_over else grad_size)
+                                                   for p in trainable), position
             assert predicted["optimizer_bytes"] == optimizer.state_bytes(), position
             if recipe.train.precision == "bf16":
                 assert any(p.dtype == ms.bfloat16 for p in held)
@@ -399,3 +409,19 @@ def test_a_packed_row_is_planned_as_its_samples_in_a_row_of_the_budget():
     assert longer["step_time_s"] >= two["step_time_s"]  # the same FLOPs; the longer row crosses the stages
     by_tokens = _planned("qwen2_5_vl_7b_sft", "data.max_tokens=8192", f"train.global_batch_tokens={64 * 4096}")
     assert by_tokens["batch_samples"] == 64 and by_tokens["step_time_s"] == pytest.approx(two["step_time_s"])
+
+
+def test_zero3_is_planned_as_slices_and_per_micro_batch_gathers():
+    """ZeRO-3 in the plan: the weights it cuts held as float32 slices (with their gradients), the
+    largest gathered whole beside the activations, and dp traffic growing with the micro-batches
+    (each gathers every cut weight for its forward and backward); the rest as ZeRO-1."""
+    one = _planned("qwen2_5_vl_7b_sft")
+    three = _planned("qwen2_5_vl_7b_sft", "parallel.zero_stage=3")
+    for a, b in zip(one["ranks"], three["ranks"]):
+        assert b["weights_bytes"] < a["weights_bytes"] and b["grads_bytes"] < a["grads_bytes"]
+        assert b["optimizer_bytes"] == pytest.approx(a["optimizer_bytes"], rel=1e-3)
+        assert b["zero3_gather_bytes"] > 0 == a["zero3_gather_bytes"] and b["zero3_numel"] > 0
+    assert three["peak_bytes"] < one["peak_bytes"]
+    assert three["breakdown"]["dp"] > one["breakdown"]["dp"]
+    more = _planned("qwen2_5_vl_7b_sft", "parallel.zero_stage=3", "train.global_batch_size=128")
+    assert more["breakdown"]["dp"] > three["breakdown"]["dp"]  # twice the micro-batches, more gathers

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -153,23 +154,31 @@ def gathered_matmul(x2d, weight):
     return region(x2d, weight)
 
 
-def shard_parameters(model: nn.Cell, topology=None, min_numel: Optional[int] = None) -> Sharded:
-    """Cut every eligible weight of ``model`` (module docstring) into this rank's flat slice, in
-    place; ``min_numel``: by default the topology's ParallelConfig.zero3_min_numel (smaller
-    weights' gathers would cost more than they save)."""
+def sharded_weights(model: nn.Cell, topology=None, min_numel: Optional[int] = None):
+    """(cell, attribute, parameter) of every weight `shard_parameters` cuts (module docstring):
+    by shapes and flags alone, so that `mm-train plan` counts them on a shape-only build."""
     topo = get_topology(topology if topology is not None else getattr(model, "topology", None))
     min_numel = topo.config.zero3_min_numel if min_numel is None else min_numel
     owners = collections.Counter(id(p) for _, cell in model.cells_and_names() for p in cell._params.values())
-    sharded = sharded_numel = whole = whole_numel = 0
+    chosen = []
     for _, param, cell, attr in owned_parameters(model):
-        spec, numel = sharding_of(param), int(np.prod(param.shape))
+        spec = sharding_of(param)
         # a tied weight (an LM head sharing the embedding's) is read whole by its other owner: kept whole
-        eligible = (param.requires_grad and attr in getattr(cell, "ZERO3_WEIGHTS", ()) and numel >= min_numel
-                    and owners[id(param)] == 1 and spec.flat_over is None and topo.groups[spec.grad_sync].size > 1)
-        if not eligible:
-            whole += param.requires_grad
-            whole_numel += numel if param.requires_grad else 0
-            continue
+        if (param.requires_grad and attr in getattr(cell, "ZERO3_WEIGHTS", ()) and math.prod(param.shape) >= min_numel
+                and owners[id(param)] == 1 and spec.flat_over is None and topo.groups[spec.grad_sync].size > 1):
+            chosen.append((cell, attr, param))
+    return chosen
+
+
+def shard_parameters(model: nn.Cell, topology=None, min_numel: Optional[int] = None) -> Sharded:
+    """Cut every eligible weight of ``model`` (`sharded_weights`) into this rank's flat slice, in
+    place; ``min_numel``: by default the topology's ParallelConfig.zero3_min_numel (smaller
+    weights' gathers would cost more than they save)."""
+    topo = get_topology(topology if topology is not None else getattr(model, "topology", None))
+    chosen = sharded_weights(model, topo, min_numel)
+    sharded_numel = 0
+    for cell, attr, param in chosen:
+        spec, numel = sharding_of(param), math.prod(param.shape)
         flat_spec = dataclasses.replace(spec, flat_over=spec.grad_sync, local_shape=tuple(int(d) for d in param.shape))
         value = flat_spec.flat_slice(as_type(param, ms.float32).asnumpy(), topo)
         # the slice in float32 whatever the layer computes in (FSDP2's sharded parameter): the
@@ -178,10 +187,11 @@ def shard_parameters(model: nn.Cell, topology=None, min_numel: Optional[int] = N
         set_sharding(shard, flat_spec)
         shard.zero3_region = REGIONS[getattr(cell, "ZERO3_REGION", "matmul")](flat_spec, topo, param.dtype)
         setattr(cell, attr, shard)
-        sharded, sharded_numel = sharded + 1, sharded_numel + numel
-    if sharded:
+        sharded_numel += numel
+    if chosen:
         _refresh_recomputed(model)
-    return Sharded(sharded, sharded_numel, whole, whole_numel)
+    trained = [p for p in model.trainable_params() if sharding_of(p).flat_over is None]
+    return Sharded(len(chosen), sharded_numel, len(trained), sum(math.prod(p.shape) for p in trained))
 
 
 def _refresh_recomputed(model: nn.Cell) -> None:

@@ -114,11 +114,11 @@ def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] =
                  **memory.static_bytes(built[key], recipe, topo),
                  **memory.activation_bytes(step.workload, modelled, topo, spec_device, micro_batches)}
         # the step's buffers come after the backward has freed the activations: the larger counts
+        # (a ZeRO-3 layer's gathered weight lives while it runs, beside the activations)
         entry["total_bytes"] = sum(entry[k] for k in ("weights_bytes", "grads_bytes", "optimizer_bytes")) + max(
-            entry["activations_bytes"], entry["optimizer_step_buffers_bytes"])
-        grads_numel = entry["grads_bytes"] // memory.DTYPE_BYTES[recipe.train.grad_dtype]
+            entry["activations_bytes"] + entry["zero3_gather_bytes"], entry["optimizer_step_buffers_bytes"])
         times = timing.step_time(step.workload, modelled, topo, spec_device, cluster, known["efficiency"],
-                                 grads_numel, micro_batches)
+                                 entry["reduced_numel"], micro_batches, entry["zero3_numel"])
         ranks.append(entry)
         peak = max(peak, entry["total_bytes"])
         slowest = times if slowest is None or times["step_time_s"] > slowest["step_time_s"] else slowest

@@ -13,6 +13,10 @@ ranks, the family's plan (recompute, LoRA, freezing) applied — inside
     step        `mm_parallel.grad_buckets.step_buffer_values`: the step's reduced gradients and
                 one bucket's transients, after the backward freed the activations: a rank's
                 peak is the static bytes plus the larger of its activations and these
+    ZeRO-3      the weights `mm_parallel.zero3.sharded_weights` picks held as float32 slices of
+                ceil(n / D) values, their gradients too (whatever train.grad_dtype); the largest
+                one gathered whole in its layer's dtype while its layer runs (``zero3_gather_bytes``,
+                counted with the activations)
 
 Activations of one micro-batch on a stage, with t = tp, s = the stack's tokens per sample / cp,
 b = micro_batch_size and L the stage's layers of a stack, in the activation dtype (float32 where
@@ -106,19 +110,35 @@ def static_bytes(chunks, recipe, topo) -> Dict[str, int]:
     from mm_parallel.precision import dtype_under
 
     policy = recipe.train.precision_policy()
-    params = weights = 0
+    zero, buckets = topo.config.zero_stage, recipe.optim.bucket_numel
+    sliced = _zero3_slices(chunks, topo) if zero == 3 else {}
+    params = weights = gathered = 0
     for chunk in chunks:
         keep = getattr(type(chunk), "_keep_in_fp32_modules", None) or ()
         for name, param, _, _ in owned_parameters(chunk):
             numel = math.prod(param.shape)
             params += numel
-            weights += numel * _itemsize(dtype_under(policy, name, param, keep))
+            size = _itemsize(dtype_under(policy, name, param, keep))
+            weights += 4 * sliced[id(param)] if id(param) in sliced else numel * size
+            gathered = max(gathered, numel * size if id(param) in sliced else 0)
     trainable = [p for chunk in chunks for p in chunk.trainable_params()]
-    grads = sum(math.prod(p.shape) for p in trainable) * DTYPE_BYTES[recipe.train.grad_dtype]
-    zero, buckets = topo.config.zero_stage, recipe.optim.bucket_numel
+    grads = sum(4 * sliced[id(p)] if id(p) in sliced else math.prod(p.shape) * DTYPE_BYTES[recipe.train.grad_dtype]
+                for p in trainable)
     optimizer = state_bytes_of(trainable, topo, zero, buckets) if trainable else 0
     return {"params": params, "weights_bytes": weights, "grads_bytes": grads, "optimizer_bytes": optimizer,
-            "optimizer_step_buffers_bytes": step_buffer_bytes(trainable, topo, buckets)}
+            "optimizer_step_buffers_bytes": step_buffer_bytes(trainable, topo, buckets),
+            "zero3_gather_bytes": gathered,
+            # what the step reduces whole (timing: all-reduce / reduce-scatter) and what ZeRO-3 gathers per layer
+            "reduced_numel": sum(math.prod(p.shape) for p in trainable if id(p) not in sliced),
+            "zero3_numel": sum(math.prod(p.shape) for p in trainable if id(p) in sliced)}
+
+
+def _zero3_slices(chunks, topo) -> Dict[int, int]:
+    """{id(parameter): its ZeRO-3 slice's values} of the weights a ZeRO-3 run cuts."""
+    from mm_parallel.zero3 import sharded_weights
+
+    shards = topo.dp_cp.size  # dense weights' gradient group (experts are not cut)
+    return {id(p): -(-math.prod(p.shape) // shards) for chunk in chunks for _, _, p in sharded_weights(chunk, topo)}
 
 
 def _itemsize(dtype) -> int:

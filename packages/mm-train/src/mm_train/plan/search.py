@@ -22,7 +22,7 @@ from mm_train.plan import cluster_of, load_devices, model_config, plan_on
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 MICRO_BATCH_SIZES = (1, 2, 4)
-ZERO_STAGES = (0, 1, 2)
+ZERO_STAGES = (0, 1, 2, 3)
 SINGLE = {"parallel": dict(tp=1, pp=1, vpp=1, cp=1, ep=1, zero_stage=0, sequence_parallel=False),
           "recompute": "none", "micro_batch_size": 1}
 

@@ -25,7 +25,11 @@ micro-batches per data-parallel rank and step, and E_c, E_n the compute and link
                           with their gradients backward: 6 (c - 1) s b h / cp
                 pp        each micro-batch's stage input forward and its gradient back
                 dp / ZeRO the fp32 gradient all-reduce 2 (d - 1) / d N 4 bytes, plus with ZeRO the
-                          all-gather of the updated slices (d - 1) / d N 4
+                          all-gather of the updated slices (d - 1) / d N 4; under ZeRO-3 the N_s
+                          values of the weights it cuts instead move every micro-batch: gathered in
+                          the layer's dtype (b bytes) for the forward, the backward and each
+                          recomputed forward, (2 + r) (d - 1) / d N_s b, and their gradients
+                          reduce-scattered in fp32, (d - 1) / d N_s 4
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ def _recomputed_share(recipe, workload, pp: int) -> float:
 
 
 def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: dict, grads_numel: int,
-              micro_batches: int) -> Dict[str, float]:
+              micro_batches: int, sharded_numel: int = 0) -> Dict[str, float]:
     """{compute_s, bubble_s, encode_s, launch_s, tp_s, cp_s, pp_s, dp_s, step_time_s} of one rank (module
     docstring)."""
     par = topo.config
@@ -122,6 +126,9 @@ def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: d
         volume = 2 * (d - 1) / d * grads_numel * 4
         if par.zero_stage > 0:
             volume += (d - 1) / d * grads_numel * 4
+        if sharded_numel:  # ZeRO-3: per micro-batch, gathers and the gradients' reduce-scatter
+            gathers = 2 + _recomputed_share(recipe, workload, p)
+            volume += micro_batches * (d - 1) / d * sharded_numel * (gathers * size + 4)
         times["dp_s"] = volume / _link_bytes_per_s(topo, "dp_cp", device, cluster, comm_eff)
     times["step_time_s"] = sum(times.values())
     return times
