@@ -2,7 +2,8 @@
 into flat slices computes what the whole model computes, and each slice's gradient is that slice
 of the sum over the ranks of the whole weights' gradients (the rest: each rank's own) — fp32 and
 bf16 (emulated: W rounded before the matmul, each rank's dW rounded before the sum); gathers are
-counted; gathered slices give back the whole weights."""
+counted; gathered slices give back the whole weights; a frozen weight is cut too and gets no
+gradient."""
 
 import numpy as np
 import pytest
@@ -50,9 +51,11 @@ def regions_equal_the_whole_model(precision_name):
         whole, sharded = _model(topo), _model(topo)
         for model in (whole, sharded):
             precision.apply(model, policy)
+            model.up.bias.requires_grad = False  # a frozen parameter left whole
+            model.down.weight.requires_grad = False  # a frozen weight: cut too, its backward dX alone
         done = shard_parameters(sharded, topo, min_numel=1)
-        if done.sharded != 3:
-            problems.append(f"{done} sharded, expected the embedding and both linears")
+        if done.sharded != 3 or sharding_of(sharded.down.weight).flat_over is None or sharded.down.weight.requires_grad:
+            problems.append(f"{done} sharded, expected the embedding and both linears, down frozen")
         GATHERS.clear()
 
         def run(model):

@@ -6,6 +6,7 @@ checkpoint folders are never picked."""
 import json
 import os
 
+import numpy as np
 import pytest
 from helpers.mm_train_cli import mm_train_command, val_losses
 from helpers.train_runs import train
@@ -182,3 +183,24 @@ def test_virtual_pipeline_stages_train_like_one_process_and_resume_on_one(tmp_pa
     assert losses(tmp_path / "vpp") == pytest.approx(losses(tmp_path / "single"), rel=1e-4)
     assert val_losses(tmp_path / "vpp") == pytest.approx(val_losses(tmp_path / "single"), rel=1e-4)
     assert list(val_losses(tmp_path / "single")) == [3, 6]
+
+
+def test_lora_under_zero3_equals_one_process(tmp_path, run_distributed):
+    """LoRA under dp2 ZeRO-3: the frozen base weights are held as slices too (gathered for their
+    matmul, no gradient reduced), the adapters train as on one process: losses and the saved
+    adapters after 3 steps."""
+    from safetensors.numpy import load_file
+
+    data, outs = tmp_path / "data", {}
+    for name, nproc, extra in (("one", 1, []), ("zero3", 2, ["--set", "parallel.zero_stage=3", "--set",
+                                                             "parallel.zero3_min_numel=1024"])):
+        outs[name] = tmp_path / name
+        printed = train(run_distributed, "qwen2_5_vl_tiny_lora", *SHORT, "--set", "train.steps=3", "--set",
+                        f"output_dir={outs[name]}", *extra, nproc=nproc, data=data)
+    assert "mm-train: ZeRO-3 holds 1/2 of" in printed
+    assert losses(outs["zero3"]) == pytest.approx(losses(outs["one"]), rel=1e-5)
+    adapters = [load_file(str(outs[n] / "checkpoints" / "step_3" / "adapters" / "adapter_model.safetensors"))
+                for n in ("one", "zero3")]
+    assert set(adapters[0]) == set(adapters[1])
+    for key, want in adapters[0].items():
+        assert np.allclose(adapters[1][key], want, rtol=1e-4, atol=1e-6), key

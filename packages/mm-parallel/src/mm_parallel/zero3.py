@@ -25,15 +25,16 @@ by dp like every gradient and updates w_r where it lies: no all-gather after the
 keep today's format (mm_parallel.sharding: ``flat_over`` gathers and re-cuts the slices), so a
 ZeRO-3 run resumes under ZeRO-1 or another dp, and the reverse.
 
-Which weights (`shard_parameters`): the trainable ones a cell lists in ``ZERO3_WEIGHTS`` and
-uses through a region (``ZERO3_REGION``: "matmul" for column / row parallel and replicated
-linears, which multiply through `linear`; "rows" for the vocabulary embedding) of at least
-``min_numel`` values, not tied to another cell. The slice is float32 whatever the layer computes
-in (FSDP2's sharded parameter: the optimizer's update lands there unrounded; the region rounds W
-to the layer's dtype, as the optimizer's write of a whole bf16 weight would), and each rank's dW
-is rounded to that dtype before the float32 sum: the values of the whole weight's path. The rest
-(norms, biases, convolutions, experts, frozen and tied weights) stays whole and is reduced as
-under ZeRO-2; `Sharded` counts both.
+Which weights (`shard_parameters`): those a cell lists in ``ZERO3_WEIGHTS`` and uses through a
+region (``ZERO3_REGION``: "matmul" for column / row parallel and replicated linears, which
+multiply through `linear`; "rows" for the vocabulary embedding) of at least ``min_numel`` values,
+not tied to another cell, trained or frozen (a LoRA base, a frozen tower: held as slices too, its
+backward computing dX alone; frozen as it is when cut). The slice is float32 whatever the layer
+computes in (FSDP2's sharded parameter: the optimizer's update lands there unrounded; the region
+rounds W to the layer's dtype, as the optimizer's write of a whole bf16 weight would), and each
+rank's dW is rounded to that dtype before the float32 sum: the values of the whole weight's path.
+The rest (norms, biases, convolutions, experts, tied weights) stays whole and is reduced as under
+ZeRO-2; `Sharded` counts both.
 """
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ class Sharded:
 class _GatheredMatmul(nn.Cell):
     """The region of the module docstring for one sharded weight, computing in ``dtype``."""
 
-    def __init__(self, spec, topology: Topology, dtype):
+    def __init__(self, spec, topology: Topology, dtype, trains: bool = True):
         super().__init__()
-        self.spec, self.topology, self.dtype = spec, topology, dtype
+        self.spec, self.topology, self.dtype, self.trains = spec, topology, dtype, trains
         self.group = topology.groups[spec.flat_over]
         self.numel = int(np.prod(spec.local_shape))
 
@@ -92,7 +93,10 @@ class _GatheredMatmul(nn.Cell):
 
     def bprop(self, x, shard, out, dout):
         weight = self.whole(shard, "backward")
-        return ops.matmul(dout, weight), self._reduce_scattered(_matmul_tn(dout, x))
+        dx = ops.matmul(dout, weight)
+        if not self.trains:  # a frozen weight (a LoRA base, a frozen tower): dX only, no dW to reduce
+            return dx, ops.zeros_like(shard)
+        return dx, self._reduce_scattered(_matmul_tn(dout, x))
 
     def _reduce_scattered(self, dw):
         """This rank's slice of the group's sum of dW, each rank's dW first rounded to the layer's
@@ -113,6 +117,8 @@ class _GatheredRows(_GatheredMatmul):
         return ops.gather(self.whole(shard, "forward"), ids, 0)
 
     def bprop(self, ids, shard, out, dout):
+        if not self.trains:
+            return ops.zeros_like(ids), ops.zeros_like(shard)
         rows, width = self.spec.local_shape[0], dout.shape[-1]
         table = ops.unsorted_segment_sum(as_type(dout, ms.float32).reshape(-1, width), ids.reshape(-1), rows)
         return ops.zeros_like(ids), self._reduce_scattered(table)
@@ -164,7 +170,7 @@ def sharded_weights(model: nn.Cell, topology=None, min_numel: Optional[int] = No
     for _, param, cell, attr in owned_parameters(model):
         spec = sharding_of(param)
         # a tied weight (an LM head sharing the embedding's) is read whole by its other owner: kept whole
-        if (param.requires_grad and attr in getattr(cell, "ZERO3_WEIGHTS", ()) and math.prod(param.shape) >= min_numel
+        if (attr in getattr(cell, "ZERO3_WEIGHTS", ()) and math.prod(param.shape) >= min_numel
                 and owners[id(param)] == 1 and spec.flat_over is None and topo.groups[spec.grad_sync].size > 1):
             chosen.append((cell, attr, param))
     return chosen
@@ -183,9 +189,10 @@ def shard_parameters(model: nn.Cell, topology=None, min_numel: Optional[int] = N
         value = flat_spec.flat_slice(as_type(param, ms.float32).asnumpy(), topo)
         # the slice in float32 whatever the layer computes in (FSDP2's sharded parameter): the
         # optimizer writes its fp32 update there, the region rounds it for the matmul
-        shard = Parameter(Tensor(value, ms.float32), name=param.name, requires_grad=True)
+        shard = Parameter(Tensor(value, ms.float32), name=param.name, requires_grad=param.requires_grad)
         set_sharding(shard, flat_spec)
-        shard.zero3_region = REGIONS[getattr(cell, "ZERO3_REGION", "matmul")](flat_spec, topo, param.dtype)
+        shard.zero3_region = REGIONS[getattr(cell, "ZERO3_REGION", "matmul")](flat_spec, topo, param.dtype,
+                                                                             param.requires_grad)
         setattr(cell, attr, shard)
         sharded_numel += numel
     if chosen:
