@@ -31,8 +31,9 @@ EVAL = ["--set", "eval.every=2", "--set", "eval.fraction=0.125", "--set", "eval.
 
 
 def test_tiny_t2v_same_losses_under_every_layout_and_resume(tmp_path, run_distributed):
-    """One process, DP2, TP2+SP, PP2 and CP2 ring give the same losses, validation losses and
-    samples (rank 0 writes the clip all ranks drew); a PP2 checkpoint resumes on one process."""
+    """One process, DP2, TP2+SP, PP2, CP2 ring and DP2 ZeRO-3 (the DiT's weights held as slices)
+    give the same losses, validation losses and samples (rank 0 writes the clip all ranks drew); a
+    PP2 checkpoint resumes on one process."""
 
     data, four = tmp_path / "tiny_video", ["--set", "train.steps=4", *EVAL]
     single, _ = run(run_distributed, tmp_path / "single", *four, data=data)
@@ -40,7 +41,8 @@ def test_tiny_t2v_same_losses_under_every_layout_and_resume(tmp_path, run_distri
     assert list(validated) == [2, 4] and validated[4] < validated[2]  # seeded: the same run every time
     layouts = {"dp2": [], "tp2_sp": ["--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"],
                "pp2": ["--set", "parallel.pp=2"],
-               "cp2_ring": ["--set", "parallel.cp=2", "--set", "parallel.cp_algo=ring"]}
+               "cp2_ring": ["--set", "parallel.cp=2", "--set", "parallel.cp_algo=ring"],
+               "dp2_zero3": ["--set", "parallel.zero_stage=3", "--set", "parallel.zero3_min_numel=1024"]}
     for name, extra in layouts.items():
         got, _ = run(run_distributed, tmp_path / name, *four, *extra, data=data, nproc=2)
         assert got == pytest.approx(single, rel=1e-4), (name, got, single)
