@@ -89,7 +89,8 @@ def train(topo, zero_stage, cfg, data, save_dir=None, load_dir=None):
 
 def zero3_problems(opt, topo, steps: int):
     """Under ZeRO-3 every linear weight is held as its 1/D flat slice, gathered once in each
-    step's forward and once in its backward, no more."""
+    step's forward and once in its backward (kept from the forward without reshard_after_forward),
+    no more."""
     from mm_parallel.sharding import sharding_of
     from mm_parallel.zero3 import GATHERS
 
@@ -100,7 +101,8 @@ def zero3_problems(opt, topo, steps: int):
         whole = int(np.prod(sharding_of(p).local_shape))
         if p.shape != (-(-whole // topo.dp_cp.size),):
             problems.append(f"{p.name}: {p.shape} is not 1/{topo.dp_cp.size} of {whole} values")
-    if dict(GATHERS) != {"forward": len(flat) * steps, "backward": len(flat) * steps}:
+    kept = not topo.config.reshard_after_forward  # one gather per weight and step, kept for its backward
+    if dict(GATHERS) != {"forward": len(flat) * steps, **({} if kept else {"backward": len(flat) * steps})}:
         problems.append(f"gathers {dict(GATHERS)} for {len(flat)} sharded weights over the steps")
     return problems
 

@@ -141,6 +141,7 @@ LAYOUTS = {
         # buckets of 1500 values (~5 here) that cut through parameters
         "dp2_zero1_buckets": {"layout": {"zero_stage": 1}, "zero": 1, "optim": {"bucket_numel": 1500}},
         "dp2_zero3": {"layout": {"zero_stage": 3}, "zero": 3},
+        "dp2_zero3_kept": {"layout": {"zero_stage": 3, "reshard_after_forward": False}, "zero": 3},
     },
     4: {
         "dp2_tp2_zero1": {"layout": {"tp": 2, "zero_stage": 1}, "zero": 1},

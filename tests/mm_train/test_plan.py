@@ -425,3 +425,5 @@ def test_zero3_is_planned_as_slices_and_per_micro_batch_gathers():
     assert three["breakdown"]["dp"] > one["breakdown"]["dp"]
     more = _planned("qwen2_5_vl_7b_sft", "parallel.zero_stage=3", "train.global_batch_size=128")
     assert more["breakdown"]["dp"] > three["breakdown"]["dp"]  # twice the micro-batches, more gathers
+    kept = _planned("qwen2_5_vl_7b_sft", "parallel.zero_stage=3", "parallel.reshard_after_forward=false")
+    assert kept["breakdown"]["dp"] < three["breakdown"]["dp"] and kept["peak_bytes"] > three["peak_bytes"]

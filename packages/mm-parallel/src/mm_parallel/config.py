@@ -41,6 +41,9 @@ class ParallelConfig:
     sequence_parallel: bool = False
     zero_stage: int = 0
     zero3_min_numel: int = 2 ** 16  # zero_stage 3: smaller weights stay whole (mm_parallel.zero3)
+    # zero_stage 3: false keeps each gathered weight from its first forward to the step's end (one
+    # gather per weight and step, whole weights in memory meanwhile), as FSDP's reshard_after_forward
+    reshard_after_forward: bool = True
 
     def __post_init__(self):
         for name in ("tp", "pp", "vpp", "cp", "ep", "zero3_min_numel"):

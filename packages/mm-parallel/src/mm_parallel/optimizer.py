@@ -59,7 +59,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-from mm_parallel import comm, grad_buckets
+from mm_parallel import comm, grad_buckets, zero3
 from mm_parallel.grad_buckets import Bucket, WholeParameters
 from mm_parallel.lr_schedule import LRSchedule
 from mm_parallel.ops.device import use_fused
@@ -188,6 +188,7 @@ class DistributedOptimizer:
         too when false (the loop's non-finite loss, decided without a read)."""
         if len(grads) != len(self.params):
             raise ValueError(f"step got {len(grads)} gradients for {len(self.params)} trainable parameters")
+        zero3.release()  # whole weights kept for the step (reshard_after_forward false): the update changes them
         topo, cfg = self.topology, self.config
         lr = self.lr_at(self.iteration)
         self.iteration += 1

@@ -18,7 +18,9 @@ and dY only, so nothing gathered in the forward stays alive until the backward â
 an all-gather would keep every layer's whole W from its forward to its backward, the whole model.
 A step therefore holds one layer's whole weight at a time; gathers per step = the sharded weights
 x micro-batches x 2 (an embedding's backward needs none; recomputation adds a forward's),
-counted in ``GATHERS``.
+counted in ``GATHERS``. With ``ParallelConfig.reshard_after_forward`` false the first gather of
+a step is kept until the optimizer's step (`release`): one gather per weight and step, whole
+weights held meanwhile (FSDP's reshard_after_forward=False, ZeRO-2's memory for the weights).
 
 dw_r is the group's sum of this rank's slice; the DistributedOptimizer (zero_stage 3) divides it
 by dp like every gradient and updates w_r where it lies: no all-gather after the step. Checkpoints
@@ -79,14 +81,23 @@ class _GatheredMatmul(nn.Cell):
     def __init__(self, spec, topology: Topology, dtype, trains: bool = True):
         super().__init__()
         self.spec, self.topology, self.dtype, self.trains = spec, topology, dtype, trains
+        self.kept = None  # the gathered weight, kept for the step without reshard_after_forward
         self.group = topology.groups[spec.flat_over]
         self.numel = int(np.prod(spec.local_shape))
 
     def whole(self, shard, phase: str):
         """W as the matmul takes it: rounded (or cast) to the compute dtype before the gather,
-        which halves a bf16 gather's bytes on a device and changes no value."""
+        which halves a bf16 gather's bytes on a device and changes no value. Without
+        reshard_after_forward the first gather of a step is kept until `release` (the weights
+        change only at the optimizer step)."""
+        if self.kept is not None:
+            return self.kept
         GATHERS[phase] += 1
-        return compute_weight(self.spec.unflatten(low_precision.to_compute(shard, self.dtype), self.topology))
+        weight = compute_weight(self.spec.unflatten(low_precision.to_compute(shard, self.dtype), self.topology))
+        if not self.topology.config.reshard_after_forward:
+            self.kept = weight
+            _KEEPING.append(self)
+        return weight
 
     def construct(self, x, shard):
         return _matmul_nt(x, self.whole(shard, "forward"))
@@ -125,6 +136,15 @@ class _GatheredRows(_GatheredMatmul):
 
 
 REGIONS = {"matmul": _GatheredMatmul, "rows": _GatheredRows}  # a cell's ZERO3_REGION names its weight's
+
+
+_KEEPING: list = []  # the regions holding a kept weight (reshard_after_forward false)
+
+
+def release() -> None:
+    """Drop the whole weights kept since the last step (the optimizer calls it: its update changes them)."""
+    while _KEEPING:
+        _KEEPING.pop().kept = None
 
 
 def gathered_rows(ids, weight):

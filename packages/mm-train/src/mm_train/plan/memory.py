@@ -15,8 +15,8 @@ ranks, the family's plan (recompute, LoRA, freezing) applied — inside
                 peak is the static bytes plus the larger of its activations and these
     ZeRO-3      the weights `mm_parallel.zero3.sharded_weights` picks held as float32 slices of
                 ceil(n / D) values, their gradients too (whatever train.grad_dtype); the largest
-                one gathered whole in its layer's dtype while its layer runs (``zero3_gather_bytes``,
-                counted with the activations)
+                one gathered whole in its layer's dtype while its layer runs (all of them without
+                parallel.reshard_after_forward: ``zero3_gather_bytes``, counted with the activations)
 
 Activations of one micro-batch on a stage, with t = tp, s = the stack's tokens per sample / cp,
 b = micro_batch_size and L the stage's layers of a stack, in the activation dtype (float32 where
@@ -120,7 +120,9 @@ def static_bytes(chunks, recipe, topo) -> Dict[str, int]:
             params += numel
             size = _itemsize(dtype_under(policy, name, param, keep))
             weights += 4 * sliced[id(param)] if id(param) in sliced else numel * size
-            gathered = max(gathered, numel * size if id(param) in sliced else 0)
+            if id(param) in sliced:  # one layer's weight at a time, or all of them kept for the step
+                gathered = gathered + numel * size if not topo.config.reshard_after_forward else max(gathered,
+                                                                                                     numel * size)
     trainable = [p for chunk in chunks for p in chunk.trainable_params()]
     grads = sum(4 * sliced[id(p)] if id(p) in sliced else math.prod(p.shape) * DTYPE_BYTES[recipe.train.grad_dtype]
                 for p in trainable)

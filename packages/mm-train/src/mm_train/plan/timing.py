@@ -28,8 +28,9 @@ micro-batches per data-parallel rank and step, and E_c, E_n the compute and link
                           all-gather of the updated slices (d - 1) / d N 4; under ZeRO-3 the N_s
                           values of the weights it cuts instead move every micro-batch: gathered in
                           the layer's dtype (b bytes) for the forward, the backward and each
-                          recomputed forward, (2 + r) (d - 1) / d N_s b, and their gradients
-                          reduce-scattered in fp32, (d - 1) / d N_s 4
+                          recomputed forward, (2 + r) (d - 1) / d N_s b (once a step without
+                          reshard_after_forward), and their gradients reduce-scattered in fp32,
+                          (d - 1) / d N_s 4
 """
 
 from __future__ import annotations
@@ -127,8 +128,10 @@ def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: d
         if par.zero_stage > 0:
             volume += (d - 1) / d * grads_numel * 4
         if sharded_numel:  # ZeRO-3: per micro-batch, gathers and the gradients' reduce-scatter
-            gathers = 2 + _recomputed_share(recipe, workload, p)
-            volume += micro_batches * (d - 1) / d * sharded_numel * (gathers * size + 4)
+            gathers = micro_batches * (2 + _recomputed_share(recipe, workload, p))
+            if not par.reshard_after_forward:  # the step's first gather kept for every later use
+                gathers = 1
+            volume += (d - 1) / d * sharded_numel * (gathers * size + micro_batches * 4)
         times["dp_s"] = volume / _link_bytes_per_s(topo, "dp_cp", device, cluster, comm_eff)
     times["step_time_s"] = sum(times.values())
     return times
