@@ -170,5 +170,7 @@ SPEC = register(FamilySpec(
                       "Wan2.1-T2V-1.3B pre-training (CP4 Ulysses, DP2, ZeRO-1)", f"1 x 8 {_ASCEND}"),
         BuiltinRecipe("wan2_1_t2v_14b", "wan2_1_t2v_14b.yaml",
                       "Wan2.1-T2V-14B pre-training (TP4-SP CP2 Ulysses, DP2)", f"2 x 8 {_ASCEND}"),
+        BuiltinRecipe("wan2_1_t2v_14b_zero3", "wan2_1_t2v_14b_zero3.yaml",
+                      "Wan2.1-T2V-14B pre-training on one node (ZeRO-3, CP8 Ulysses, no TP)", f"1 x 8 {_ASCEND}"),
     ),
 ))
