@@ -3,7 +3,7 @@ into flat slices computes what the whole model computes, and each slice's gradie
 of the sum over the ranks of the whole weights' gradients (the rest: each rank's own) — fp32 and
 bf16 (emulated: W rounded before the matmul, each rank's dW rounded before the sum); gathers are
 counted; gathered slices give back the whole weights; a frozen weight is cut too and gets no
-gradient."""
+gradient; on the Ascend path's stand-ins too (the native backend's HCCL calls)."""
 
 import numpy as np
 import pytest
@@ -32,18 +32,32 @@ def _model(topo):
     return Model()
 
 
-def regions_equal_the_whole_model(precision_name):
-    """Runs on every rank: [problems]."""
+def regions_equal_the_whole_model(precision_name, device_path):
+    """Runs on every rank: [problems]; ``device_path``: on the Ascend path's stand-ins (fused
+    kernels, the native backend's HCCL calls), which must carry the gathers and reduce-scatters."""
+    import contextlib
+
+    import mm_parallel
+    from mm_parallel import ParallelConfig
+    from mm_parallel.testing import device_path as stand_ins
+
+    topo = mm_parallel.initialize(ParallelConfig(zero_stage=3))
+    with stand_ins.ascend_stand_ins() if device_path else contextlib.nullcontext():
+        problems = _compare(topo, precision_name)
+        if device_path and not {"all_gather_into_tensor", "reduce_scatter_tensor"} <= set(stand_ins.CALLS):
+            problems.append(f"the stand-ins saw {sorted(set(stand_ins.CALLS))}, not the gathers and reduce-scatters")
+    return problems
+
+
+def _compare(topo, precision_name):
     import mindspore as ms
     from mindspore import Tensor
 
-    import mm_parallel
-    from mm_parallel import ParallelConfig, comm, precision
+    from mm_parallel import comm, precision
     from mm_parallel.ops.device import as_type
     from mm_parallel.sharding import sharding_of
     from mm_parallel.zero3 import GATHERS, shard_parameters
 
-    topo = mm_parallel.initialize(ParallelConfig(zero_stage=3))
     policy = precision.Precision(precision_name)
     ids = Tensor(np.random.default_rng(topo.rank).integers(0, 64, (2, 5)).astype(np.int32))
     problems = []
@@ -88,7 +102,8 @@ def regions_equal_the_whole_model(precision_name):
     return problems
 
 
-@pytest.mark.parametrize("precision_name", ["fp32", "bf16"])
-def test_sharded_weights_compute_and_reduce_like_whole_ones(run_distributed, precision_name):
-    results = run_distributed(regions_equal_the_whole_model, nproc=2, timeout=300, precision_name=precision_name)
+@pytest.mark.parametrize("precision_name, device_path", [("fp32", False), ("bf16", False), ("fp32", True)])
+def test_sharded_weights_compute_and_reduce_like_whole_ones(run_distributed, precision_name, device_path):
+    results = run_distributed(regions_equal_the_whole_model, nproc=2, timeout=300, precision_name=precision_name,
+                              device_path=device_path)
     assert results == [[], []], results

@@ -191,9 +191,12 @@ class DataLoader:
 
     def load_state_dict(self, state: dict) -> None:
         for key in ("seed", "global_batch_size", "global_batch_tokens"):
-            if state.get(key) != getattr(self.sampler, key, None) and (key in state or key == "global_batch_tokens"):
-                raise ValueError(f"the saved data position was made with {key}={state[key]}, this sampler has "
-                                 f"{getattr(self.sampler, key)}: resuming would not continue the same stream")
+            # a position without global_batch_tokens counted samples (the sampler writes it only when set)
+            current = getattr(self.sampler, key, None)
+            saved = state.get(key) if key == "global_batch_tokens" else state.get(key, current)
+            if saved != current:
+                raise ValueError(f"the saved data position was made with {key}={saved}, this sampler has "
+                                 f"{current}: resuming would not continue the same stream")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
     # ---- iteration ------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, ops
 
-from mm_parallel import comm
+from mm_parallel import comm, zero3
 from mm_parallel.ops.device import as_type, use_fused
 from mm_parallel.sharding import sharding_of
 from mm_parallel.topology import Group
@@ -97,7 +97,7 @@ def bucket_slice(numel: int, group, zero_stage: int) -> Tuple[int, int, int, int
 def no_weight_decay(name: str, param) -> bool:
     """Biases and 1-D parameters (norm weights) are not decayed (Megatron's rule); a ZeRO-3 slice
     by the shape of its whole tensor."""
-    return name.endswith("bias") or len(sharding_of(param).local_shape or param.shape) <= 1
+    return name.endswith("bias") or len(zero3.value_shape(param)) <= 1
 
 
 class WholeParameters:

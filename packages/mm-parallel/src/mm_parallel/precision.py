@@ -21,16 +21,15 @@ The kernels compute in the low dtype on Ascend and emulate it on CPU (mm_paralle
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 import mindspore as ms
-import numpy as np
 
 from mm_parallel import zero3
 from mm_parallel.census import owned_parameters
 from mm_parallel.ops import low_precision
-from mm_parallel.sharding import sharding_of
 
 DTYPES = {"fp32": ms.float32, "bf16": ms.bfloat16, "fp16": ms.float16}
 TORCH_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # config.json's "dtype"
@@ -141,5 +140,5 @@ def dominant_dtype_name(params) -> str:
     counts = {}
     for p in params:
         dtype = zero3.value_dtype(p)  # a ZeRO-3 slice is float32 storage of its layer's dtype
-        counts[dtype] = counts.get(dtype, 0) + int(np.prod(sharding_of(p).local_shape or p.shape))
+        counts[dtype] = counts.get(dtype, 0) + math.prod(zero3.value_shape(p))
     return torch_name(max(counts, key=counts.get)) if counts else "float32"

@@ -166,10 +166,14 @@ def value_dtype(param):
     return compute_dtype(param) if is_sharded(param) else param.dtype
 
 
+def value_shape(param) -> tuple:
+    """The shape of a parameter's values on this rank: a ZeRO-3 slice's tp-local tensor's."""
+    return tuple(sharding_of(param).local_shape or param.shape)
+
+
 def output_features(weight) -> int:
     """A linear weight's rows (out_features), whole or ZeRO-3's flat slice."""
-    spec = sharding_of(weight)
-    return spec.local_shape[0] if spec.flat_over else weight.shape[0]
+    return value_shape(weight)[0]
 
 
 def gathered_matmul(x2d, weight):

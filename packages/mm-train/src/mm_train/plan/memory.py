@@ -112,24 +112,27 @@ def static_bytes(chunks, recipe, topo) -> Dict[str, int]:
     policy = recipe.train.precision_policy()
     zero, buckets = topo.config.zero_stage, recipe.optim.bucket_numel
     sliced = _zero3_slices(chunks, topo) if zero == 3 else {}
-    params = weights = gathered = 0
+    params = weights = 0
+    gathered = []  # the sliced weights' whole bytes, in their layers' dtype
     for chunk in chunks:
         keep = getattr(type(chunk), "_keep_in_fp32_modules", None) or ()
         for name, param, _, _ in owned_parameters(chunk):
             numel = math.prod(param.shape)
             params += numel
             size = _itemsize(dtype_under(policy, name, param, keep))
-            weights += 4 * sliced[id(param)] if id(param) in sliced else numel * size
-            if id(param) in sliced:  # one layer's weight at a time, or all of them kept for the step
-                gathered = gathered + numel * size if not topo.config.reshard_after_forward else max(gathered,
-                                                                                                     numel * size)
+            if id(param) in sliced:
+                weights += 4 * sliced[id(param)]
+                gathered.append(numel * size)
+            else:
+                weights += numel * size
     trainable = [p for chunk in chunks for p in chunk.trainable_params()]
     grads = sum(4 * sliced[id(p)] if id(p) in sliced else math.prod(p.shape) * DTYPE_BYTES[recipe.train.grad_dtype]
                 for p in trainable)
     optimizer = state_bytes_of(trainable, topo, zero, buckets) if trainable else 0
     return {"params": params, "weights_bytes": weights, "grads_bytes": grads, "optimizer_bytes": optimizer,
             "optimizer_step_buffers_bytes": step_buffer_bytes(trainable, topo, buckets),
-            "zero3_gather_bytes": gathered,
+            # one layer's weight at a time, or every one kept for the step (reshard_after_forward false)
+            "zero3_gather_bytes": max(gathered, default=0) if topo.config.reshard_after_forward else sum(gathered),
             # what the step reduces whole (timing: all-reduce / reduce-scatter) and what ZeRO-3 gathers per layer
             "reduced_numel": sum(math.prod(p.shape) for p in trainable if id(p) not in sliced),
             "zero3_numel": sum(math.prod(p.shape) for p in trainable if id(p) in sliced)}
@@ -137,10 +140,12 @@ def static_bytes(chunks, recipe, topo) -> Dict[str, int]:
 
 def _zero3_slices(chunks, topo) -> Dict[int, int]:
     """{id(parameter): its ZeRO-3 slice's values} of the weights a ZeRO-3 run cuts."""
+    from mm_parallel.sharding import sharding_of
     from mm_parallel.zero3 import sharded_weights
 
-    shards = topo.dp_cp.size  # dense weights' gradient group (experts are not cut)
-    return {id(p): -(-math.prod(p.shape) // shards) for chunk in chunks for _, _, p in sharded_weights(chunk, topo)}
+    # cut over each weight's gradient group, as ParamSharding.flat_slice cuts it
+    return {id(p): -(-math.prod(p.shape) // topo.groups[sharding_of(p).grad_sync].size)
+            for chunk in chunks for _, _, p in sharded_weights(chunk, topo)}
 
 
 def _itemsize(dtype) -> int:

@@ -58,6 +58,12 @@ def row_budget(data) -> int:
     return data.max_tokens or data.max_length
 
 
+def sequence_multiple(parallel) -> int:
+    """What a row's length is padded to a multiple of: sequences are cut into equal parts, 2 per
+    cp rank (the load-balanced ring) and tp under sequence parallelism."""
+    return (2 * parallel.cp if parallel.cp > 1 else 1) * (parallel.tp if parallel.sequence_parallel else 1)
+
+
 def pixel_bounds(data) -> Dict[str, int]:
     return {k: v for k, v in (("min_pixels", data.min_pixels), ("max_pixels", data.max_pixels)) if v}
 

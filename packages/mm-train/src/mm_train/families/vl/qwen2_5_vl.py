@@ -26,6 +26,7 @@ from mm_train.families.vl.data import (
     data_sources,
     pixel_bounds,
     row_budget,
+    sequence_multiple,
     vl_tokenizer,
     write_processing_files,
 )
@@ -165,9 +166,7 @@ class VLTask(FamilyTask):
                                           seed=train.seed, indices=self.training_indices(len(self.dataset)),
                                           costs=self.dataset.costs if data.packing else None,
                                           global_batch_tokens=train.global_batch_tokens)
-        par = recipe.parallel  # sequences cut into equal parts: 2 per cp rank (load-balanced ring), tp under sp
-        self.collate = self.dataset.collator((2 * par.cp if par.cp > 1 else 1) *
-                                             (par.tp if par.sequence_parallel else 1))
+        self.collate = self.dataset.collator(sequence_multiple(recipe.parallel))
 
     def read_dataset(self, annotations):
         """The SFT data set (`dataset_class`) of a LLaMA-Factory file (or of dataset_info.json's data
@@ -329,12 +328,11 @@ def _packed_row(recipe, seq: int):
     """With data.packing, the row the planner assumes: as many samples of ``seq`` tokens as the
     budget holds (one when it holds none whole), in a row as long as the budget (the packer fills
     rows up to it from shorter samples: memory and collectives are those of a full row), rounded
-    up to the multiple the layout cuts rows into (the collator's: 2 cp chunks under cp, tp under sp)."""
+    up to the multiple the layout cuts rows into (`sequence_multiple`, the collator's)."""
     if not recipe.data.packing:
         return None
-    par, budget = recipe.parallel, row_budget(recipe.data)
-    samples = max(1, budget // seq)
-    multiple = (2 * par.cp if par.cp > 1 else 1) * (par.tp if par.sequence_parallel else 1)
+    budget = row_budget(recipe.data)
+    samples, multiple = max(1, budget // seq), sequence_multiple(recipe.parallel)
     return PackedRow(samples, samples * seq, -(-max(budget, samples * seq) // multiple) * multiple, budget)
 
 
