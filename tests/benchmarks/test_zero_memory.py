@@ -1,7 +1,8 @@
 """benchmarks/zero_memory.py's measurement on one and two processes: per-rank parameter, gradient-sum
 and optimizer bytes, taken from the tensors, equal the formula in fp32 and bf16 (bf16 parameters
-2 B, fp32 gradient sums 4 B, master + moments 12 B / dp under ZeRO; under ZeRO-3 the weights and
-their gradients 4 B / dp too, the values left whole aside); the whole-step comparison runs."""
+2 B, fp32 gradient sums 4 B, master + moments 12 B / dp under ZeRO; under ZeRO-3 the weight
+slices, their gradients and moments 4 + 4 + 8 B / dp, the values left whole aside, and the
+offloaded state all in host memory); the whole-step comparison runs."""
 
 import sys
 from pathlib import Path
@@ -27,12 +28,17 @@ def check(result, dp):
 
 
 def check_zero3(result, dp):
-    numel, got = result["fp32"]["numel"], result["zero3"]
-    whole = got["whole_numel"]
-    assert 0 < whole < numel / 10  # norms and biases
-    sliced = 4 * ((numel - whole) // dp + whole)  # hidden 64: every weight a multiple of dp, no padding
-    assert got["params"] == sliced and got["grads"] == sliced
-    assert got["optimizer"] == 12 * numel // dp
+    """Slices are float32 and their own master weights: 4 + 4 + 8 bytes per sliced value / dp."""
+    numel = result["fp32"]["numel"]
+    for name, param_bytes in (("fp32", 4), ("bf16", 2)):
+        got = result[name]["zero3"]
+        whole = got["whole_numel"]
+        assert 0 < whole < numel / 10  # norms and biases
+        sliced = (numel - whole) // dp  # hidden 64: every weight a multiple of dp, no padding
+        assert got["params"] == 4 * sliced + param_bytes * whole and got["grads"] == 4 * (sliced + whole), name
+        padded = -(-whole // dp) * dp  # the whole ones' bucket
+        assert got["optimizer"] == 8 * sliced + 12 * padded // dp, name
+        assert got["offloaded_device"] == 0 and got["offloaded_host"] == 12 * sliced + 12 * padded // dp, name
 
 
 def test_bytes_per_rank_equal_the_formula(run_distributed):
@@ -40,6 +46,7 @@ def test_bytes_per_rank_equal_the_formula(run_distributed):
     for rank_result in run_distributed(measure, nproc=2, timeout=300, layers=1, hidden=64, stages=[0, 1, 2, 3]):
         check(rank_result, 2)
         check_zero3(rank_result, 2)
-    for stage in (1, 3):
-        for rank_result in run_distributed(step, nproc=2, timeout=300, layers=1, hidden=64, stage=stage):
+    for stage, offload in ((1, False), (3, True)):
+        for rank_result in run_distributed(step, nproc=2, timeout=300, layers=1, hidden=64, stage=stage,
+                                           offload=offload):
             assert rank_result["peak_bytes"] >= 0 and rank_result["step_s"] > 0

@@ -97,10 +97,11 @@ def zero3_problems(opt, topo, steps: int):
     problems, flat = [], [p for p in opt.params if sharding_of(p).flat_over]
     if not flat:
         return ["no weight was sharded"]
+    shards = topo.dp_cp_shard.size  # the dp x cp ranks, or under hybrid sharding those of a node
     for p in flat:
         whole = int(np.prod(sharding_of(p).local_shape))
-        if p.shape != (-(-whole // topo.dp_cp.size),):
-            problems.append(f"{p.name}: {p.shape} is not 1/{topo.dp_cp.size} of {whole} values")
+        if p.shape != (-(-whole // shards),):
+            problems.append(f"{p.name}: {p.shape} is not 1/{shards} of {whole} values")
     kept = not topo.config.reshard_after_forward  # one gather per weight and step, kept for its backward
     if dict(GATHERS) != {"forward": len(flat) * steps, **({} if kept else {"backward": len(flat) * steps})}:
         problems.append(f"gathers {dict(GATHERS)} for {len(flat)} sharded weights over the steps")

@@ -142,6 +142,7 @@ LAYOUTS = {
         "dp2_zero1_buckets": {"layout": {"zero_stage": 1}, "zero": 1, "optim": {"bucket_numel": 1500}},
         "dp2_zero3": {"layout": {"zero_stage": 3}, "zero": 3},
         "dp2_zero3_kept": {"layout": {"zero_stage": 3, "reshard_after_forward": False}, "zero": 3},
+        "dp2_zero3_offload": {"layout": {"zero_stage": 3}, "zero": 3, "optim": {"offload": "optimizer"}},
     },
     4: {
         "dp2_tp2_zero1": {"layout": {"tp": 2, "zero_stage": 1}, "zero": 1},
@@ -161,6 +162,8 @@ LAYOUTS = {
         "dp2_cp2_zero3": {"layout": {"cp": 2, "zero_stage": 3}, "zero": 3},
         "dp4_zero3_from_dp2_zero1": {"layout": {"zero_stage": 3}, "zero": 3, "resume": "dp2_zero1"},
         "dp4_zero1_from_dp2_zero3": {"layout": {"zero_stage": 1}, "zero": 1, "resume": "dp2_zero3"},
+        # hybrid sharding: two "nodes" of two ranks, each weight cut in halves held on both nodes
+        "dp4_zero3_node": {"layout": {"zero_stage": 3, "zero3_shard": "node", "ranks_per_node": 2}, "zero": 3},
     },
 }
 
@@ -287,3 +290,34 @@ def test_dynamic_loss_scaling_on_the_device_path_equals_the_host():
     for want, got in zip(host, device):
         for a, b in zip(want, got):
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bucket_numel", [0, 333])
+def test_offloaded_state_updates_bit_for_bit_like_the_resident_one(bucket_numel):
+    """optim.offload: optimizer keeps master weights and moments in host memory and streams each
+    bucket's through the same fused update: weights, moments and step figures equal the resident
+    run's bit for bit, on the host path and the device path's stand-ins; the device holds none of
+    the state between steps, the host all of it."""
+    import dataclasses
+
+    stack = build_stack(SOLO, layers=1)
+    rng = np.random.default_rng(3)
+    grads = [[rng.standard_normal(p.shape).astype(np.float32) for p in stack.trainable_params()] for _ in range(3)]
+    resident = OptimizerConfig(lr=1e-2, weight_decay=0.1, clip_grad=0.5, bucket_numel=bucket_numel)
+    offloaded = dataclasses.replace(resident, offload="optimizer")
+    want, got = _steps_on_both_paths(resident, grads), _steps_on_both_paths(offloaded, grads)
+    for path in ("host", "device"):
+        for step, (a, b) in enumerate(zip(want[path][0], got[path][0])):
+            assert all(np.array_equal(x, y) for x, y in zip(a, b)), (path, step)
+        assert want[path][1] == got[path][1] and want[path][2] == got[path][2], path
+    opt = DistributedOptimizer(stack, offloaded, SOLO)
+    on_device = DistributedOptimizer(build_stack(SOLO, layers=1), resident, SOLO)
+    assert opt.state_bytes() == 0 and opt.host_state_bytes() == on_device.state_bytes() > 0
+    from mindspore import Tensor
+
+    opt.step([Tensor(g) for g in grads[0]])
+    on_device.step([Tensor(g) for g in grads[0]])
+    for a, b in zip(opt.param_states(), on_device.param_states()):
+        assert all(np.array_equal(a[key], b[key]) for key in DistributedOptimizer.STATES)
+    with pytest.raises(ValueError, match="optim.offload='activations' is unknown; use optimizer"):
+        DistributedOptimizer(stack, dataclasses.replace(resident, offload="activations"), SOLO)

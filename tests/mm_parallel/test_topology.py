@@ -62,6 +62,20 @@ def test_expert_groups_are_carved_out_of_dp_times_cp():
         assert len(tp_positions) == 1  # an expert group never mixes tensor-parallel positions
 
 
+def test_zero3_shards_inside_a_node_and_replicates_across_nodes():
+    """Hybrid sharding on 2 nodes of 4: a dp_cp group's ranks on one node hold the slices, the
+    ranks at the same place on each node the same slice; unsharded, the group itself."""
+    node = ParallelConfig(tp=2, zero_stage=3, zero3_shard="node", ranks_per_node=4)  # dp 4
+    assert groups_of(node, 8, "dp_cp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert groups_of(node, 8, "dp_cp_shard") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert groups_of(node, 8, "dp_cp_replica") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    every = ParallelConfig(tp=2, zero_stage=3)
+    assert groups_of(every, 8, "dp_cp_shard") == groups_of(every, 8, "dp_cp")
+    assert groups_of(every, 8, "edp_replica") == [[r] for r in range(8)]
+    with pytest.raises(ValueError, match="sit unevenly on nodes of 3 ranks"):
+        rank_grid(ParallelConfig(zero3_shard="node", ranks_per_node=3), 4)
+
+
 def test_hybrid_cp_ulysses_inside_ring_across():
     config = ParallelConfig(cp=4, cp_algo="hybrid", ulysses_degree=2)
     assert groups_of(config, 4, "cp_ulysses") == [[0, 1], [2, 3]]

@@ -107,3 +107,74 @@ def test_sharded_weights_compute_and_reduce_like_whole_ones(run_distributed, pre
     results = run_distributed(regions_equal_the_whole_model, nproc=2, timeout=300, precision_name=precision_name,
                               device_path=device_path)
     assert results == [[], []], results
+
+
+def experts_equal_whole_ones(precision_name, device_path):
+    """Runs on every rank: [problems]. MoE experts' fused tensors cut over expert-dp (ep 1: the dp
+    group) compute what whole ones compute — the padded block's batched matmuls on CPU, Ascend's
+    grouped matmul on the stand-ins — and each slice's gradient is the slice of the ranks' summed
+    whole gradients."""
+    import contextlib
+
+    import mindspore as ms
+    from mindspore import Tensor
+
+    import mm_parallel
+    from mm_parallel import ParallelConfig, comm, precision
+    from mm_parallel.moe.experts import GroupedExperts
+    from mm_parallel.moe.token_layout import expert_groups
+    from mm_parallel.ops.device import as_type
+    from mm_parallel.sharding import sharding_of
+    from mm_parallel.tensor_parallel import seed_parameters
+    from mm_parallel.testing import device_path as stand_ins
+    from mm_parallel.zero3 import GATHERS, shard_parameters
+
+    topo = mm_parallel.initialize(ParallelConfig(zero_stage=3))
+    problems = []
+    rng = np.random.default_rng(10 + topo.rank)
+    tokens = Tensor(np.concatenate([rng.normal(size=(7, 8)), np.zeros((1, 8))]).astype(np.float32))
+    groups = expert_groups(np.array([2, 0, 2, 2, -1, 0, 2]), 3, 7)  # expert 1 gets no row
+    try:
+        with stand_ins.ascend_stand_ins() if device_path else contextlib.nullcontext():
+            models = []
+            for _ in range(2):
+                seed_parameters(3)
+                models.append(GroupedExperts(3, 8, 5, topology=topo))
+                precision.apply(models[-1], precision.Precision(precision_name))
+            whole, sharded = models
+            done = shard_parameters(sharded, topo, min_numel=1)
+            if done.sharded != 2 or sharding_of(sharded.down_proj).flat_over != "edp":
+                problems.append(f"{done}: expected both expert tensors cut over edp")
+            GATHERS.clear()
+
+            def run(model):
+                params = model.trainable_params()
+                loss = lambda t: (as_type(model(t, groups), ms.float32) ** 2).sum()  # noqa: E731
+                out, grads = ms.value_and_grad(loss, None, params)(tokens)
+                return out, {p.name: g for p, g in zip(params, grads)}
+
+            loss_whole, grads_whole = run(whole)
+            loss_sharded, grads_sharded = run(sharded)
+            if device_path and "grouped_matmul" not in stand_ins.CALLS:
+                problems.append("the grouped matmul stand-in was not called")
+        if dict(GATHERS) != {"forward": 2, "backward": 2}:
+            problems.append(f"gathers {dict(GATHERS)}")
+        if not np.allclose(loss_whole.asnumpy(), loss_sharded.asnumpy(), rtol=1e-6):
+            problems.append(f"loss {loss_sharded} != {loss_whole}")
+        for p in sharded.trainable_params():
+            want = sharding_of(p).flat_slice(comm.all_reduce(as_type(grads_whole[p.name], ms.float32),
+                                                             topo.dp).asnumpy(), topo)
+            got = as_type(grads_sharded[p.name], ms.float32).asnumpy()
+            if got.shape != want.shape or not np.allclose(got, want, rtol=1e-5, atol=1e-6):
+                problems.append(f"{p.name}: gradient differs from the whole experts' slice "
+                                f"(max {np.abs(got - want).max() if got.shape == want.shape else got.shape})")
+    finally:
+        precision.activate(precision.Precision())
+    return problems
+
+
+@pytest.mark.parametrize("precision_name, device_path", [("fp32", False), ("bf16", False), ("bf16", True)])
+def test_sharded_experts_compute_and_reduce_like_whole_ones(run_distributed, precision_name, device_path):
+    results = run_distributed(experts_equal_whole_ones, nproc=2, timeout=300, precision_name=precision_name,
+                              device_path=device_path)
+    assert results == [[], []], results

@@ -43,6 +43,14 @@ def test_zero3_needs_more_than_one_data_or_context_parallel_rank():
         check_layout(recipe, 1)
     assert check_layout(recipe, 2) == 1 and check_layout(load_recipe(None, ["parallel.zero_stage=3", "parallel.cp=2"]),
                                                          2) == 2
+    hybrid = ["parallel.zero3_shard=node", "parallel.ranks_per_node=2"]
+    with pytest.raises(ValueError, match="needs parallel.zero_stage 3, not 0"):
+        check_layout(load_recipe(None, hybrid), 4)
+    with pytest.raises(ValueError, match="nothing would be sharded; use zero3_shard=all"):
+        check_layout(load_recipe(None, hybrid + ["parallel.zero_stage=3", "parallel.tp=2"]), 4)
+    assert check_layout(load_recipe(None, hybrid + ["parallel.zero_stage=3"]), 2) == 1
+    with pytest.raises(ValueError, match="zero3_shard='nodes' is unknown; use all or node"):
+        load_recipe(None, ["parallel.zero3_shard=nodes"])
 
 
 def test_a_step_counts_samples_or_tokens():
@@ -125,7 +133,8 @@ SHIPPED = {"qwen2_5_vl_tiny.yaml": [1, 2], "qwen2_5_vl_tiny_lora.yaml": [1, 2], 
            "qwen2_5_vl_7b_sft.yaml": [8, 16], "qwen2_5_vl_72b_sft.yaml": [16, 32],
            "wan2_1_t2v_1_3b.yaml": [8, 16], "wan2_1_t2v_14b.yaml": [8, 16], "wan2_1_t2v_14b_zero3.yaml": [8, 16],
            "qwen3_vl_tiny.yaml": [1, 2], "qwen3_vl_moe_tiny.yaml": [1, 2], "qwen3_vl_8b_sft.yaml": [8, 16],
-           "qwen3_vl_30b_a3b_sft.yaml": [16, 32], "cogvideox_t2v_tiny.yaml": [1, 2],
+           "qwen3_vl_30b_a3b_sft.yaml": [16, 32], "qwen3_vl_30b_a3b_zero3.yaml": [16, 32],
+           "qwen2_5_vl_32b_sft.yaml": [8, 16], "cogvideox_t2v_tiny.yaml": [1, 2],
            "cogvideox_i2v_tiny.yaml": [1, 2], "cogvideox1_5_t2v_tiny.yaml": [1, 2],
            "cogvideox1_5_i2v_tiny.yaml": [1, 2], "cogvideox_5b_t2v.yaml": [8, 16],
            "cogvideox1_5_5b_i2v.yaml": [8, 16], "cogvideox1_5_5b_t2v_lora.yaml": [8],

@@ -13,6 +13,7 @@ from typing import Optional
 
 CP_ALGORITHMS = ("ulysses", "ring", "hybrid")
 ZERO_STAGES = (0, 1, 2, 3)
+ZERO3_SHARDS = ("all", "node")
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,13 @@ class ParallelConfig:
     # zero_stage 3: false keeps each gathered weight from its first forward to the step's end (one
     # gather per weight and step, whole weights in memory meanwhile), as FSDP's reshard_after_forward
     reshard_after_forward: bool = True
+    # zero_stage 3: "all" cuts each weight over its whole gradient group; "node" over the group's
+    # ranks on one node, replicated across nodes (hybrid sharding: the gathers stay on the node's
+    # links, the gradient is reduce-scattered there, then all-reduced across nodes)
+    zero3_shard: str = "all"
+    # the ranks each node runs (for zero3_shard node); None: the launcher's (MM_RANKS_PER_NODE),
+    # else the whole world as one node
+    ranks_per_node: Optional[int] = None
 
     def __post_init__(self):
         for name in ("tp", "pp", "vpp", "cp", "ep", "zero3_min_numel"):
@@ -54,6 +62,13 @@ class ParallelConfig:
             raise ValueError(
                 f"ParallelConfig.cp_algo={self.cp_algo!r} is unknown; use one of {', '.join(CP_ALGORITHMS)}"
             )
+        if self.zero3_shard not in ZERO3_SHARDS:
+            raise ValueError(f"ParallelConfig.zero3_shard={self.zero3_shard!r} is unknown; use "
+                             f"{' or '.join(ZERO3_SHARDS)}")
+        if self.ranks_per_node is not None and (isinstance(self.ranks_per_node, bool)
+                                                or not isinstance(self.ranks_per_node, int) or self.ranks_per_node < 1):
+            raise ValueError(f"ParallelConfig.ranks_per_node must be a positive integer or unset, got "
+                             f"{self.ranks_per_node!r}")
         if self.zero_stage not in ZERO_STAGES:
             raise ValueError(f"ParallelConfig.zero_stage={self.zero_stage!r} is unknown; use 0, 1, 2 or 3")
         if self.vpp > 1 and self.pp == 1:

@@ -124,7 +124,8 @@ def load_weights(model: nn.Cell, path: str, name_map: Callable[[str], Optional[s
         # a cell with its own ways on disk (MoE experts' layouts, an optional router bias); None: the usual read
         value = cell.read_hf_tensor(folder, keys, attr) if hasattr(cell, "read_hf_tensor") else None
         if value is not None:
-            _set(param, value, keys[0], value.shape)
+            spec = sharding_of(param)
+            _set(param, spec.flat_slice(value, topology) if spec.flat_over else value, keys[0], value.shape)
             loaded += 1
             continue
         key = next((k for k in keys if k in folder), None)

@@ -38,7 +38,10 @@ Memory per rank for the optimizer: 3 N / D fp32 values (master, exp_avg, exp_avg
 3 N (zero_stage 0). With stages 1 and 2 the reduced gradient kept is N / D values too (the
 per-parameter gradients autodiff returns are still whole in PyNative); the step's transients are
 one bucket's flat, reduced and gathered buffers (grad_buckets). On CPU, reduce-scatter is an all-reduce
-and a slice (mm_parallel.comm), so stages 1 and 2 move the same bytes there.
+and a slice (mm_parallel.comm), so stages 1 and 2 move the same bytes there. With
+``offload: optimizer`` the 3 N / D values live in host memory and each bucket's are copied to the
+device for its update and back (3 + 3 copies of 4 C / D bytes, plus the master once more for the
+weights): the device holds one bucket's state at a time, the results are the resident run's.
 
 State is saved in one layout-independent format (`save` / `load`): per pipeline stage one
 safetensors file of whole tensors by parameter name (``<name>.master``, ``.exp_avg``,
@@ -87,6 +90,9 @@ class OptimizerConfig:
     loss_scale_window: int = 1000  # steps without overflow before the scale doubles
     min_loss_scale: float = 1.0
     bucket_numel: int = grad_buckets.DEFAULT_BUCKET_NUMEL  # values per gradient bucket (0: one per group)
+    # "optimizer": master weights and moments in host memory, streamed to the device bucket by
+    # bucket for the update (grad_buckets.Bucket.resident); None: on the device
+    offload: Optional[str] = None
 
     def schedule(self) -> LRSchedule:
         return LRSchedule(self.lr, self.warmup_steps, self.decay_steps, self.lr_schedule, self.min_lr)
@@ -105,6 +111,9 @@ class DistributedOptimizer:
         self.zero_stage = topo.config.zero_stage if zero_stage is None else zero_stage
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if config.offload not in (None, "optimizer"):
+            raise ValueError(f"optim.offload={config.offload!r} is unknown; use optimizer (master weights and "
+                             "moments in host memory) or leave it unset")
         if not isinstance(config.bucket_numel, int) or config.bucket_numel < 0:
             raise ValueError(f"optim.bucket_numel must be a whole number of values >= 0 (0: one bucket per group), "
                              f"got {config.bucket_numel!r}")
@@ -120,7 +129,8 @@ class DistributedOptimizer:
             for k, pieces in enumerate(buckets):
                 tag = f"{name}.{k}"
                 stage = min(self.zero_stage, 2)  # stage 3's whole parameters: as stage 2 (mm_parallel.zero3)
-                self.buckets[tag] = Bucket(self.params, pieces, group, stage, topo, f"optimizer.{tag}")
+                self.buckets[tag] = Bucket(self.params, pieces, group, stage, topo, f"optimizer.{tag}",
+                                           offload=config.offload == "optimizer")
         self.numel = sum(b.numel for b in self.buckets.values())
         self.iteration = 0  # step() calls: what the learning-rate schedule follows
         # step_count (optimizer steps taken: skipped steps not counted), loss_scale, good_steps
@@ -312,8 +322,13 @@ class DistributedOptimizer:
     # -- state ----------------------------------------------------------------------------------
 
     def state_bytes(self) -> int:
-        """Bytes of optimizer state this rank holds (master weights, exp_avg, exp_avg_sq)."""
+        """Bytes of optimizer state this rank holds in device memory (master weights, exp_avg,
+        exp_avg_sq; none with optim.offload between steps, one bucket's during its update)."""
         return sum(b.state_bytes() for b in self.buckets.values())
+
+    def host_state_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds in host memory (optim.offload)."""
+        return sum(b.host_state_bytes() for b in self.buckets.values())
 
     def param_states(self) -> List[Dict[str, np.ndarray]]:
         """Per trainable parameter, in order: its master weight, exp_avg and exp_avg_sq shaped like

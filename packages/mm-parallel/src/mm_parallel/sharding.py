@@ -17,8 +17,9 @@ partial_over_tp  replicated over tp, but a tp rank's gradient covers only its pa
                  the gradient is the sum over tp (Megatron's ``sequence_parallel`` attribute).
 flat_over        ZeRO-3 (mm_parallel.zero3): the parameter holds only this rank's slice of the
                  flattened tp / ep-local tensor (``local_shape``), padded to a multiple of the
-                 ``flat_over`` group (its grad_sync group) and cut into equal slices; its
-                 gradient arrives summed over that group (reduce-scattered by its region).
+                 shard group of ``flat_over`` (its grad_sync group: all of it, or its ranks on
+                 one node under hybrid sharding, replicated across nodes) and cut into equal
+                 slices; its gradient arrives summed over the whole grad_sync group (by its region).
 
 The spec lives on the Parameter (``param.sharding``, as Megatron keeps parameter attributes), set
 by the layer that makes it; a parameter without one is replicated and dense. Checkpoint loading
@@ -65,19 +66,23 @@ class ParamSharding:
         """Whether this rank holds less than the whole tensor (split, or ZeRO-3's flat slice)."""
         return bool(self.splits) or self.flat_over is not None
 
+    def flat_group(self, topology):
+        """ZeRO-3: the group the slices are cut over (``<flat_over>_shard``, mm_parallel.topology)."""
+        return topology.groups[self.flat_over + "_shard"]
+
     def flat_slice(self, local, topology):
         """ZeRO-3: this rank's slice of the tp / ep-local ``local`` (numpy), flattened and padded."""
-        group = topology.groups[self.flat_over]
+        group = self.flat_group(topology)
         flat = np.asarray(local).reshape(-1)
         per_rank = -(-flat.size // group.size)
         flat = np.pad(flat, (0, per_rank * group.size - flat.size))
         return flat[group.rank * per_rank:(group.rank + 1) * per_rank]
 
     def unflatten(self, flat_slice, topology):
-        """ZeRO-3: the tp / ep-local tensor from every rank's flat slice (an all-gather over ``flat_over``)."""
+        """ZeRO-3: the tp / ep-local tensor from every rank's flat slice (an all-gather over `flat_group`)."""
         from mm_parallel import comm
 
-        flat = comm.all_gather(flat_slice, topology.groups[self.flat_over], 0)
+        flat = comm.all_gather(flat_slice, self.flat_group(topology), 0)
         return flat[:int(np.prod(self.local_shape))].reshape(self.local_shape)
 
     def dim(self, group: str) -> Optional[int]:
@@ -135,7 +140,10 @@ class ParamSharding:
 
     def counted_on(self, topology) -> bool:
         """Whether this rank counts the parameter's values in a global norm: once over the tp
-        ranks that hold a replica (those not split over tp: tp rank 0)."""
+        ranks that hold a replica (those not split over tp: tp rank 0), a ZeRO-3 slice once over
+        the nodes that hold it (hybrid sharding: replica rank 0)."""
+        if self.flat_over and topology.groups[self.flat_over + "_replica"].rank != 0:
+            return False
         return self.dim("tp") is not None or topology.tp.rank == 0 or topology.tp.size == 1
 
 

@@ -64,11 +64,18 @@ class Group:
         return f"Group({self.kind}, ranks={list(self.ranks)}, rank={self.rank})"
 
 
+RANKS_PER_NODE = "MM_RANKS_PER_NODE"  # set by mm_parallel.launch: the workers on each node
+ZERO3_KINDS = ("dp_cp", "edp")  # the gradient groups ZeRO-3 cuts weights over
+
+
 def rank_grid(config: ParallelConfig, world_size: int) -> Dict[str, List[List[int]]]:
-    """Every group of every kind as lists of global ranks (pure: no communication).
+    """Every group of every kind as lists of global ranks (pure but for the launcher's
+    ``MM_RANKS_PER_NODE`` when the config leaves ranks_per_node unset: no communication).
 
     Kinds: tp, cp, dp, pp, dp_cp (the ranks ZeRO shards over), ep, edp (expert data parallel),
-    cp_ulysses and cp_ring (the two factors of a hybrid cp; one of them is trivial otherwise).
+    cp_ulysses and cp_ring (the two factors of a hybrid cp; one of them is trivial otherwise),
+    and for dp_cp and edp ZeRO-3's ``<kind>_shard`` (the ranks a weight is cut over) and
+    ``<kind>_replica`` (the ranks holding the same slice: one per node under zero3_shard node).
     """
     dp = config.data_parallel_size(world_size)
     tp, cp, pp, ep = config.tp, config.cp, config.pp, config.ep
@@ -82,7 +89,7 @@ def rank_grid(config: ParallelConfig, world_size: int) -> Dict[str, List[List[in
 
     expert = grid.reshape(pp, dp * cp // ep, ep, tp)  # j = cp_rank + cp * dp_rank, cut into ep blocks
     hybrid = grid.reshape(pp, dp, config.ring_size, config.ulysses_size, tp)
-    return {
+    groups = {
         "tp": along(grid, [3]),
         "cp": along(grid, [2]),
         "dp": along(grid, [1]),
@@ -93,6 +100,26 @@ def rank_grid(config: ParallelConfig, world_size: int) -> Dict[str, List[List[in
         "cp_ulysses": along(hybrid, [3]),
         "cp_ring": along(hybrid, [2]),
     }
+    per_node = config.ranks_per_node or int(os.environ.get(RANKS_PER_NODE, 0)) or world_size
+    for kind in ZERO3_KINDS:  # ZeRO-3's shard and replica groups of each gradient group
+        groups[kind + "_shard"], groups[kind + "_replica"] = zero3_groups(
+            groups[kind], per_node if config.zero3_shard == "node" else world_size)
+    return groups
+
+
+def zero3_groups(rows: List[List[int]], per_node: int) -> Tuple[List[List[int]], List[List[int]]]:
+    """(shard, replica) groups of gradient groups ``rows`` on nodes of ``per_node`` consecutive
+    ranks: a shard group is a row's ranks on one node, a replica group the ranks at the same place
+    in the row's shard groups (one per node). One node: shard = the row, replicas of one rank."""
+    shards, replicas = [], []
+    for row in rows:
+        parts = [[r for r in row if r // per_node == node] for node in sorted({r // per_node for r in row})]
+        if len({len(p) for p in parts}) != 1:
+            raise ValueError(f"zero3_shard=node: the ranks {row} share gradients but sit unevenly on nodes of "
+                             f"{per_node} ranks; use zero3_shard=all or a layout that tiles the nodes")
+        shards += parts
+        replicas += [list(r) for r in zip(*parts)]
+    return sorted(shards), sorted(replicas)
 
 
 @dataclass

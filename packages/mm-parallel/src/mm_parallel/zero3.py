@@ -2,8 +2,8 @@
 
 A sharded weight W (the tp-local tensor, n values) lives as w_r, rank r's slice of flat(W) padded
 to a multiple of D, D the size of its gradient-sync group G (dp_cp: data and context parallel
-ranks hold replicas of a dense weight). Its matmul runs in a region of its own (the form of
-mm_parallel.mappings, with the weight as a second input):
+ranks hold replicas of a dense weight; edp: those of an ep rank's experts). Its matmul runs in
+a region of its own (the form of mm_parallel.mappings, with the weight as a second input):
 
     region            forward                              backward (dY given; X the input)
     gathered_matmul   W = unflat(cat_j w_j)                W = unflat(cat_j w_j)          (again)
@@ -12,6 +12,8 @@ mm_parallel.mappings, with the weight as a second input):
                                                                                   (reduce-scatter)
     gathered_rows     W = unflat(cat_j w_j)                dw_r = chunk_r(sum_j flat(S_j)), S_j the
                       Y = W[ids], W dropped                rows of dY_j added at ids_j (no W needed)
+    gathered_experts  W (E, N, K) as above, per expert e:  W again; dX_e = dY_e W_e,
+                      Y_e = X_e W_e^T, W dropped           dw_r = chunk_r(sum_j flat(dY_je^T X_je))
 
 Why a region with a written backward: a PyNative bprop receives the inputs (X, w_r), the output
 and dY only, so nothing gathered in the forward stays alive until the backward — autograd through
@@ -22,6 +24,12 @@ counted in ``GATHERS``. With ``ParallelConfig.reshard_after_forward`` false the 
 a step is kept until the optimizer's step (`release`): one gather per weight and step, whole
 weights held meanwhile (FSDP's reshard_after_forward=False, ZeRO-2's memory for the weights).
 
+Hybrid sharding (``ParallelConfig.zero3_shard`` "node"): the j above run over the ranks of G
+on this rank's node only (G's ``_shard`` group, mm_parallel.topology), which hold the whole
+weight between them; the nodes hold replicas. The gathers stay on the node's links, and the
+reduce-scattered slice is then summed over the replicas (one all-reduce across nodes, 1/D of
+the values): dw_r = sum over nodes of the node's reduce-scatter, G's sum again.
+
 dw_r is the group's sum of this rank's slice; the DistributedOptimizer (zero_stage 3) divides it
 by dp like every gradient and updates w_r where it lies: no all-gather after the step. Checkpoints
 keep today's format (mm_parallel.sharding: ``flat_over`` gathers and re-cuts the slices), so a
@@ -29,13 +37,14 @@ ZeRO-3 run resumes under ZeRO-1 or another dp, and the reverse.
 
 Which weights (`shard_parameters`): those a cell lists in ``ZERO3_WEIGHTS`` and uses through a
 region (``ZERO3_REGION``: "matmul" for column / row parallel and replicated linears, which
-multiply through `linear`; "rows" for the vocabulary embedding) of at least ``min_numel`` values,
+multiply through `linear`; "rows" for the vocabulary embedding; "experts" for MoE experts' fused
+tensors, cut over expert-dp — the group their gradients sync over) of at least ``min_numel`` values,
 not tied to another cell, trained or frozen (a LoRA base, a frozen tower: held as slices too, its
 backward computing dX alone; frozen as it is when cut). The slice is float32 whatever the layer
 computes in (FSDP2's sharded parameter: the optimizer's update lands there unrounded; the region
 rounds W to the layer's dtype, as the optimizer's write of a whole bf16 weight would), and each
 rank's dW is rounded to that dtype before the float32 sum: the values of the whole weight's path.
-The rest (norms, biases, convolutions, experts, tied weights) stays whole and is reduced as under
+The rest (norms, biases, convolutions, tied weights) stays whole and is reduced as under
 ZeRO-2; `Sharded` counts both.
 """
 
@@ -54,7 +63,8 @@ from mindspore import Parameter, Tensor, nn, ops
 from mm_parallel import comm
 from mm_parallel.census import owned_parameters
 from mm_parallel.ops import low_precision
-from mm_parallel.ops.device import as_type
+from mm_parallel.ops.device import as_type, use_fused
+from mm_parallel.ops.grouped_matmul import grouped_matmul
 from mm_parallel.ops.low_precision import compute_weight
 from mm_parallel.sharding import set_sharding, sharding_of
 from mm_parallel.topology import Topology, get_topology
@@ -63,6 +73,7 @@ GATHERS: collections.Counter = collections.Counter()  # "forward" / "backward": 
 
 _matmul_nt = ops.MatMul(transpose_b=True)
 _matmul_tn = ops.MatMul(transpose_a=True)
+_bmm, _bmm_nt, _bmm_tn = ops.BatchMatMul(), ops.BatchMatMul(transpose_b=True), ops.BatchMatMul(transpose_a=True)
 
 
 @dataclass(frozen=True)
@@ -82,7 +93,8 @@ class _GatheredMatmul(nn.Cell):
         super().__init__()
         self.spec, self.topology, self.dtype, self.trains = spec, topology, dtype, trains
         self.kept = None  # the gathered weight, kept for the step without reshard_after_forward
-        self.group = topology.groups[spec.flat_over]
+        self.group = spec.flat_group(topology)
+        self.replicas = topology.groups[spec.flat_over + "_replica"]  # hybrid sharding: one per node
         self.numel = int(np.prod(spec.local_shape))
 
     def whole(self, shard, phase: str):
@@ -116,7 +128,8 @@ class _GatheredMatmul(nn.Cell):
         padded = self.group.size * -(-self.numel // self.group.size)
         if padded > self.numel:
             flat = ops.concat([flat, ops.zeros(padded - self.numel, flat.dtype)])
-        return comm.reduce_scatter(flat, self.group)
+        mine = comm.reduce_scatter(flat, self.group)
+        return comm.all_reduce(mine, self.replicas) if self.replicas.size > 1 else mine
 
 
 class _GatheredRows(_GatheredMatmul):
@@ -135,7 +148,42 @@ class _GatheredRows(_GatheredMatmul):
         return ops.zeros_like(ids), self._reduce_scattered(table)
 
 
-REGIONS = {"matmul": _GatheredMatmul, "rows": _GatheredRows}  # a cell's ZERO3_REGION names its weight's
+class _GatheredExperts(_GatheredMatmul):
+    """The experts' region: Y_e = X_e W_e^T for each local expert e of the gathered (E, N, K)
+    tensor. X is the (E, M, K) block of each expert's rows padded to M (CPU: two batched
+    matmuls), or, on the device path, the rows grouped by expert, ``counts`` of each (Ascend's
+    grouped_matmul). Backward: W gathered again, dX_e = dY_e W_e the same way, dW_e = dY_e^T X_e
+    over each expert's rows (padded blocks either way: one batched matmul) reduce-scattered."""
+
+    def construct(self, x, shard, counts):
+        weight = self.whole(shard, "forward")
+        return grouped_matmul(x, weight, counts.asnumpy()) if use_fused() else _bmm_nt(x, weight)
+
+    def bprop(self, x, shard, counts, out, dout):
+        weight = self.whole(shard, "backward")
+        if use_fused():
+            sizes = counts.asnumpy()
+            dx = grouped_matmul(dout, ops.transpose(weight, (0, 2, 1)), sizes)
+            x, dout = _blocks(x, sizes), _blocks(dout, sizes)
+        else:
+            dx = _bmm(dout, weight)
+        if not self.trains:
+            return dx, ops.zeros_like(shard), ops.zeros_like(counts)
+        return dx, self._reduce_scattered(_bmm_tn(dout, x)), ops.zeros_like(counts)
+
+
+def _blocks(rows, counts):
+    """(E, max(counts), width): expert e's ``counts[e]`` consecutive rows, padded with zeros."""
+    width, starts = max(int(counts.max(initial=0)), 1), np.concatenate([[0], np.cumsum(counts)[:-1]])
+    index = np.full((len(counts), width), rows.shape[0], np.int32)  # the appended zero row
+    for e, (start, count) in enumerate(zip(starts, counts)):
+        index[e, :count] = start + np.arange(count)
+    padded = ops.concat([rows, ops.zeros((1, rows.shape[1]), rows.dtype)])
+    return ops.gather(padded, Tensor(index.reshape(-1)), 0).reshape(len(counts), width, rows.shape[1])
+
+
+# a cell's ZERO3_REGION names its weight's
+REGIONS = {"matmul": _GatheredMatmul, "rows": _GatheredRows, "experts": _GatheredExperts}
 
 
 _KEEPING: list = []  # the regions holding a kept weight (reshard_after_forward false)
@@ -150,6 +198,13 @@ def release() -> None:
 def gathered_rows(ids, weight):
     """W[ids] for an embedding table `shard_parameters` cut (`_GatheredRows`)."""
     return weight.zero3_region(ids, weight)
+
+
+def gathered_experts(x, weight, counts):
+    """Each expert's rows times its W_e^T for experts `shard_parameters` cut (`_GatheredExperts`):
+    ``x`` the (E, M, K) padded block, or the grouped rows on the device path (``counts`` a numpy
+    array of each expert's rows)."""
+    return weight.zero3_region(x, weight, Tensor(np.asarray(counts, np.int64)))
 
 
 def is_sharded(weight) -> bool:
@@ -195,7 +250,8 @@ def sharded_weights(model: nn.Cell, topology=None, min_numel: Optional[int] = No
         spec = sharding_of(param)
         # a tied weight (an LM head sharing the embedding's) is read whole by its other owner: kept whole
         if (attr in getattr(cell, "ZERO3_WEIGHTS", ()) and math.prod(param.shape) >= min_numel
-                and owners[id(param)] == 1 and spec.flat_over is None and topo.groups[spec.grad_sync].size > 1):
+                and owners[id(param)] == 1 and spec.flat_over is None
+                and topo.groups[spec.grad_sync + "_shard"].size > 1):
             chosen.append((cell, attr, param))
     return chosen
 

@@ -93,9 +93,10 @@ def _shard_weights(chunks, topo) -> None:
     if topo.rank == 0:
         sharded, numel = sum(d.sharded for d in done), sum(d.sharded_numel for d in done)
         whole, rest = sum(d.whole for d in done), sum(d.whole_numel for d in done)
-        print(f"mm-train: ZeRO-3 holds 1/{topo.dp_cp.size} of {sharded} weights ({numel:,} values); {whole} "
+        experts = f" (MoE experts 1/{topo.edp.size})" if topo.edp.size != topo.dp_cp.size else ""
+        print(f"mm-train: ZeRO-3 holds 1/{topo.dp_cp.size}{experts} of {sharded} weights ({numel:,} values); {whole} "
               f"trained parameters ({rest:,} values) stay whole (under parallel.zero3_min_numel="
-              f"{topo.config.zero3_min_numel:,}, norms, biases, convolutions, experts, tied)", file=sys.stderr)
+              f"{topo.config.zero3_min_numel:,}, norms, biases, convolutions, tied)", file=sys.stderr)
 
 
 @contextlib.contextmanager

@@ -511,6 +511,19 @@ def load_recipe(path: Optional[str] = None, overrides: Sequence[str] = ()) -> Re
     return build_recipe(values, overrides)
 
 
+def _check_hybrid_sharding(par, world_size: int, dp: int) -> None:
+    """zero3_shard node needs ZeRO-3 and more than one rank of a gradient group on a node (rank
+    0's dp x cp group is ranks 0, tp, 2 tp, ...: mm_parallel.topology)."""
+    if par.zero_stage != 3:
+        raise ValueError(f"parallel.zero3_shard=node shards ZeRO-3's weights inside each node; it needs "
+                         f"parallel.zero_stage 3, not {par.zero_stage} (or leave zero3_shard at all)")
+    per_node = par.ranks_per_node or world_size
+    if min(dp * par.cp, -(-per_node // par.tp)) == 1:
+        raise ValueError(f"parallel.zero3_shard=node: each node of {per_node} ranks holds one data- or context-"
+                         f"parallel rank at tp={par.tp}, so nothing would be sharded; use zero3_shard=all, a "
+                         "smaller tp or more ranks per node")
+
+
 def check_layout(recipe: Recipe, world_size: int) -> int:
     """Refuse a layout the world or the batch cannot hold, before any process starts; returns the
     number of micro-batches each data-parallel rank runs per step."""
@@ -525,6 +538,8 @@ def check_layout(recipe: Recipe, world_size: int) -> int:
         raise ValueError(f"parallel.zero_stage 3 cuts the weights over the data- and context-parallel ranks, and "
                          f"{world_size} processes at tp x cp x pp = {model_parallel} leave one: run more processes or "
                          "use zero_stage 0")
+    if par.zero3_shard == "node":
+        _check_hybrid_sharding(par, world_size, dp)
     if recipe.eval.every and (recipe.eval.batch_size or per_step) % per_step:
         raise ValueError(f"eval.batch_size={recipe.eval.batch_size} is not a multiple of micro_batch_size x dp = "
                          f"{train.micro_batch_size} x {dp}; validation batches must split into whole micro-batches")

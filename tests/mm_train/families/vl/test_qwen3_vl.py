@@ -15,22 +15,23 @@ def rows(out):
 
 
 def test_qwen3_vl_recipes_train_and_moe_layouts_equal_one_process(tmp_path, run_distributed):
-    """The MoE runs under ep2, tp2+sp and ep2 with ZeRO-3 stop at step 2 and resume (on one
-    process, under ep2) to step 4: every loss equals the uninterrupted single-process run's."""
+    """The MoE runs under ep2, tp2+sp and ep2 x dp2 with ZeRO-3 (experts cut over expert-dp) stop
+    at step 2 and resume (on one process, under ep2) to step 4: every loss equals the
+    uninterrupted single-process run's."""
     import transformers
 
     short = ["--set", "data.samples=32", "--no-progress"]
     ep2 = ["--set", "parallel.ep=2"]
     tp2_sp = ["--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true"]
-    zero3 = ["--set", "parallel.zero_stage=3", "--set", "parallel.zero3_min_numel=1024"]  # experts stay whole
+    zero3 = ["--set", "parallel.zero_stage=3", "--set", "parallel.zero3_min_numel=1024"]  # experts cut over edp 2
     halves = ["--set", "train.steps=2", "--set", "checkpoint.every=2"]
     runs = {"dense": ("qwen3_vl_tiny", 1, ["--set", "train.steps=30", "--set", "checkpoint.every=30"]),
             "moe": ("qwen3_vl_moe_tiny", 1, ["--set", "train.steps=4"]),
             "moe_ep2": ("qwen3_vl_moe_tiny", 2, ep2 + halves),
             "moe_tp2_sp": ("qwen3_vl_moe_tiny", 2, tp2_sp + halves),
-            "moe_ep2_zero3": ("qwen3_vl_moe_tiny", 2, ep2 + zero3 + halves)}
+            "moe_ep2_dp2_zero3": ("qwen3_vl_moe_tiny", 4, ep2 + zero3 + halves + ["--set", "train.micro_batch_size=2"])}
     # (processes, layout) of the resumed half
-    resumes = {"moe_ep2": (1, []), "moe_tp2_sp": (2, ep2), "moe_ep2_zero3": (1, [])}
+    resumes = {"moe_ep2": (1, []), "moe_tp2_sp": (2, ep2), "moe_ep2_dp2_zero3": (1, [])}
     got = {}
     for name, (recipe, nproc, extra) in runs.items():
         out, data = tmp_path / name, tmp_path / "data"

@@ -25,6 +25,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from mm_parallel.topology import RANKS_PER_NODE
+
 _WORKER = Path(__file__).with_name("worker.py")
 # Grace period for the other ranks once one rank has failed (they may be stuck in a collective).
 _FAILURE_GRACE_S = 5.0
@@ -167,7 +169,9 @@ def launch_command(script: os.PathLike, nproc: int, args: Sequence[str], log_dir
     # msrun starts workers with the `python` found on PATH: make it this interpreter.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     log_dir.mkdir(parents=True, exist_ok=True)
-    return cmd, {**os.environ, "PATH": path, "GLOG_v": "3", **(env or {})}, log_dir / "msrun.out"
+    # the workers on each node: where hybrid ZeRO-3 (zero3_shard node) cuts its shard groups
+    nodes = {RANKS_PER_NODE: str(nproc)}
+    return cmd, {**os.environ, "PATH": path, "GLOG_v": "3", **nodes, **(env or {})}, log_dir / "msrun.out"
 
 
 def worker_log_tails(log_dir: Path, nproc: int, lines: int = 40) -> str:

@@ -26,7 +26,7 @@ from typing import Optional
 import numpy as np
 from mindspore import Tensor, nn, ops
 
-from mm_parallel import census, mappings
+from mm_parallel import census, mappings, zero3
 from mm_parallel.blocks import activation
 from mm_parallel.ops.activations import silu, swiglu
 from mm_parallel.ops.device import use_fused, with_zero_row
@@ -39,17 +39,28 @@ from mm_parallel.topology import Topology, get_topology
 _bmm_transposed = ops.BatchMatMul(transpose_b=True)
 
 
-def _expert_matmul(x, weight):
-    """x @ weight^T per expert, in the weight's dtype (mm_parallel.ops.low_precision)."""
-    x, w = matmul_operands(x, weight)
-    y = _bmm_transposed(x, w)
-    return to_compute(y, weight.dtype) if weight.dtype in LOW else y
+def _expert_matmul(x, weight, counts=None):
+    """x @ weight^T per expert, in the weight's dtype (mm_parallel.ops.low_precision): ``x`` the
+    (E, M, K) padded block, or with ``counts`` the rows grouped by expert (Ascend's grouped
+    matmul); a ZeRO-3 weight gathered for the matmul alone (mm_parallel.zero3)."""
+    if zero3.is_sharded(weight):
+        dtype = zero3.compute_dtype(weight)
+        y = zero3.gathered_experts(to_compute(x, dtype), weight, counts if counts is not None else np.zeros(0))
+    elif counts is not None:
+        return grouped_matmul(x, weight.astype(x.dtype), counts)
+    else:
+        dtype = weight.dtype
+        x, w = matmul_operands(x, weight)
+        y = _bmm_transposed(x, w)
+    return to_compute(y, dtype) if dtype in LOW else y
 
 
 class GroupedExperts(nn.Cell):
     """See the module docstring. ``construct(tokens, groups)``: ``tokens`` (N + 1, H), a buffer
     whose last row is zeros; ``groups`` an `ExpertGroups` over it. Returns (E_local M + 1, H):
     every padded slot's output, then a zero row."""
+
+    ZERO3_WEIGHTS, ZERO3_REGION = ("gate_up_proj", "down_proj"), "experts"  # through `_expert_matmul`
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, act: str = "silu", *,
                  topology: Optional[Topology] = None, init_std: Optional[float] = None):
@@ -130,13 +141,13 @@ class GroupedExperts(nn.Cell):
         x = ops.gather(tokens, Tensor(rows.astype(np.int32)), 0)
         if self.tp_group is not None:
             x = mappings.copy_to_region(x, self.tp_group)
-        gate_up = grouped_matmul(x, self.gate_up_proj.astype(x.dtype), counts)
+        gate_up = _expert_matmul(x, self.gate_up_proj, counts)
         if self.act is silu:  # the fused swiglu kernel: gate and up are the two halves
             hidden = swiglu(gate_up)
         else:
             gate, up = ops.chunk(gate_up, 2, -1)
             hidden = self.act(gate) * up
-        y = grouped_matmul(hidden, self.down_proj.astype(x.dtype), counts)
+        y = _expert_matmul(hidden, self.down_proj, counts)
         if self.tp_group is not None:
             y = mappings.reduce_from_region(y, self.tp_group)
         padded = np.full(self.local * width + 1, rows.size, np.int64)  # padding and the last row: zeros

@@ -9,6 +9,7 @@ by `mm_train.plan.memory` (parameters from the model code built by shape only), 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -104,6 +105,8 @@ def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] =
     micro_batches, modelled = step.micro_batches, step.recipe  # packed: rows taken as samples (plan.batches)
     built = {} if built is None else built
     par = recipe.parallel
+    if par.ranks_per_node is None:  # hybrid ZeRO-3 shards over the cluster's nodes
+        par = dataclasses.replace(par, ranks_per_node=cluster["devices_per_node"])
     ranks, peak, slowest = [], 0, None
     for position in memory.positions(par, world):
         topo = Topology.build(par, world, position.rank)
@@ -118,7 +121,8 @@ def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] =
         entry["total_bytes"] = sum(entry[k] for k in ("weights_bytes", "grads_bytes", "optimizer_bytes")) + max(
             entry["activations_bytes"] + entry["zero3_gather_bytes"], entry["optimizer_step_buffers_bytes"])
         times = timing.step_time(step.workload, modelled, topo, spec_device, cluster, known["efficiency"],
-                                 entry["reduced_numel"], micro_batches, entry["zero3_numel"])
+                                 entry["reduced_numel"], micro_batches, entry["zero3_numel"],
+                                 entry["optimizer_host_bytes"])
         ranks.append(entry)
         peak = max(peak, entry["total_bytes"])
         slowest = times if slowest is None or times["step_time_s"] > slowest["step_time_s"] else slowest
@@ -146,8 +150,13 @@ def refuse_unfitting(recipe, nodes: int, devices_per_node: int, force: bool = Fa
         return None
     device = machine_device(recipe)
     plan = make_plan(recipe, nodes, devices_per_node, device, complete_config=False)
+    gib = 2 ** 30
+    if not plan["host_fits"]:
+        raise ValueError(
+            f"optim.offload=optimizer keeps {plan['host_bytes_per_node'] / gib:.1f} GiB of optimizer state in each "
+            f"node's host memory, more than the {device} servers' host_memory_gib allows (devices.yaml): raise "
+            "parallel.zero_stage / dp, add nodes, or leave optim.offload unset (--force runs anyway)")
     if not plan["fits"]:
-        gib = 2 ** 30
         need = plan["demand_bytes"] / gib
         where = "for all its processes on this host" if plan["demand_bytes"] != plan["peak_bytes"] else "per device"
         raise ValueError(
@@ -160,7 +169,10 @@ def refuse_unfitting(recipe, nodes: int, devices_per_node: int, force: bool = Fa
 def _summary(recipe, cluster, device, world, ranks, peak, times, workload, samples: int) -> Dict:
     shared = device.get("shared_memory", False)  # one host's RAM holds every process
     usable = device["memory_bytes"] * device["usable_fraction"] * HEADROOM
-    demand = sum(r["total_bytes"] * r["count"] for r in ranks) if shared else peak
+    host = max(r["optimizer_host_bytes"] for r in ranks) * cluster["devices_per_node"]  # optim.offload, a node's
+    demand = sum((r["total_bytes"] + r["optimizer_host_bytes"]) * r["count"] for r in ranks) if shared else peak
+    host_gib = device.get("host_memory_gib")  # unknown: not checked; a shared host's RAM is in the demand
+    host_usable = float("inf") if shared or host_gib is None else host_gib * 2 ** 30 * device["usable_fraction"]
     step = times["step_time_s"]
     sps = samples / step if step else 0.0
     flops = timing.step_flops(workload, 3, 1) * sps  # model FLOPs: no recompute, frozen towers forward only
@@ -173,7 +185,8 @@ def _summary(recipe, cluster, device, world, ranks, peak, times, workload, sampl
     packing = {"samples_per_row": row.samples, "row_tokens": row.tokens, "row_positions": row.positions,
                "padding_fraction": row.padding_fraction} if row is not None else None
     return {"packing": packing, "batch_samples": samples,
-            "fits": demand <= usable, "devices": world, "cluster": cluster, "device": device["name"],
+            "fits": demand <= usable and host <= host_usable, "host_fits": host <= host_usable,
+            "host_bytes_per_node": int(host), "devices": world, "cluster": cluster, "device": device["name"],
             "device_memory_bytes": device["memory_bytes"], "usable_bytes": int(usable), "ranks": ranks,
             "peak_bytes": int(peak), "demand_bytes": int(demand), "step_time_s": step, "samples_per_s": sps,
             "tokens_per_s": sps * workload.tokens_per_sample,

@@ -9,7 +9,9 @@ ranks, the family's plan (recompute, LoRA, freezing) applied — inside
     weights     every parameter held, in the dtype `mm_parallel.precision.dtype_under` gives it
     gradients   the trainable ones, summed over the step's micro-batches in train.grad_dtype
     optimizer   `mm_parallel.grad_buckets.state_bytes_of`: fp32 master + 2 moments of this rank's
-                ZeRO slice of each bucket (optim.bucket_numel values at most)
+                ZeRO slice of each bucket (optim.bucket_numel values at most); a ZeRO-3 slice is
+                its own master (2 moments); with optim.offload: optimizer all of it in host
+                memory instead (``optimizer_host_bytes``, the ZeRO-3 slices' masters apart)
     step        `mm_parallel.grad_buckets.step_buffer_values`: the step's reduced gradients and
                 one bucket's transients, after the backward freed the activations: a rank's
                 peak is the static bytes plus the larger of its activations and these
@@ -128,8 +130,16 @@ def static_bytes(chunks, recipe, topo) -> Dict[str, int]:
     trainable = [p for chunk in chunks for p in chunk.trainable_params()]
     grads = sum(4 * sliced[id(p)] if id(p) in sliced else math.prod(p.shape) * DTYPE_BYTES[recipe.train.grad_dtype]
                 for p in trainable)
-    optimizer = state_bytes_of(trainable, topo, zero, buckets) if trainable else 0
+    whole = [p for p in trainable if id(p) not in sliced]
+    # a ZeRO-3 slice is its own master weight: its moments alone (mm_parallel.grad_buckets)
+    optimizer = (state_bytes_of(whole, topo, zero, buckets) if whole else 0) + sum(
+        8 * sliced[id(p)] for p in trainable if id(p) in sliced)
+    host = 0
+    if recipe.optim.offload == "optimizer":  # in host memory, streamed through one bucket at a time
+        host = optimizer + sum(4 * sliced[id(p)] for p in trainable if id(p) in sliced)
+        optimizer = 0
     return {"params": params, "weights_bytes": weights, "grads_bytes": grads, "optimizer_bytes": optimizer,
+            "optimizer_host_bytes": host,
             "optimizer_step_buffers_bytes": step_buffer_bytes(trainable, topo, buckets),
             # one layer's weight at a time, or every one kept for the step (reshard_after_forward false)
             "zero3_gather_bytes": max(gathered, default=0) if topo.config.reshard_after_forward else sum(gathered),
@@ -143,8 +153,9 @@ def _zero3_slices(chunks, topo) -> Dict[int, int]:
     from mm_parallel.sharding import sharding_of
     from mm_parallel.zero3 import sharded_weights
 
-    # cut over each weight's gradient group, as ParamSharding.flat_slice cuts it
-    return {id(p): -(-math.prod(p.shape) // topo.groups[sharding_of(p).grad_sync].size)
+    # cut over each weight's gradient group (its ranks on one node under hybrid sharding), as
+    # ParamSharding.flat_slice cuts it
+    return {id(p): -(-math.prod(p.shape) // topo.groups[sharding_of(p).grad_sync + "_shard"].size)
             for chunk in chunks for _, _, p in sharded_weights(chunk, topo)}
 
 

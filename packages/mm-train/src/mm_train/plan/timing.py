@@ -30,7 +30,11 @@ micro-batches per data-parallel rank and step, and E_c, E_n the compute and link
                           the layer's dtype (b bytes) for the forward, the backward and each
                           recomputed forward, (2 + r) (d - 1) / d N_s b (once a step without
                           reshard_after_forward), and their gradients reduce-scattered in fp32,
-                          (d - 1) / d N_s 4
+                          (d - 1) / d N_s 4; under hybrid sharding (r nodes of s ranks) both over
+                          the s ranks of a node, plus 2 (r - 1) / r N_s / s 4 across the nodes
+    offload     optim.offload optimizer: the rank's master weights and moments (S bytes in host
+                memory) copied to the device and back each step, the masters once more for the
+                weights: 7 S / 3 at host_gbps (devices.yaml), not overlapped
 """
 
 from __future__ import annotations
@@ -79,9 +83,9 @@ def _recomputed_share(recipe, workload, pp: int) -> float:
 
 
 def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: dict, grads_numel: int,
-              micro_batches: int, sharded_numel: int = 0) -> Dict[str, float]:
-    """{compute_s, bubble_s, encode_s, launch_s, tp_s, cp_s, pp_s, dp_s, step_time_s} of one rank (module
-    docstring)."""
+              micro_batches: int, sharded_numel: int = 0, offload_bytes: int = 0) -> Dict[str, float]:
+    """{compute_s, bubble_s, encode_s, launch_s, tp_s, cp_s, pp_s, dp_s, offload_s, step_time_s} of one
+    rank (module docstring); ``offload_bytes``: the optimizer state it keeps in host memory."""
     par = topo.config
     dp, t, c, p = topo.dp.size, topo.tp.size, topo.cp.size, topo.pp.size
     size = 2 if recipe.train.precision in ("bf16", "fp16") else 4
@@ -96,7 +100,9 @@ def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: d
     encode_peak = device["peak_tflops"] * 1e12 * efficiency.get("encode", efficiency["compute"])
     encode = workload.encoder_flops * samples_per_rank / encode_peak
     times = {"compute_s": compute, "bubble_s": bubble, "encode_s": encode, "launch_s": 0.0, "tp_s": 0.0,
-             "cp_s": 0.0, "pp_s": 0.0, "dp_s": 0.0}
+             "cp_s": 0.0, "pp_s": 0.0, "dp_s": 0.0,
+             # optim.offload: the state in and out, the master weights in once more
+             "offload_s": 7 / 3 * offload_bytes / (device.get("host_gbps") or 1) / 1e9 if offload_bytes else 0.0}
     per_layer_pass = efficiency.get("layer_pass_ms", 0.0) / 1e3
     for stack in workload.stacks:
         if not stack.pipelined and not topo.is_first_stage:
@@ -127,11 +133,16 @@ def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: d
         volume = 2 * (d - 1) / d * grads_numel * 4
         if par.zero_stage > 0:
             volume += (d - 1) / d * grads_numel * 4
+        times["dp_s"] = volume / _link_bytes_per_s(topo, "dp_cp", device, cluster, comm_eff)
         if sharded_numel:  # ZeRO-3: per micro-batch, gathers and the gradients' reduce-scatter
             gathers = micro_batches * (2 + _recomputed_share(recipe, workload, p))
             if not par.reshard_after_forward:  # the step's first gather kept for every later use
                 gathers = 1
-            volume += (d - 1) / d * sharded_numel * (gathers * size + micro_batches * 4)
-        times["dp_s"] = volume / _link_bytes_per_s(topo, "dp_cp", device, cluster, comm_eff)
+            s, r = topo.dp_cp_shard.size, topo.dp_cp_replica.size  # hybrid sharding: r nodes of s
+            volume = (s - 1) / s * sharded_numel * (gathers * size + micro_batches * 4)
+            times["dp_s"] += volume / _link_bytes_per_s(topo, "dp_cp_shard", device, cluster, comm_eff)
+            if r > 1:  # each slice's gradient all-reduced across the nodes
+                volume = micro_batches * 2 * (r - 1) / r * sharded_numel / s * 4
+                times["dp_s"] += volume / _link_bytes_per_s(topo, "dp_cp_replica", device, cluster, comm_eff)
     times["step_time_s"] = sum(times.values())
     return times

@@ -76,6 +76,9 @@ MOE = register(FamilySpec(
                       "a tiny random Qwen3-VL-MoE (4 experts) captions generated pictures", "1-2 CPU processes"),
         BuiltinRecipe("qwen3_vl_30b_a3b_sft", "qwen3_vl_30b_a3b_sft.yaml",
                       "Qwen3-VL-30B-A3B-Instruct SFT (TP2-SP PP4 EP2, bf16)", "2 x 8 Ascend NPUs"),
+        BuiltinRecipe("qwen3_vl_30b_a3b_zero3", "qwen3_vl_30b_a3b_zero3.yaml",
+                      "Qwen3-VL-30B-A3B-Instruct SFT with ZeRO-3, experts cut over expert-dp (EP8, no TP / PP)",
+                      "2 x 8 Ascend NPUs"),
     ),
     **_COMMON,
 ))
