@@ -320,4 +320,4 @@ def test_offloaded_state_updates_bit_for_bit_like_the_resident_one(bucket_numel)
     for a, b in zip(opt.param_states(), on_device.param_states()):
         assert all(np.array_equal(a[key], b[key]) for key in DistributedOptimizer.STATES)
     with pytest.raises(ValueError, match="optim.offload='activations' is unknown; use optimizer"):
-        DistributedOptimizer(stack, dataclasses.replace(resident, offload="activations"), SOLO)
+        dataclasses.replace(resident, offload="activations")

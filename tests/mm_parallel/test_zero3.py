@@ -178,3 +178,66 @@ def test_sharded_experts_compute_and_reduce_like_whole_ones(run_distributed, pre
     results = run_distributed(experts_equal_whole_ones, nproc=2, timeout=300, precision_name=precision_name,
                               device_path=device_path)
     assert results == [[], []], results
+
+
+def prefetched_steps_equal_unprefetched(steps):
+    """Runs on every rank: [problems]. Three steps of a two-layer model on the Ascend path's
+    stand-ins, whose asynchronous gather delivers its output only at the handle's wait (NaN
+    before): from the second step each weight's gather is begun during the layer before
+    (prefetched), the losses and gradients equal those of the CPU path, which prefetches nothing,
+    and the gathers per step stay weights x (forward + backward), less the last layer's, kept
+    from its forward for its backward."""
+    import mindspore as ms
+    from mindspore import Tensor
+
+    import mm_parallel
+    from mm_parallel import ParallelConfig, zero3
+    from mm_parallel.ops.device import as_type
+    from mm_parallel.testing import device_path as stand_ins
+    from mm_parallel.testing import hccl
+    from mm_parallel.zero3_prefetch import PREFETCHED
+
+    topo = mm_parallel.initialize(ParallelConfig(zero_stage=3))
+    ids = Tensor(np.random.default_rng(topo.rank).integers(0, 64, (2, 5)).astype(np.int32))
+    problems, runs = [], {}
+    for path in ("cpu", "device"):
+        model = _model(topo)
+        zero3.shard_parameters(model, topo, min_numel=1)
+        params = model.trainable_params()
+        zero3.GATHERS.clear()
+        PREFETCHED.clear()
+        grad = ms.value_and_grad(lambda t: (as_type(model(t), ms.float32) ** 2).sum(), None, params)
+        runs[path] = []
+        for _ in range(steps):
+            if path == "device":
+                with stand_ins.ascend_stand_ins():
+                    loss, grads = grad(ids)
+            else:
+                loss, grads = grad(ids)
+            zero3.release()  # the step's end, as the optimizer's step does
+            runs[path].append([float(loss.asnumpy())] + [g.asnumpy() for g in grads])
+        # a step's uses: the embedding, up and down forward, down and up backward; prefetched, the
+        # last layer's weight is kept from its forward for its backward (one gather fewer)
+        kept = steps - 1 if path == "device" else 0
+        if dict(zero3.GATHERS) != {"forward": 3 * steps, "backward": 2 * steps - kept}:
+            problems.append(f"{path}: gathers {dict(zero3.GATHERS)} over {steps} steps")
+        if path == "device" and dict(PREFETCHED) != {"forward": 2 * kept, "backward": kept, "reused": kept}:
+            # each step after the first: every use but the step's first begun ahead
+            problems.append(f"prefetched {dict(PREFETCHED)}")
+    if hccl.unwaited():
+        problems.append(f"{hccl.unwaited()} asynchronous gathers never waited on")
+    out = Tensor(np.zeros(4, np.float32))  # the stand-in itself: a read before the wait sees NaN
+    handle = hccl.all_gather_into_tensor(out, Tensor(np.full(2, topo.rank, np.float32)), async_op=True)
+    before = out.asnumpy().copy()
+    handle.wait()
+    if not np.isnan(before).all() or out.asnumpy().tolist() != [0, 0, 1, 1]:
+        problems.append(f"the asynchronous stand-in gave {before} before its wait, {out} after")
+    for step, (cpu, device) in enumerate(zip(runs["cpu"], runs["device"])):
+        if cpu[0] != device[0] or not all(np.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(cpu[1:], device[1:])):
+            problems.append(f"step {step}: the prefetched step differs (loss {device[0]} vs {cpu[0]})")
+    return problems
+
+
+def test_prefetched_gathers_change_nothing_but_when_they_start(run_distributed):
+    results = run_distributed(prefetched_steps_equal_unprefetched, nproc=2, timeout=300, steps=3)
+    assert results == [[], []], results

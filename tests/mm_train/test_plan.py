@@ -221,6 +221,8 @@ def test_search_candidates_tile_the_world_and_split_the_batch():
         micro_batches = 16 // (c["micro_batch_size"] * dp)
         assert p["vpp"] == 1 or (p["pp"] > 1 and micro_batches % p["pp"] == 0)
         assert p["sequence_parallel"] == (p["tp"] > 1) and (dp > 1 or p["zero_stage"] == 0)
+        assert c["offload"] in ((None, "optimizer") if p["zero_stage"] == 3 else (None,))  # offload with ZeRO-3
+    assert {c["offload"] for c in seen} == {None, "optimizer"}
     layouts = {(c["parallel"]["tp"], c["parallel"]["pp"], c["parallel"]["cp"]) for c in seen}
     assert (8, 1, 1) not in layouts and (4, 2, 1) in layouts and (1, 1, 8) in layouts
     moe = list(candidates(8, 8, 8, moe=True))

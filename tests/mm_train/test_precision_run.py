@@ -6,6 +6,7 @@ launch."""
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -63,19 +64,26 @@ def test_bf16_trains_saves_bf16_and_resumes_bit_exact(tmp_path):
     assert json.loads((saved / "config.json").read_text())["dtype"] == "float32"
 
 
-def test_bf16_zero3_equals_zero1_at_the_same_dp_and_saves_bf16(tmp_path, run_distributed):
+def test_bf16_zero3_and_offload_equal_zero1_at_the_same_dp_and_save_bf16(tmp_path, run_distributed):
     """ZeRO-3 in bf16: each weight's float32 slice is rounded to bf16 for the matmul and each
     rank's weight gradient to bf16 before the float32 sum, as the whole bf16 weight's path does:
-    dp2 ZeRO-3 equals dp2 ZeRO-1 to the bit, losses and saved weights (bf16, like ZeRO-1's)."""
+    dp2 ZeRO-3 equals dp2 ZeRO-1 to the bit, losses and saved weights (bf16, like ZeRO-1's); so
+    does ZeRO-3 with the optimizer state and the activations in host memory (optim.offload,
+    train.activation_offload)."""
     data = tmp_path / "data"
     bf16 = [*SHORT, "--set", "train.precision=bf16", "--set", "train.steps=3", "--set", "checkpoint.every=3"]
-    for name, stage in (("zero1", ["--set", "parallel.zero_stage=1"]),
-                        ("zero3", ["--set", "parallel.zero_stage=3", "--set", "parallel.zero3_min_numel=1024"])):
-        train(run_distributed, *bf16, *stage, "--set", f"output_dir={tmp_path / name}", nproc=2, data=data)
-    assert [r["loss"] for r in rows(tmp_path / "zero3")] == [r["loss"] for r in rows(tmp_path / "zero1")]
+    zero3 = ["--set", "parallel.zero_stage=3", "--set", "parallel.zero3_min_numel=1024"]
+    for name, stage in (("zero1", ["--set", "parallel.zero_stage=1"]), ("zero3", zero3),
+                        ("offloaded", zero3 + ["--set", "optim.offload=optimizer", "--set",
+                                               "train.activation_offload=true"])):
+        printed = train(run_distributed, *bf16, *stage, "--set", f"output_dir={tmp_path / name}", nproc=2, data=data)
+    moved = re.search(r"activation offload moved ([\d,.]+) MiB", printed)
+    assert moved and float(moved.group(1).replace(",", "")) > 0, printed[-2000:]
     model = os.path.join("checkpoints", "step_3", "model", "model.safetensors")
-    assert set(dtypes(tmp_path / "zero3" / model).values()) == {"BF16"}
-    assert (tmp_path / "zero3" / model).read_bytes() == (tmp_path / "zero1" / model).read_bytes()
+    for name in ("zero3", "offloaded"):
+        assert [r["loss"] for r in rows(tmp_path / name)] == [r["loss"] for r in rows(tmp_path / "zero1")], name
+        assert set(dtypes(tmp_path / name / model).values()) == {"BF16"}
+        assert (tmp_path / name / model).read_bytes() == (tmp_path / "zero1" / model).read_bytes(), name
 
 
 def test_fp16_loss_scaling_skips_overflows_and_grows_back(tmp_path):

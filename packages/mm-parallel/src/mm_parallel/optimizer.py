@@ -94,6 +94,11 @@ class OptimizerConfig:
     # bucket for the update (grad_buckets.Bucket.resident); None: on the device
     offload: Optional[str] = None
 
+    def __post_init__(self):
+        if self.offload not in (None, "optimizer"):
+            raise ValueError(f"optim.offload={self.offload!r} is unknown; use optimizer (master weights and "
+                             "moments in host memory) or leave it unset")
+
     def schedule(self) -> LRSchedule:
         return LRSchedule(self.lr, self.warmup_steps, self.decay_steps, self.lr_schedule, self.min_lr)
 
@@ -111,9 +116,6 @@ class DistributedOptimizer:
         self.zero_stage = topo.config.zero_stage if zero_stage is None else zero_stage
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
-        if config.offload not in (None, "optimizer"):
-            raise ValueError(f"optim.offload={config.offload!r} is unknown; use optimizer (master weights and "
-                             "moments in host memory) or leave it unset")
         if not isinstance(config.bucket_numel, int) or config.bucket_numel < 0:
             raise ValueError(f"optim.bucket_numel must be a whole number of values >= 0 (0: one bucket per group), "
                              f"got {config.bucket_numel!r}")

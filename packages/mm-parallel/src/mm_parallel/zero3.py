@@ -23,6 +23,9 @@ x micro-batches x 2 (an embedding's backward needs none; recomputation adds a fo
 counted in ``GATHERS``. With ``ParallelConfig.reshard_after_forward`` false the first gather of
 a step is kept until the optimizer's step (`release`): one gather per weight and step, whole
 weights held meanwhile (FSDP's reshard_after_forward=False, ZeRO-2's memory for the weights).
+On the device path the next weight's gather is begun while the current layer computes
+(mm_parallel.zero3_prefetch), which changes no value; a weight whose next use is its own (the
+last layer's backward right after its forward) is kept for it, one gather fewer.
 
 Hybrid sharding (``ParallelConfig.zero3_shard`` "node"): the j above run over the ranks of G
 on this rank's node only (G's ``_shard`` group, mm_parallel.topology), which hold the whole
@@ -53,6 +56,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -68,6 +72,7 @@ from mm_parallel.ops.grouped_matmul import grouped_matmul
 from mm_parallel.ops.low_precision import compute_weight
 from mm_parallel.sharding import set_sharding, sharding_of
 from mm_parallel.topology import Topology, get_topology
+from mm_parallel.zero3_prefetch import PREFETCH
 
 GATHERS: collections.Counter = collections.Counter()  # "forward" / "backward": whole weights gathered
 
@@ -93,6 +98,7 @@ class _GatheredMatmul(nn.Cell):
         super().__init__()
         self.spec, self.topology, self.dtype, self.trains = spec, topology, dtype, trains
         self.kept = None  # the gathered weight, kept for the step without reshard_after_forward
+        self.shard = None  # a weak reference to the slice (set by shard_parameters)
         self.group = spec.flat_group(topology)
         self.replicas = topology.groups[spec.flat_over + "_replica"]  # hybrid sharding: one per node
         self.numel = int(np.prod(spec.local_shape))
@@ -104,12 +110,23 @@ class _GatheredMatmul(nn.Cell):
         change only at the optimizer step)."""
         if self.kept is not None:
             return self.kept
-        GATHERS[phase] += 1
-        weight = compute_weight(self.spec.unflatten(low_precision.to_compute(shard, self.dtype), self.topology))
+        weight = PREFETCH.take(self)  # begun while the layer before computed (mm_parallel.zero3_prefetch)
+        if weight is None:
+            weight = self.begin(phase, shard).wait()
         if not self.topology.config.reshard_after_forward:
             self.kept = weight
             _KEEPING.append(self)
+        PREFETCH.used(self, phase, weight)
         return weight
+
+    def begin(self, phase: str, shard=None):
+        """The gather of W begun (a `comm.Pending`; asynchronous on the device path), counted."""
+        GATHERS[phase] += 1
+        shard = self.shard() if shard is None else shard
+        flat = low_precision.to_compute(shard, self.dtype)
+        pending = comm.all_gather_start(flat, self.group, 0)
+        shape, numel = self.spec.local_shape, self.numel
+        return comm.Pending(lambda: compute_weight(pending.wait()[:numel].reshape(shape)))
 
     def construct(self, x, shard):
         return _matmul_nt(x, self.whole(shard, "forward"))
@@ -190,7 +207,9 @@ _KEEPING: list = []  # the regions holding a kept weight (reshard_after_forward 
 
 
 def release() -> None:
-    """Drop the whole weights kept since the last step (the optimizer calls it: its update changes them)."""
+    """Drop the whole weights kept since the last step and the gathers begun ahead (the optimizer
+    calls it: its update changes the weights)."""
+    PREFETCH.step_done()
     while _KEEPING:
         _KEEPING.pop().kept = None
 
@@ -273,6 +292,9 @@ def shard_parameters(model: nn.Cell, topology=None, min_numel: Optional[int] = N
         set_sharding(shard, flat_spec)
         shard.zero3_region = REGIONS[getattr(cell, "ZERO3_REGION", "matmul")](flat_spec, topo, param.dtype,
                                                                              param.requires_grad)
+        # a weak reference (a Parameter attribute would make the region own the slice): its
+        # prefetched gather reads the slice (mm_parallel.zero3_prefetch)
+        shard.zero3_region.shard = weakref.ref(shard)
         setattr(cell, attr, shard)
         sharded_numel += numel
     if chosen:

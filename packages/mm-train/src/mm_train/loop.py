@@ -37,6 +37,7 @@ import numpy as np
 from mindspore import ops
 
 import mm_parallel
+import mm_parallel.activation_offload
 import mm_parallel.precision
 import mm_parallel.zero3
 from mm_parallel import ParallelConfig, comm, pipeline
@@ -222,6 +223,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
     transfers = mm_parallel.stage_io.TransferPlan()  # pipeline headers cross once per micro-batch shape
     stream = task.stream(first)
     normalization, packed = task.loss_normalization(), task.packed()
+    offload = mm_parallel.activation_offload.ActivationOffload() if recipe.train.activation_offload else None
     watchdog = _watchdog(recipe.train.collective_timeout, out, topo)
     try:
         for step in range(first, recipe.train.steps):
@@ -241,8 +243,12 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
             batches = [task.model_inputs(b) for b in batches]
             if normalization:
                 batches = with_loss_divisor(batches, chunks[0], normalization, topo)
-            losses, grads = _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer,
-                                              policy.accumulate_dtype, transfers)
+            with offload.saving() if offload is not None else contextlib.nullcontext():
+                losses, grads = _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer,
+                                                  policy.accumulate_dtype, transfers)
+            if offload is not None and step == first and topo.rank == 0:
+                print(f"mm-train: activation offload moved {offload.offloaded_bytes / 2 ** 20:,.1f} MiB of saved "
+                      "tensors to host memory in the first step", file=sys.stderr)
             figures = _step_loss(losses, tokens, optimizer, topo, on_device)
             if on_device:  # a non-finite loss skips the step inside the optimizer, decided on the device
                 stats = optimizer.step(grads, finite_loss=ops.isfinite(figures["loss"]))

@@ -143,6 +143,9 @@ class TrainSection:
     # default with data.packing); sample: each sample's mean first; unset without packing: the mean
     # of the micro-batches' means (mm_train.loss_share)
     loss_normalization: Optional[str] = None
+    # the tensors the backward needs kept in host memory between the forward and the backward
+    # (mm_parallel.activation_offload): the same values, device memory for two copies a step
+    activation_offload: bool = False
 
     def __post_init__(self):
         if self.global_batch_size is not None and self.global_batch_tokens is not None:
@@ -163,6 +166,8 @@ class TrainSection:
             raise ValueError(f"train.loss_normalization must be token or sample, got {self.loss_normalization!r}")
         if self.precision not in ("bf16", "fp16", "fp32"):
             raise ValueError(f"train.precision must be bf16, fp16 or fp32, got {self.precision!r}")
+        if not isinstance(self.activation_offload, bool):
+            raise ValueError(f"train.activation_offload must be true or false, got {self.activation_offload!r}")
         if self.grad_dtype not in ("fp32", self.precision):
             raise ValueError(f"train.grad_dtype must be fp32 or the run's precision ({self.precision}), "
                              f"got {self.grad_dtype!r}")

@@ -8,6 +8,7 @@ These functions are not differentiable; `mm_parallel.mappings` wraps them with t
 
     all_reduce(x, g, op)        every rank gets op(x_0, ..., x_{n-1})          op: sum avg max min
     all_gather(x, g, dim)       every rank gets cat(x_0, ..., x_{n-1}; dim)     (group-rank order)
+    all_gather_start(x, g, dim) the same, begun: ``.wait()`` gives it (asynchronous on HCCL)
     all_gather_bytes(b, g)      every rank gets [b_0, ..., b_{n-1}]: byte strings of any lengths
     reduce_scatter(x, g, dim)   rank i gets chunk i (along dim) of sum_j x_j
     all_to_all(x, g, s, c)      rank i gets cat_j(chunk i along s of x_j; along c)
@@ -26,7 +27,7 @@ from typing import List, Optional, Sequence
 
 import mindspore as ms
 
-from mm_parallel.comm.base import Backend
+from mm_parallel.comm.base import Backend, Pending
 from mm_parallel.comm.watchdog import watched
 from mm_parallel.topology import Group, get_topology
 
@@ -102,6 +103,17 @@ def all_gather(x, group: Optional[Group] = None, dim: int = 0):
     if group.size == 1:
         return x
     return watched("all_gather", group.ranks, get_backend().all_gather, x, group, dim)
+
+
+def all_gather_start(x, group: Optional[Group] = None, dim: int = 0) -> Pending:
+    """`all_gather` begun: its result is the returned `Pending`'s ``wait()``. On a backend with
+    asynchronous calls (native: HCCL's async_op) the transfer runs while the caller computes,
+    and its output must not be read before the wait; elsewhere it is done at once."""
+    group = _group(group)
+    dim = _dim(x, dim, "all_gather")
+    if group.size == 1:
+        return Pending(lambda: x)
+    return watched("all_gather", group.ranks, get_backend().all_gather_start, x, group, dim)
 
 
 def all_gather_bytes(data: bytes, group: Optional[Group] = None) -> List[bytes]:

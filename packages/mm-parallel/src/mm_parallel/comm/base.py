@@ -14,6 +14,19 @@ def chunk(x, parts: int, index: int, dim: int):
     return x.narrow(dim, index * size, size)
 
 
+class Pending:
+    """A collective begun and not yet waited on: `wait()` finishes it and returns its result (the
+    same one on a second call)."""
+
+    def __init__(self, finish):
+        self._finish, self._result = finish, None
+
+    def wait(self):
+        if self._finish is not None:
+            self._result, self._finish = self._finish(), None
+        return self._result
+
+
 class Backend:
     """Collectives on ``mindspore.mint.distributed``; subclasses supply the ops.
 
@@ -23,6 +36,7 @@ class Backend:
     """
 
     name = "?"
+    asynchronous = False  # whether `all_gather_start` returns before the data has arrived
 
     def __init__(self):
         self._names: Dict[Tuple[int, ...], str] = {}
@@ -54,6 +68,11 @@ class Backend:
                                        "same point, with the world initialised")
                 self._names[ranks] = name
         return self._names[ranks]
+
+    def all_gather_start(self, x, group, dim) -> Pending:
+        """`all_gather` begun; here done at once (a backend with asynchronous calls overrides it)."""
+        out = self.all_gather(x, group, dim)
+        return Pending(lambda: out)
 
     def new_group(self, dist, ranks):
         """The communicator of ``ranks`` from ``dist`` (mindspore.mint.distributed), "" on failure."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import ops
 
-from mm_parallel.comm.base import Backend
+from mm_parallel.comm.base import Backend, Pending
 
 
 def _buffer(shape, dtype):
@@ -44,6 +44,7 @@ class NativeBackend(Backend):
     unless given (mm_parallel.testing passes its stand-ins)."""
 
     name = "hccl"
+    asynchronous = True
 
     def __init__(self, calls=None):
         super().__init__()
@@ -66,6 +67,19 @@ class NativeBackend(Backend):
         out = _buffer((front.shape[0] * group.size,) + front.shape[1:], x.dtype)
         dist.all_gather_into_tensor(out, front, group=self.group_name(group))
         return _from_front(out, dim)
+
+    def all_gather_start(self, x, group, dim) -> Pending:
+        """The gather as an asynchronous HCCL call (async_op=True): it runs on the device while
+        the caller goes on; the output is read only after the handle's wait."""
+        front = _to_front(x, dim)
+        out = _buffer((front.shape[0] * group.size,) + front.shape[1:], x.dtype)
+        handle = self.dist.all_gather_into_tensor(out, front, group=self.group_name(group), async_op=True)
+
+        def finish(sent=front):  # the send buffer kept alive until then: HCCL reads it meanwhile
+            handle.wait()
+            return _from_front(out, dim)
+
+        return Pending(finish)
 
     def reduce_scatter(self, x, group, dim, op):
         dist = self.dist

@@ -16,7 +16,8 @@ an all-to-all that do not match between ranks. An output that is its own input i
 HCCL reads sendBuf while it writes recvBuf.
 
 What the pages leave to the device (HCCL's own ordering of p2p operations) is the order of the
-list: each isend is delivered when the batch runs, each irecv waits for its message.
+list: each isend is delivered when the batch runs, each irecv waits for its message. An
+asynchronous gather (async_op=True) delivers its output at the handle's wait, NaN before it.
 """
 
 from __future__ import annotations
@@ -107,6 +108,31 @@ class _Done:
 
     def wait(self):
         return True
+
+
+class _Arriving:
+    """CommHandle of an asynchronous operation whose output arrives at ``wait()`` (HCCL: "the
+    output is valid after the handle's wait"). Until then the output holds NaN (a floating one),
+    so that a use before the wait poisons what is computed from it; handles not yet waited on
+    are counted in `unwaited`."""
+
+    def __init__(self, output, values: np.ndarray):
+        self.output, self.values = output, values
+        _STATE["unwaited"] = _STATE.get("unwaited", 0) + 1
+        if output.dtype in (ms.float16, ms.bfloat16, ms.float32, ms.float64):
+            _fill(output, np.full(output.shape, np.nan, np.float32))
+
+    def wait(self):
+        if self.values is not None:
+            _fill(self.output, self.values)
+            self.values = None
+            _STATE["unwaited"] -= 1
+        return True
+
+
+def unwaited() -> int:
+    """Asynchronous operations begun and not yet waited on."""
+    return _STATE.get("unwaited", 0)
 
 
 def _handle(async_op):
@@ -209,7 +235,10 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
         raise ValueError(f"output_tensor must be {want} {input_tensor.dtype} for {g.size} ranks, got "
                          f"{tuple(output_tensor.shape)} {output_tensor.dtype}")
     messages = _gathered("all_gather_into_tensor", g, input_tensor)
-    _fill(output_tensor, np.concatenate([data for _, data in messages], axis=0))
+    gathered = np.concatenate([data for _, data in messages], axis=0)
+    if async_op is True:  # the data is there only after the handle's wait
+        return _Arriving(output_tensor, gathered)
+    _fill(output_tensor, gathered)
     return _handle(async_op)
 
 

@@ -1,7 +1,8 @@
 """`mm-train plan --search`: every layout of a recipe's cluster that fits, ranked by predicted
 throughput.
 
-A layout is (tp, pp, vpp, cp, ep, ZeRO stage, recompute, micro-batch size); everything else of
+A layout is (tp, pp, vpp, cp, ep, ZeRO stage, optimizer offload with ZeRO-3, recompute,
+micro-batch size); everything else of
 the recipe (precision, LoRA, freezing, the batch, the data) stays. `candidates` lists the layouts
 the world and the batch can hold: tp within a server (its collectives run every layer), sequence
 parallelism whenever tp > 1 (it only divides activations), cp with the recipe's algorithm, ep for
@@ -46,10 +47,13 @@ def candidates(world: int, devices_per_node: int, global_batch: int, moe: bool) 
                         for vpp in [v for v in (1, 2, 4) if v == 1 or (pp > 1 and micro_batches % pp == 0)]:
                             # ZeRO shards over dp: with dp = 1 every stage is the same layout
                             for zero in (ZERO_STAGES if dp > 1 else (0,)):
-                                for recompute in RECOMPUTE_MODES:
-                                    yield {"parallel": dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, zero_stage=zero,
-                                                            sequence_parallel=tp > 1),
-                                           "recompute": recompute, "micro_batch_size": mbs}
+                                # the optimizer state in host memory: tried with ZeRO-3, whose
+                                # device bytes it then leaves to the weights and activations
+                                for offload in ((None, "optimizer") if zero == 3 else (None,)):
+                                    for recompute in RECOMPUTE_MODES:
+                                        yield {"parallel": dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, zero_stage=zero,
+                                                                sequence_parallel=tp > 1),
+                                               "recompute": recompute, "micro_batch_size": mbs, "offload": offload}
 
 
 def with_layout(recipe, layout: Dict):
@@ -57,7 +61,8 @@ def with_layout(recipe, layout: Dict):
     parallel = dataclasses.replace(recipe.parallel, **layout["parallel"])
     model = dataclasses.replace(recipe.model, recompute=layout["recompute"], recompute_num_layers=None)
     train = dataclasses.replace(recipe.train, micro_batch_size=layout["micro_batch_size"])
-    return dataclasses.replace(recipe, parallel=parallel, model=model, train=train)
+    optim = dataclasses.replace(recipe.optim, offload=layout.get("offload"))
+    return dataclasses.replace(recipe, parallel=parallel, model=model, train=train, optim=optim)
 
 
 def search(recipe, nodes: Optional[int] = None, devices_per_node: Optional[int] = None, device: Optional[str] = None,
@@ -100,6 +105,7 @@ def ranked(found: List[Dict]) -> List[Dict]:
     lowest ZeRO stage, the least recompute — is kept."""
     simplicity = {mode: i for i, mode in enumerate(RECOMPUTE_MODES)}
     order = sorted(found, key=lambda e: (-e["samples_per_s"], e["layout"]["parallel"]["zero_stage"],
+                                         e["layout"].get("offload") is not None,
                                          simplicity[e["layout"]["recompute"]], e["peak_bytes"]))
     kept: List[Dict] = []
     seen = set()
@@ -126,7 +132,8 @@ def render(result: Dict, top: int = 10) -> str:
              f"{'peak GiB':>8} {'step s':>8} {'samples/s':>9} {'MFU':>6}  dominant"]
     for entry in result["layouts"][:top]:
         p, layout = entry["layout"]["parallel"], entry["layout"]
-        lines.append(f"{p['tp']:>3} {p['pp']:>3} {p['vpp']:>3} {p['cp']:>3} {p['ep']:>3} {p['zero_stage']:>4} "
+        zero = f"{p['zero_stage']}{'+o' if layout.get('offload') else ''}"  # +o: the optimizer state offloaded
+        lines.append(f"{p['tp']:>3} {p['pp']:>3} {p['vpp']:>3} {p['cp']:>3} {p['ep']:>3} {zero:>4} "
                      f"{layout['recompute']:>9} {layout['micro_batch_size']:>3} {entry['peak_bytes'] / 2 ** 30:>8.2f} "
                      f"{entry['step_time_s']:>8.3g} {entry['samples_per_s']:>9.3g} {entry['mfu']:>6.1%}  "
                      f"{entry['dominant']}")
