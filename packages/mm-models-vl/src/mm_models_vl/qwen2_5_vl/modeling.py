@@ -34,6 +34,7 @@ from mm_parallel.context_parallel import split_sequence
 from mm_parallel.model_base import ParallelModel
 from mm_parallel.ops.device import host_array as host
 from mm_parallel.ops.device import zeros
+from mm_parallel.preference import sequence_log_probs
 from mm_parallel.tensor_parallel import vocab_parallel_cross_entropy
 from mm_parallel.topology import Topology
 
@@ -157,11 +158,23 @@ class SequencePlan:
     # and a device copy would be read back at every layer: a wait per call on Ascend)
     segment_ids: Optional[np.ndarray] = None
     weights: Optional[Tensor] = None  # per-target loss weights (loss_per_sample), split like the targets
+    # each target's sequence (a packed row's samples, or the batch's rows; -1: none), split like the
+    # targets, on the host; and how many sequences there are (sequence_log_probs)
+    sequences: Optional[np.ndarray] = None
+    sequence_count: int = 0
 
 
 def _broadcast(array, shape):
     """A (1, seq) host array as ``shape`` (a packed row seen as a batch of its samples), or None."""
     return None if array is None else np.broadcast_to(host(array), shape)
+
+
+def next_token_targets(labels: np.ndarray, segments: Optional[np.ndarray]) -> np.ndarray:
+    """Each position's next-token target: the labels shifted before any split, -100 at the end
+    and where a packed row's next token is another sample's."""
+    shifted = np.full_like(labels, -100)
+    shifted[:, :-1] = labels[:, 1:]
+    return shifted if segments is None else packed_rows.cut_at_boundaries(shifted, segments)
 
 
 def right_padded(mask) -> bool:
@@ -260,6 +273,8 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
         key_padding_mask = Tensor(mask.astype(np.float32)) if padded else None
         segment_ids = segments
         targets, weights, count = self.loss_targets(labels, segments, num_items_in_batch, loss_per_sample)
+        sequences, sequence_count = (None, 0) if labels is None else packed_rows.sequence_numbers(
+            next_token_targets(host(labels, np.int64), segments), segments)
         topo = self.topology
         if split and topo.cp.size > 1:
             if key_padding_mask is not None and right_padded(mask):
@@ -269,6 +284,8 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
             cos, sin = split_sequence(cos, 1, topo), split_sequence(sin, 1, topo)
             targets = None if targets is None else split_sequence(targets, 1, topo)
             weights = None if weights is None else split_sequence(weights, 1, topo)
+            if sequences is not None:  # the targets' positions on this rank (no tp chunk: the logits are whole)
+                sequences = sequences[:, self.local_positions(sequences.shape[1], sequence_parallel=False)]
         token_mask = None
         if segments is not None and not segments.all():  # a packed row's end padding: this rank's tokens
             token_mask = (segments > 0).astype(np.int64)
@@ -279,7 +296,7 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
                 chunk = mask.shape[1] // topo.tp.size
                 token_mask = mask[:, topo.tp.rank * chunk:(topo.tp.rank + 1) * chunk]
         return SequencePlan(cos, sin, key_padding_mask, targets, count, rope_deltas, token_mask, segment_ids,
-                            weights)
+                            weights, sequences, sequence_count)
 
     def loss_items(self, batch: dict, per_sample: bool = False) -> int:
         """What a micro-batch (forward keywords) adds to ``num_items_in_batch``: the targets its
@@ -296,10 +313,7 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
         if labels is None:
             return None, None, 0
         labels = host(labels, np.int64)
-        shifted = np.full_like(labels, -100)
-        shifted[:, :-1] = labels[:, 1:]
-        if segments is not None:
-            shifted = packed_rows.cut_at_boundaries(shifted, segments)
+        shifted = next_token_targets(labels, segments)
         weights, count = None, int((shifted != -100).sum())
         if loss_per_sample:
             samples = segments if segments is not None else np.broadcast_to(np.arange(len(labels))[:, None],
@@ -387,6 +401,13 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
         else:
             total = (vocab_parallel_cross_entropy(logits, plan.targets, group, reduction="none") * plan.weights).sum()
         return self.reduce_loss_over_cp(total / (plan.count if plan.count > 0 else 1))
+
+    def sequence_log_probs(self, logits, plan: SequencePlan):
+        """(plan.sequence_count,) float32: each sequence's summed log-probabilities of its counted
+        next-token targets, the whole sequence's under cp (mm_parallel.preference: the vocabulary
+        split over tp, the sequence over cp)."""
+        token = -vocab_parallel_cross_entropy(logits, plan.targets, self.topology.tp, reduction="none")
+        return sequence_log_probs(token, plan.sequences, plan.sequence_count, self.topology.cp)
 
     def prompt_positions(self, ids: np.ndarray, inputs: dict) -> np.ndarray:
         """(3, batch, seq) positions of a prompt given with ``inputs`` (generate's keywords)."""

@@ -62,6 +62,17 @@ def cut_at_boundaries(targets: np.ndarray, segments: np.ndarray) -> np.ndarray:
     return np.where(crossing, -100, targets)
 
 
+def sequence_numbers(targets: np.ndarray, segments: Optional[np.ndarray]) -> Tuple[np.ndarray, int]:
+    """(each target's sequence: a packed row's samples 0, 1, ... in order, or an unpacked batch's
+    rows; -1 where nothing is counted; the number of sequences): whose log-probabilities a target
+    adds to (mm_parallel.preference.sequence_log_probs)."""
+    if segments is not None:
+        numbers, count = segments.astype(np.int64) - 1, int(segments.max())
+    else:
+        numbers, count = np.broadcast_to(np.arange(len(targets))[:, None], targets.shape), len(targets)
+    return np.where(targets != -100, numbers, -1), count
+
+
 def sample_weights(targets: np.ndarray, samples: np.ndarray) -> Tuple[np.ndarray, int]:
     """(float32 weight per target: one over the counted targets of its sample, 0 where not
     counted; the number of samples with a counted target). ``samples``: each position's sample

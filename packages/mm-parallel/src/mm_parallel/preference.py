@@ -1,0 +1,110 @@
+"""Preference objectives on sequence log-probabilities: DPO and its IPO / hinge forms.
+
+A pair is a prompt x with a chosen answer y_w and a rejected one y_l. With the policy pi and a
+frozen reference pi_ref, each answer's log-ratio and the pair's margin are
+
+    r_w = log pi(y_w | x) - log pi_ref(y_w | x)        r_l likewise        D = r_w - r_l
+
+(log pi(y | x): the sum over the answer's tokens of their log-probabilities, `sequence_log_probs`)
+and the per-pair losses, with beta > 0 and label smoothing e in [0, 0.5):
+
+    sigmoid  (DPO, Rafailov et al. 2023; e > 0: conservative DPO)
+             -(1 - e) log sigmoid(beta D) - e log sigmoid(-beta D)
+    ipo      (Azar et al. 2023, the log-ratios per answer token as TRL takes them)
+             (r_w / |y_w| - r_l / |y_l| - 1 / (2 beta))^2
+    hinge    (SLiC, Zhao et al. 2023)
+             max(0, 1 - beta D)
+
+At the start (pi = pi_ref, D = 0) they are ln 2, (1 / (2 beta))^2 and 1. RPO (Pang et al. 2024)
+adds sft_weight times the chosen answers' negative log-likelihood per token. The rewards the
+metrics report are beta r_w and beta r_l; a pair is ranked right when beta r_w > beta r_l.
+
+Sequence log-probabilities from per-token ones (``token_log_probs``: log p of each next-token
+target of this rank's part of the sequence, 0 where there is none), in the form of
+mm_parallel.mappings:
+
+    region               forward                                  backward
+    sequence_log_probs   s_k = sum_j sum_{t in k, on rank j} l_t    dl_t = ds_k(t)
+                         (a segment sum, then reduce_from_region over the context-parallel group)
+"""
+
+from __future__ import annotations
+
+import math
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, ops
+
+from mm_parallel import mappings
+from mm_parallel.ops.device import as_type
+
+METHODS = ("sigmoid", "ipo", "hinge")
+
+
+def sequence_log_probs(token_log_probs, sequence_index, count: int, cp_group=None):
+    """(count,) float32: each sequence's summed token log-probabilities (module docstring).
+    ``sequence_index``: the sequence (0 .. count - 1) of each position of ``token_log_probs``,
+    -1 for none; a host array or tensor of the same shape."""
+    index = np.asarray(sequence_index.asnumpy() if isinstance(sequence_index, Tensor) else sequence_index)
+    if index.shape != tuple(token_log_probs.shape):
+        raise ValueError(f"sequence_index {index.shape} does not match the token log-probs "
+                         f"{tuple(token_log_probs.shape)}")
+    index = np.where(index < 0, count, index).astype(np.int32).reshape(-1)  # slot `count` collects the rest
+    flat = as_type(token_log_probs, ms.float32).reshape(-1)
+    sums = ops.unsorted_segment_sum(flat, Tensor(index), count + 1)[:count]
+    if cp_group is not None and cp_group.size > 1:
+        sums = mappings.reduce_from_region(sums, cp_group)
+    return sums
+
+
+def preference_losses(policy_chosen, policy_rejected, reference_chosen, reference_rejected, method: str = "sigmoid",
+                      beta: float = 0.1, label_smoothing: float = 0.0, chosen_tokens=None, rejected_tokens=None):
+    """(P,) per-pair losses of the module docstring; the inputs (P,) sequence log-probabilities
+    (the reference's without gradient); ``chosen_tokens`` / ``rejected_tokens``: (P,) answer
+    lengths, which ipo needs."""
+    check_settings(method, beta, label_smoothing)
+    chosen = policy_chosen - ops.stop_gradient(reference_chosen)
+    rejected = policy_rejected - ops.stop_gradient(reference_rejected)
+    if method == "sigmoid":
+        margin = beta * (chosen - rejected)
+        return -(1.0 - label_smoothing) * ops.logsigmoid(margin) - label_smoothing * ops.logsigmoid(-margin)
+    if method == "hinge":
+        return ops.relu(1.0 - beta * (chosen - rejected))
+    if chosen_tokens is None or rejected_tokens is None:
+        raise ValueError("ipo takes the log-ratios per answer token: give chosen_tokens and rejected_tokens")
+    per_token = chosen / ops.clamp(chosen_tokens, min=1.0) - rejected / ops.clamp(rejected_tokens, min=1.0)
+    return (per_token - 1.0 / (2.0 * beta)) ** 2
+
+
+def chosen_nll(policy_chosen, chosen_tokens: float):
+    """RPO's added term: the chosen answers' negative log-likelihood per token, -sum_p log pi(y_w,p)
+    / ``chosen_tokens`` (the chosen answers' tokens over the batch the loss averages over)."""
+    return -policy_chosen.sum() / max(float(chosen_tokens), 1.0)
+
+
+def rewards(policy, reference, beta: float):
+    """beta (log pi - log pi_ref) of each answer, without gradient (the metrics' rewards)."""
+    return ops.stop_gradient(beta * (policy - reference))
+
+
+def starting_loss(method: str, beta: float, label_smoothing: float = 0.0) -> float:
+    """The loss at pi = pi_ref (D = 0): what a run's first step must show."""
+    if method == "sigmoid":
+        return math.log(2.0)  # -(1 - e) log(1/2) - e log(1/2), whatever e
+    if method == "ipo":
+        return (1.0 / (2.0 * beta)) ** 2
+    return 1.0
+
+
+def check_settings(method: str, beta: float, label_smoothing: float) -> None:
+    """Refuse what the objective cannot mean, saying what to change."""
+    if method not in METHODS:
+        raise ValueError(f"dpo.method={method!r} is unknown; use one of {', '.join(METHODS)}")
+    if not beta > 0:
+        raise ValueError(f"dpo.beta must be > 0 (how far from the reference the policy may go), got {beta}")
+    if not 0.0 <= label_smoothing < 0.5:
+        raise ValueError(f"dpo.label_smoothing must be in [0, 0.5) (the share of pairs taken as mislabelled), "
+                         f"got {label_smoothing}")
+    if label_smoothing and method != "sigmoid":
+        raise ValueError(f"dpo.label_smoothing applies to the sigmoid form only, not {method}; set it to 0")
