@@ -122,3 +122,23 @@ def test_sets_named_with_ratios_are_mixed_in_those_shares_until_one_runs_out(fol
     assert [c.turns[0][1] for c in read_datasets(formats)] == mixed  # deterministic
     with pytest.raises(ValueError, match="ratios must be positive numbers"):
         load_dataset_info(str(folder), {"many": 0, "few": 1})
+
+
+def test_pairs_are_told_from_the_entry_and_bad_pairs_are_counted(tmp_path):
+    """Without a dataset_info.json an entry with chosen / rejected answers is a pair (either chat
+    layout; an assistant message or its text); a missing side or equal answers are bad samples."""
+    entries = [
+        {"messages": [{"role": "user", "content": "<image>What colour?"}], "images": ["a.png"],
+         "chosen": {"role": "assistant", "content": "Red."}, "rejected": {"role": "assistant", "content": "Blue."}},
+        {"conversations": [{"from": "human", "value": "Hello"}], "chosen": "Hi.", "rejected": "Go away."},
+        {"conversations": [{"from": "human", "value": "Hello"}], "chosen": "Hi."},
+        {"conversations": [{"from": "human", "value": "Hello"}], "chosen": "Hi.", "rejected": "Hi."},
+    ]
+    (tmp_path / "pairs.json").write_text(json.dumps(entries))
+    log = BadInputLog(max_bad_fraction=0.5)
+    image, text = read_conversations(str(tmp_path / "pairs.json"), log=log)
+    assert image.turns == (("user", "<image>What colour?"), ("assistant", "Red.")) and image.rejected == "Blue."
+    assert image.images == (str(tmp_path / "a.png"),)
+    assert text.turns == (("user", "Hello"), ("assistant", "Hi.")) and text.rejected == "Go away."
+    reasons = " | ".join(reason for _, reason in log.skipped)
+    assert log.count == 2 and "'rejected' is missing" in reasons and "answers are the same" in reasons, reasons

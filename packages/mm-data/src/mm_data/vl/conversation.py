@@ -8,7 +8,10 @@ Two layouts, told apart per entry:
 or, for a data set declared in a dataset_info.json (`mm_data.vl.dataset_info.DatasetFormat`), the
 columns and tags it names: sharegpt with any message column and role / content / user / assistant
 / system tags, alpaca (instruction, input, output, history, system columns), and ``ranking`` sets
-whose chosen / rejected answers end the conversation (``Conversation.rejected``).
+whose chosen / rejected answers end the conversation (``Conversation.rejected``) — told from the
+entry too, by its "chosen" / "rejected" keys (an assistant message, or its text). A pair shares
+its prompt and media, so the two answers cannot disagree on them; a missing side or two equal
+answers are bad samples.
 
 A file is a JSON list or JSON lines. Media paths are relative to ``media_dir`` (default: the
 file's folder). The number of ``<image>`` / ``<video>`` / ``<audio>`` placeholders must equal the
@@ -56,12 +59,14 @@ def _text(value, source: str, what: str) -> str:
 def _detected(entry: dict, source: str) -> DatasetFormat:
     """The layout of an entry read without a dataset_info.json: "messages" (role / content,
     OpenAI's role names) or ShareGPT's "conversations" (from / value)."""
+    ranking = "chosen" in entry or "rejected" in entry  # a preference pair (LLaMA-Factory's ranking layout)
     if "messages" in entry:
-        return DatasetFormat("", "", columns=dict(SHAREGPT_COLUMNS, messages="messages", system="system"),
+        return DatasetFormat("", "", ranking=ranking,
+                             columns=dict(SHAREGPT_COLUMNS, messages="messages", system="system"),
                              tags=dict(TAGS, role_tag="role", content_tag="content", user_tag="user",
                                        assistant_tag="assistant"))
     if "conversations" in entry:
-        return DatasetFormat("", "", columns=dict(SHAREGPT_COLUMNS, system="system"))
+        return DatasetFormat("", "", ranking=ranking, columns=dict(SHAREGPT_COLUMNS, system="system"))
     raise BadSample(source, "no 'messages' or 'conversations' list")
 
 
@@ -118,9 +123,13 @@ def _alpaca_turns(entry: dict, fmt: DatasetFormat, source: str) -> Tuple[Optiona
 
 
 def _answer(value, fmt: DatasetFormat, source: str, what: str) -> str:
-    """A ranking set's chosen / rejected answer: text (alpaca) or an assistant message (sharegpt)."""
-    if fmt.formatting == "sharegpt":
-        if not isinstance(value, dict) or value.get(fmt.tags["role_tag"]) != fmt.tags["assistant_tag"]:
+    """A ranking set's chosen / rejected answer: text (alpaca) or an assistant message (sharegpt;
+    told from the entry, either layout's assistant name, or the text alone)."""
+    if value is None:
+        raise BadSample(source, f"'{what}' is missing: a preference pair needs a chosen and a rejected answer")
+    if fmt.formatting == "sharegpt" and not (isinstance(value, str) and not fmt.name):
+        assistant = {fmt.tags["assistant_tag"]} | ({"assistant", "gpt"} if not fmt.name else set())
+        if not isinstance(value, dict) or value.get(fmt.tags["role_tag"]) not in assistant:
             raise BadSample(source, f"'{what}' must be an assistant message")
         value = value.get(fmt.tags["content_tag"])
     return _text(value, source, f"'{what}'")
@@ -138,6 +147,8 @@ def parse_entry(entry, source: str, media_dir: str = "", fmt: Optional[DatasetFo
     if fmt.ranking:
         turns.append(("assistant", _answer(entry.get(fmt.columns["chosen"]), fmt, source, fmt.columns["chosen"])))
         rejected = _answer(entry.get(fmt.columns["rejected"]), fmt, source, fmt.columns["rejected"])
+        if rejected == turns[-1][1]:
+            raise BadSample(source, "the chosen and the rejected answers are the same: the pair teaches nothing")
     expected = ["user", "assistant"] * (len(turns) // 2 + 1)
     if not turns or [role for role, _ in turns] != expected[:len(turns)] or turns[-1][0] != "assistant":
         raise BadSample(source, f"turns must alternate user / assistant and end with the assistant, got "
