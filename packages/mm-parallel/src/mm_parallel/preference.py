@@ -31,6 +31,7 @@ mm_parallel.mappings:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import mindspore as ms
 import numpy as np
@@ -40,6 +41,55 @@ from mm_parallel import mappings
 from mm_parallel.ops.device import as_type
 
 METHODS = ("sigmoid", "ipo", "hinge")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A recipe's ``dpo:`` section as the objective reads it."""
+
+    method: str = "sigmoid"
+    beta: float = 0.1
+    label_smoothing: float = 0.0
+    sft_weight: float = 0.0  # RPO: the chosen answers' NLL per token, times this, added
+
+    def __post_init__(self):
+        check_settings(self.method, self.beta, self.label_smoothing)
+        if self.sft_weight < 0:
+            raise ValueError(f"dpo.sft_weight must be >= 0 (0: plain DPO), got {self.sft_weight}")
+
+
+@dataclass(frozen=True)
+class PairedBatch:
+    """A micro-batch's pairs, handed to the model with its inputs (forward keyword
+    ``preference``): which of its sequences are each pair's chosen and rejected answers, the
+    reference's log-probs of both and their answer lengths; ``pairs_in_batch`` (and, for RPO,
+    ``chosen_tokens_in_batch``) over the global batch, so that the micro-batches' losses add up to
+    the global batch's mean over its pairs."""
+
+    chosen: np.ndarray  # (P,) sequence numbers (a packed row's samples, or a batch's rows)
+    rejected: np.ndarray
+    reference_chosen: np.ndarray  # (P,) float32
+    reference_rejected: np.ndarray
+    chosen_tokens: np.ndarray  # (P,) answer tokens
+    rejected_tokens: np.ndarray
+    pairs_in_batch: float
+    chosen_tokens_in_batch: float
+    settings: Settings = field(default_factory=Settings)
+
+    def loss(self, sequence_logps):
+        """This micro-batch's share of the global batch's loss from the policy's (S,) sequence
+        log-probs: sum over its pairs of the per-pair loss / pairs_in_batch (+ RPO's share)."""
+        cfg = self.settings
+        chosen = ops.gather(sequence_logps, Tensor(self.chosen.astype(np.int32)), 0)
+        rejected = ops.gather(sequence_logps, Tensor(self.rejected.astype(np.int32)), 0)
+        losses = preference_losses(chosen, rejected, Tensor(self.reference_chosen), Tensor(self.reference_rejected),
+                                   cfg.method, cfg.beta, cfg.label_smoothing,
+                                   Tensor(self.chosen_tokens.astype(np.float32)),
+                                   Tensor(self.rejected_tokens.astype(np.float32)))
+        loss = losses.sum() / max(float(self.pairs_in_batch), 1.0)
+        if cfg.sft_weight:
+            loss = loss + cfg.sft_weight * chosen_nll(chosen, self.chosen_tokens_in_batch)
+        return loss
 
 
 def sequence_log_probs(token_log_probs, sequence_index, count: int, cp_group=None):

@@ -193,7 +193,8 @@ class Qwen2_5OmniThinkerForConditionalGeneration(Qwen2_5_VLForConditionalGenerat
                   image_grid_thw=None, video_grid_thw=None, attention_mask=None, feature_attention_mask=None,
                   position_ids=None, past_key_values=None, labels=None, use_cache: bool = False,
                   use_audio_in_video: bool = False, video_second_per_grid=None, rope_deltas=None,
-                  mm_token_type_ids=None, num_items_in_batch=None, loss_per_sample: bool = False, **unused: Any):
+                  mm_token_type_ids=None, num_items_in_batch=None, loss_per_sample: bool = False, preference=None,
+                  **unused: Any):
         del mm_token_type_ids  # what some processors return: TMRoPE finds the media by their token ids
         ids, cache = self.forward_inputs(input_ids, past_key_values, use_cache, unused)
         plan = self.sequence_plan(ids, attention_mask, position_ids, labels, image_grid_thw, video_grid_thw,
@@ -204,5 +205,5 @@ class Qwen2_5OmniThinkerForConditionalGeneration(Qwen2_5_VLForConditionalGenerat
                             feature_attention_mask)
         hidden = self.model.language_model(embeds, plan.cos, plan.sin, plan.key_padding_mask, cache, plan.segment_ids)
         logits = self.lm_head(hidden)
-        loss = None if plan.targets is None else self.loss(logits, plan)
+        loss = None if plan.targets is None else self.loss(logits, plan, preference)
         return self.forward_output(loss, logits, cache, plan)

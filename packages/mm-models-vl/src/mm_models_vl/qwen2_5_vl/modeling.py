@@ -344,7 +344,8 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
     def construct(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                   labels=None, use_cache: bool = False, pixel_values=None, pixel_values_videos=None,
                   image_grid_thw=None, video_grid_thw=None, mm_token_type_ids=None, second_per_grid_ts=None,
-                  rope_deltas=None, num_items_in_batch=None, loss_per_sample: bool = False, **unused: Any):
+                  rope_deltas=None, num_items_in_batch=None, loss_per_sample: bool = False, preference=None,
+                  **unused: Any):
         ids, cache = self.forward_inputs(input_ids, past_key_values, use_cache, unused)
         plan = self.sequence_plan(ids, attention_mask, position_ids, labels, image_grid_thw, video_grid_thw,
                                   mm_token_type_ids, second_per_grid_ts, cache.length() if cache else 0, rope_deltas,
@@ -352,7 +353,7 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
         embeds = self.embed(ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
         hidden = self.model.language_model(embeds, plan.cos, plan.sin, plan.key_padding_mask, cache, plan.segment_ids)
         logits = self.lm_head(hidden)
-        loss = None if plan.targets is None else self.loss(logits, plan)
+        loss = None if plan.targets is None else self.loss(logits, plan, preference)
         return self.forward_output(loss, logits, cache, plan)
 
     def forward_inputs(self, input_ids, past_key_values, use_cache: bool, unused: dict):
@@ -389,12 +390,16 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
     def pipeline_loss(self, logits, batch: dict):
         """The last stage's loss of a micro-batch (the schedule averages over micro-batches)."""
         plan = self.sequence_plan(**self.plan_args(batch))
-        return self.loss(logits, plan)
+        return self.loss(logits, plan, batch.get("preference"))
 
-    def loss(self, logits, plan: SequencePlan):
+    def loss(self, logits, plan: SequencePlan, preference=None):
         """Next-token cross entropy summed over the targets != -100 (each times its weight with
         ``loss_per_sample``) and divided by the plan's count (transformers' ForCausalLMLoss with
-        num_items_in_batch); under cp the ranks' parts are summed (ParallelModel.reduce_loss_over_cp)."""
+        num_items_in_batch); under cp the ranks' parts are summed (ParallelModel.reduce_loss_over_cp).
+        With ``preference`` (an mm_parallel.preference.PairedBatch) the pairs' loss on the
+        sequences' log-probabilities instead."""
+        if preference is not None:
+            return preference.loss(self.sequence_log_probs(logits, plan))
         group = self.topology.tp
         if plan.weights is None:
             total = vocab_parallel_cross_entropy(logits, plan.targets, group, reduction="sum")

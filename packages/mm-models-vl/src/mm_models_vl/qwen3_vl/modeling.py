@@ -125,7 +125,8 @@ class Qwen3VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
     def construct(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                   labels=None, use_cache: bool = False, pixel_values=None, pixel_values_videos=None,
                   image_grid_thw=None, video_grid_thw=None, mm_token_type_ids=None, rope_deltas=None,
-                  output_router_logits=None, num_items_in_batch=None, loss_per_sample: bool = False, **unused: Any):
+                  output_router_logits=None, num_items_in_batch=None, loss_per_sample: bool = False, preference=None,
+                  **unused: Any):
         ids, cache = self.forward_inputs(input_ids, past_key_values, use_cache, unused)
         plan = self.sequence_plan(ids, attention_mask, position_ids, labels, image_grid_thw, video_grid_thw,
                                   mm_token_type_ids, None, cache.length() if cache else 0, rope_deltas,
@@ -134,7 +135,7 @@ class Qwen3VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
         hidden = self.model.language_model(embeds, plan.cos, plan.sin, plan.key_padding_mask, cache, deepstack,
                                            plan.token_mask, plan.segment_ids)
         logits = self.lm_head(hidden)
-        loss = None if plan.targets is None else self.loss(logits, plan)
+        loss = None if plan.targets is None else self.loss(logits, plan, preference)
         stats = list(self.model.language_model.moe_stats)
         aux = self._router_loss(stats, self._wants_router_loss(output_router_logits))
         if loss is not None and aux is not None:
@@ -168,7 +169,7 @@ class Qwen3VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
         """The last stage's loss of a micro-batch: cross entropy, plus the weighted load-balancing
         loss when the config sets output_router_logits."""
         plan = self.sequence_plan(**self.plan_args(batch))
-        loss = self.loss(out["logits"], plan)
+        loss = self.loss(out["logits"], plan, batch.get("preference"))
         aux = self._router_loss(_stage_stats(out), self._wants_router_loss(None))
         return loss if aux is None else loss + self.config.text_config.router_aux_loss_coef * aux
 
