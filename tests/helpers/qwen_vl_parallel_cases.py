@@ -80,6 +80,70 @@ def spec():
     return ModelSpec(build=build, split=sample_part, samples=lambda b: b["input_ids"].shape[0], save=_save)
 
 
+def dpo_batch(seed: int = 1):
+    """Two preference pairs as four rows of one structure (image + text, length 32), rows
+    [pair 0 chosen, pair 0 rejected, pair 1 chosen, pair 1 rejected], answers the last 6 / 4
+    tokens, with fixed reference log-probs: `preference` (mm_parallel.preference.PairedBatch)."""
+    from mm_parallel.preference import Settings
+
+    rng = np.random.default_rng(seed)
+    grid = (1, 4, 8)
+    prompts = [rng.integers(3, 240, 5).tolist() + placeholder(IMAGE, merged(grid)) + rng.integers(3, 240, 11).tolist()
+               for _ in range(2)]
+    rows = [prompt + rng.integers(3, 240, 6).tolist() for prompt in prompts for _ in range(2)]
+    pictures = rng.standard_normal((2, int(np.prod(grid)), PATCH_DIM)).astype(np.float32)
+    inputs = {"input_ids": np.array(rows, np.int64),
+              "pixel_values": np.repeat(pictures, 2, axis=0).reshape(-1, PATCH_DIM),  # a pair shares its picture
+              "image_grid_thw": np.array([grid] * 4, np.int64)}
+    inputs = with_types_and_labels(inputs)
+    answer = np.array([6, 4, 6, 4])  # each row's answer tokens: the rest of the row is the prompt
+    for row, length in enumerate(answer):
+        inputs["labels"][row, :32 - length] = -100
+    inputs["preference"] = _pairs(rng.normal(-30.0, 3.0, 4).astype(np.float32), answer, Settings("sigmoid", 0.5))
+    return inputs
+
+
+def _pairs(reference, answer, settings):
+    """The PairedBatch of rows [chosen, rejected, chosen, rejected, ...] (a micro-batch's loss the
+    mean over its pairs: the pipeline schedule and dp average the micro-batches')."""
+    from mm_parallel.preference import PairedBatch
+
+    chosen, rejected = np.arange(0, len(answer), 2), np.arange(1, len(answer), 2)
+    return PairedBatch(chosen, rejected, reference[chosen], reference[rejected], answer[chosen], answer[rejected],
+                       len(chosen), float(answer[chosen].sum()), settings)
+
+
+def dpo_spec():
+    """`spec` for `dpo_batch`: parts of whole pairs, each with its own PairedBatch."""
+    from mm_parallel.testing.equivalence import ModelSpec
+
+    def split(inputs, index, parts):
+        pairs = inputs["preference"]
+        part = sample_part({k: v for k, v in inputs.items() if k != "preference"}, index, parts)
+        rows = slice(index * len(pairs.chosen) // parts, (index + 1) * len(pairs.chosen) // parts)
+        reference = np.stack([pairs.reference_chosen[rows], pairs.reference_rejected[rows]], 1).reshape(-1)
+        answer = np.stack([pairs.chosen_tokens[rows], pairs.rejected_tokens[rows]], 1).reshape(-1)
+        part["preference"] = _pairs(reference, answer, pairs.settings)
+        return part
+
+    return ModelSpec(build=build, split=split, samples=lambda b: len(b["preference"].chosen), save=_save)
+
+
+def run_dpo_cases(path, cases):
+    """`run_parallel_cases` with DPO's loss on `dpo_batch`'s pairs; ``"dpo_losses"``: how many
+    micro-batch losses were the pairs' (so that a forward ignoring `preference` cannot pass)."""
+    from mm_parallel.preference import PairedBatch
+    from mm_parallel.testing.equivalence import run_cases
+
+    calls, loss = [], PairedBatch.loss
+    PairedBatch.loss = lambda self, logps: calls.append(1) or loss(self, logps)
+    try:
+        results = run_cases(dpo_spec(), path, cases, dpo_batch())
+    finally:
+        PairedBatch.loss = loss
+    return {**results, "dpo_losses": len(calls)}
+
+
 def _save(chunks, folder):
     from mm_models_vl.qwen2_5_vl.parallel_plan import LoraConfig
 

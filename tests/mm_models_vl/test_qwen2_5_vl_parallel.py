@@ -89,6 +89,22 @@ def test_four_process_layouts_equal_single_process(run_distributed, checkpoints)
     check_stand_in_calls(results, FOUR)
 
 
+# DPO's loss (mm_parallel.preference.PairedBatch as `preference`) on two pairs: each sequence's
+# log-probs with the vocabulary over tp, the sequence over cp, pairs as pipeline micro-batches and
+# over dp
+DPO = {"dpo_tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}}, "dpo_ulysses2": {"layout": {"cp": 2}},
+       "dpo_ring2": {"layout": {"cp": 2, "cp_algo": "ring"}}, "dpo_pp2": {"layout": {"pp": 2}},
+       "dpo_dp2_zero1": {"layout": {"zero_stage": 1}}}
+
+
+def test_dpo_layouts_equal_single_process(run_distributed, checkpoints):
+    from helpers.qwen_vl_parallel_cases import run_dpo_cases
+
+    results = run_distributed(run_dpo_cases, nproc=2, timeout=600, path=str(checkpoints), cases=DPO)
+    assert all(result.pop("dpo_losses") > 0 for result in results)
+    check_results(results, DPO)
+
+
 def test_save_under_layouts_gives_the_original_checkpoint(run_distributed, checkpoints, tmp_path):
     """save_pretrained under tp2 / pp2 / pp2 x vpp2 writes what was loaded (one file, or one per
     virtual stage plus an index); transformers loads it; the adapters round-trip in PEFT names."""
