@@ -131,3 +131,20 @@ def test_bad_settings_say_what_to_change(settings, message):
 
     with pytest.raises(ValueError, match=message):
         check_settings(*settings)
+
+
+def test_a_micro_batch_divides_by_its_share_of_the_global_batch():
+    """PairedBatch's divisors are loss_share's D_r = pairs of the global batch / (micro-batches x
+    dp), below one when a rank runs more micro-batches than it has pairs' share: not rounded up."""
+    from mindspore import Tensor
+
+    from mm_parallel.preference import PairedBatch, Settings, preference_losses
+
+    logps = Tensor(np.array([-3.0, -4.0], np.float32))
+    pairs = dict(chosen=np.array([0]), rejected=np.array([1]), reference_chosen=np.array([-3.5], np.float32),
+                 reference_rejected=np.array([-3.5], np.float32), chosen_tokens=np.array([2]),
+                 rejected_tokens=np.array([3]), chosen_tokens_in_batch=0.5, settings=Settings("sigmoid", 0.5, 0, 0.4))
+    one = float(preference_losses(logps[:1], logps[1:], Tensor(np.array([-3.5], np.float32)),
+                                  Tensor(np.array([-3.5], np.float32)), "sigmoid", 0.5).asnumpy()[0])
+    got = float(PairedBatch(**pairs, pairs_in_batch=0.5).loss(logps).asnumpy())
+    assert got == pytest.approx(one / 0.5 + 0.4 * 3.0 / 0.5, rel=1e-6)

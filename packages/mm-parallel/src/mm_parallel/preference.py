@@ -86,7 +86,7 @@ class PairedBatch:
                                    cfg.method, cfg.beta, cfg.label_smoothing,
                                    Tensor(self.chosen_tokens.astype(np.float32)),
                                    Tensor(self.rejected_tokens.astype(np.float32)))
-        loss = losses.sum() / max(float(self.pairs_in_batch), 1.0)
+        loss = losses.sum() / _divisor(self.pairs_in_batch)
         if cfg.sft_weight:
             loss = loss + cfg.sft_weight * chosen_nll(chosen, self.chosen_tokens_in_batch)
         return loss
@@ -130,7 +130,14 @@ def preference_losses(policy_chosen, policy_rejected, reference_chosen, referenc
 def chosen_nll(policy_chosen, chosen_tokens: float):
     """RPO's added term: the chosen answers' negative log-likelihood per token, -sum_p log pi(y_w,p)
     / ``chosen_tokens`` (the chosen answers' tokens over the batch the loss averages over)."""
-    return -policy_chosen.sum() / max(float(chosen_tokens), 1.0)
+    return -policy_chosen.sum() / _divisor(chosen_tokens)
+
+
+def _divisor(value) -> float:
+    """A share of the global batch's count (mm_train.loss_share's D_r: below 1 when a rank's
+    micro-batches outnumber its share), or 1 where there is nothing to divide."""
+    value = float(value)
+    return value if value > 0 else 1.0
 
 
 def rewards(policy, reference, beta: float):
