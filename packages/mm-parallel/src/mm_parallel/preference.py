@@ -1,4 +1,5 @@
-"""Preference objectives on sequence log-probabilities: DPO and its IPO / hinge forms.
+"""Preference objectives: DPO and its IPO / hinge forms on sequence log-probabilities, and
+Diffusion-DPO on the denoising errors of video clips (`DiffusionPairs`).
 
 A pair is a prompt x with a chosen answer y_w and a rejected one y_l. With the policy pi and a
 frozen reference pi_ref, each answer's log-ratio and the pair's margin are
@@ -92,6 +93,38 @@ class PairedBatch:
         return loss
 
 
+@dataclass(frozen=True)
+class DiffusionPairs:
+    """A micro-batch's clip pairs for Diffusion-DPO (Wallace et al. 2023), handed to a video model
+    as ``preference``: both clips of a pair share their noise and timestep, e is each sample's
+    mean squared error of the model's prediction against its target over the latent elements
+    (flow matching's velocity, v-prediction's v), r the frozen reference's, and
+
+        loss_p = -log sigmoid(-beta ((e_w - r_w) - (e_l - r_l)))
+
+    the diffusion timesteps' factor T folded into beta (as diffusers' Diffusion-DPO training
+    script writes it: -logsigmoid(-0.5 beta_dpo (model_diff - ref_diff)), its 0.5 in beta here).
+    The loss is the sum over the micro-batch's pairs / ``pairs_in_batch`` (loss_share's D_r)."""
+
+    chosen: np.ndarray  # (P,) sample numbers in the micro-batch
+    rejected: np.ndarray
+    reference_chosen: np.ndarray  # (P,) float32 reference errors
+    reference_rejected: np.ndarray
+    pairs_in_batch: float
+    beta: float = 5000.0
+
+    def __post_init__(self):
+        if not self.beta > 0:
+            raise ValueError(f"dpo.beta must be > 0, got {self.beta}")
+
+    def loss(self, errors):
+        """The micro-batch's share of the global batch's loss from the policy's (B,) errors."""
+        chosen = ops.gather(errors, Tensor(self.chosen.astype(np.int32)), 0)
+        rejected = ops.gather(errors, Tensor(self.rejected.astype(np.int32)), 0)
+        margin = (chosen - Tensor(self.reference_chosen)) - (rejected - Tensor(self.reference_rejected))
+        return -log_sigmoid(-self.beta * margin).sum() / _divisor(self.pairs_in_batch)
+
+
 def sequence_log_probs(token_log_probs, sequence_index, count: int, cp_group=None):
     """(count,) float32: each sequence's summed token log-probabilities (module docstring).
     ``sequence_index``: the sequence (0 .. count - 1) of each position of ``token_log_probs``,
@@ -118,7 +151,7 @@ def preference_losses(policy_chosen, policy_rejected, reference_chosen, referenc
     rejected = policy_rejected - ops.stop_gradient(reference_rejected)
     if method == "sigmoid":
         margin = beta * (chosen - rejected)
-        return -(1.0 - label_smoothing) * ops.logsigmoid(margin) - label_smoothing * ops.logsigmoid(-margin)
+        return -(1.0 - label_smoothing) * log_sigmoid(margin) - label_smoothing * log_sigmoid(-margin)
     if method == "hinge":
         return ops.relu(1.0 - beta * (chosen - rejected))
     if chosen_tokens is None or rejected_tokens is None:
@@ -138,6 +171,12 @@ def _divisor(value) -> float:
     micro-batches outnumber its share), or 1 where there is nothing to divide."""
     value = float(value)
     return value if value > 0 else 1.0
+
+
+def log_sigmoid(x):
+    """log sigmoid(x) = -softplus(-x): finite for any x (MindSpore 2.7.2's ops.logsigmoid gives
+    -inf below about -100, where a large beta's margins go), its gradient sigmoid(-x)."""
+    return -ops.softplus(-x)
 
 
 def rewards(policy, reference, beta: float):

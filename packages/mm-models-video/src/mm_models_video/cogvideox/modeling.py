@@ -258,9 +258,11 @@ class CogVideoXTransformer3DModel(ParallelModel):
                                  np.zeros((b, padding, tokens.shape[2]), np.float32)], 1)
         return tokens[:, self.local_positions(tokens.shape[1], sequence_parallel=False)]
 
-    def loss(self, tokens, target, text_rows: int, weights=None):
+    def loss(self, tokens, target, text_rows: int, weights=None, preference=None):
         """mean((sample - target)^2) over the video values, or with per-sample ``weights`` (B,)
-        mean_b(w_b mean(...)); each cp rank adds its rows' part (reduce_loss_over_cp)."""
+        mean_b(w_b mean(...)); each cp rank adds its rows' part (reduce_loss_over_cp). With
+        ``preference`` (an mm_parallel.preference.DiffusionPairs) the pairs' Diffusion-DPO loss
+        on each sample's mean squared error instead."""
         target = host(target, np.float32)
         if target.shape[2] != self.config.out_channels or target.ndim != 5:
             raise ValueError(f"target {target.shape} must be (batch, frames, {self.config.out_channels}, height, "
@@ -271,6 +273,9 @@ class CogVideoXTransformer3DModel(ParallelModel):
         diff = tokens - Tensor(self.target_rows(target, text_rows))
         squares = diff * diff * video[None, :, None]
         total = 1.0 / target.size
+        if preference is not None:
+            per_sample = squares.reshape(tokens.shape[0], -1).sum(1) * (total * tokens.shape[0])
+            return preference.loss(self.reduce_loss_over_cp(per_sample))
         if weights is None:
             return self.reduce_loss_over_cp(squares.sum() * total)
         weights = ms.Tensor(host(weights, np.float32).reshape(-1))
@@ -294,7 +299,7 @@ class CogVideoXTransformer3DModel(ParallelModel):
 
     def construct(self, hidden_states, encoder_hidden_states, timestep, timestep_cond=None, ofs=None,
                   image_rotary_emb=None, attention_kwargs=None, return_dict: bool = True, target=None,
-                  loss_weights=None):
+                  loss_weights=None, preference=None):
         if attention_kwargs:
             raise ValueError("attention_kwargs (LoRA scale) is not supported; apply LoRA with the parallel plan")
         self.require_whole_model()
@@ -302,7 +307,7 @@ class CogVideoXTransformer3DModel(ParallelModel):
         x, temb = self.embed(hidden_states, encoder_hidden_states, timestep, timestep_cond, ofs)
         video_rows = self.video_token_count(shape)
         tokens = self.head(self.run_blocks(x, temb, text_rows, video_rows, image_rotary_emb), temb)
-        loss = None if target is None else self.loss(tokens, target, text_rows, loss_weights)
+        loss = None if target is None else self.loss(tokens, target, text_rows, loss_weights, preference)
         sample = self.sample(tokens, shape, text_rows)
         out = Transformer3DOutput(sample=sample, loss=loss)
         return out if return_dict else (sample,)
@@ -334,7 +339,8 @@ class CogVideoXTransformer3DModel(ParallelModel):
         return self.sample(tokens, tuple(batch["hidden_states"].shape), batch["encoder_hidden_states"].shape[1])
 
     def pipeline_loss(self, tokens, batch: dict):
-        return self.loss(tokens, batch["target"], batch["encoder_hidden_states"].shape[1], batch.get("loss_weights"))
+        return self.loss(tokens, batch["target"], batch["encoder_hidden_states"].shape[1], batch.get("loss_weights"),
+                         batch.get("preference"))
 
 
 class _AdaLayerNorm(nn.Cell):

@@ -175,12 +175,17 @@ class WanTransformer3DModel(ParallelModel):
         shift, scale = ops.split(table + temb[:, None, :], 1, 1)
         return self.proj_out(_modulate(self.norm_out(x), scale, shift))
 
-    def loss(self, tokens, target_tokens, total: int, weights=None):
+    def loss(self, tokens, target_tokens, total: int, weights=None, preference=None):
         """mean((pred - target)^2) over all ``total`` elements, or with per-sample ``weights`` (B,)
         mean_b(w_b mean((pred_b - target_b)^2)) (all samples have one size). Under cp each rank adds
-        its part (ParallelModel.reduce_loss_over_cp)."""
+        its part (ParallelModel.reduce_loss_over_cp). With ``preference`` (an
+        mm_parallel.preference.DiffusionPairs) the pairs' Diffusion-DPO loss on each sample's
+        mean squared error instead."""
         diff = tokens - target_tokens
         squares = diff * diff
+        if preference is not None:
+            per_sample = squares.reshape(tokens.shape[0], -1).sum(1) * (tokens.shape[0] / total)
+            return preference.loss(self.reduce_loss_over_cp(per_sample))
         if weights is None:
             loss = squares.sum() * (1.0 / total)
         else:
@@ -204,7 +209,7 @@ class WanTransformer3DModel(ParallelModel):
     # -- forward -----------------------------------------------------------------------------
 
     def construct(self, hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image=None,
-                  target=None, loss_weights=None, return_dict: bool = True, attention_kwargs=None):
+                  target=None, loss_weights=None, return_dict: bool = True, attention_kwargs=None, preference=None):
         if attention_kwargs:
             raise ValueError("attention_kwargs (LoRA scale) is not supported; apply LoRA with the parallel plan")
         self.require_whole_model()
@@ -215,7 +220,8 @@ class WanTransformer3DModel(ParallelModel):
         tokens = self.head(self.run_blocks(x, text, image, timestep_proj, cos, sin), temb)
         loss = None
         if target is not None:
-            loss = self.loss(tokens, self.target_tokens(target, grid), int(np.prod(target.shape)), loss_weights)
+            loss = self.loss(tokens, self.target_tokens(target, grid), int(np.prod(target.shape)), loss_weights,
+                             preference)
         sample = self.whole_sample(tokens, grid)
         out = Transformer3DOutput(sample=sample, loss=loss)
         return out if return_dict else (sample,)
@@ -250,7 +256,7 @@ class WanTransformer3DModel(ParallelModel):
     def pipeline_loss(self, tokens, batch: dict):
         target = batch["target"]
         return self.loss(tokens, self.target_tokens(target, self.grid(tuple(batch["hidden_states"].shape))),
-                         int(np.prod(target.shape)), batch.get("loss_weights"))
+                         int(np.prod(target.shape)), batch.get("loss_weights"), batch.get("preference"))
 
 
 def tiled_to_batch(table, batch: int):
