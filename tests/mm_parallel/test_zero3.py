@@ -53,7 +53,7 @@ def _compare(topo, precision_name):
     import mindspore as ms
     from mindspore import Tensor
 
-    from mm_parallel import comm, precision
+    from mm_parallel import precision
     from mm_parallel.ops.device import as_type
     from mm_parallel.sharding import sharding_of
     from mm_parallel.zero3 import GATHERS, shard_parameters
@@ -83,14 +83,9 @@ def _compare(topo, precision_name):
             problems.append(f"gathers {dict(GATHERS)}")
         if float(loss_whole.asnumpy()) != float(loss_sharded.asnumpy()):
             problems.append(f"loss {loss_sharded} != {loss_whole}")
+        problems += _gradient_problems(sharded.trainable_params(), grads_whole, grads_sharded, topo, 1e-6, 1e-7)
         for p in sharded.trainable_params():
             spec = sharding_of(p)
-            local = as_type(grads_whole[p.name], ms.float32)  # a whole parameter's: this rank's, reduced later
-            want = (spec.flat_slice(comm.all_reduce(local, topo.dp).asnumpy(), topo) if spec.flat_over
-                    else local.asnumpy())
-            got = as_type(grads_sharded[p.name], ms.float32).asnumpy()
-            if got.shape != want.shape or not np.allclose(got, want, rtol=1e-6, atol=1e-7):
-                problems.append(f"{p.name}: gradient {got.shape} differs from the whole model's slice {want.shape}")
             if spec.flat_over:  # the slice round-trips: gathered it is the whole weight's value
                 full = spec.gather(p, topo).asnumpy()
                 weight = dict((q.name, q) for q in whole.trainable_params())[p.name]
@@ -99,6 +94,26 @@ def _compare(topo, precision_name):
                     problems.append(f"{p.name}: gathered slices differ from the whole weight")
     finally:
         precision.activate(precision.Precision())
+    return problems
+
+
+def _gradient_problems(params, grads_whole, grads_sharded, topo, rtol, atol):
+    """Each parameter's gradient against the whole model's: a slice's is that slice of the ranks'
+    summed whole gradients, a whole parameter's this rank's own (reduced later)."""
+    import mindspore as ms
+
+    from mm_parallel import comm
+    from mm_parallel.ops.device import as_type
+    from mm_parallel.sharding import sharding_of
+
+    problems = []
+    for p in params:
+        spec, local = sharding_of(p), as_type(grads_whole[p.name], ms.float32)
+        want = spec.flat_slice(comm.all_reduce(local, topo.dp).asnumpy(), topo) if spec.flat_over else local.asnumpy()
+        got = as_type(grads_sharded[p.name], ms.float32).asnumpy()
+        if got.shape != want.shape or not np.allclose(got, want, rtol=rtol, atol=atol):
+            problems.append(f"{p.name}: gradient {got.shape} differs from the whole model's {want.shape} "
+                            f"(max {np.abs(got - want).max() if got.shape == want.shape else '-'})")
     return problems
 
 
@@ -120,7 +135,7 @@ def experts_equal_whole_ones(precision_name, device_path):
     from mindspore import Tensor
 
     import mm_parallel
-    from mm_parallel import ParallelConfig, comm, precision
+    from mm_parallel import ParallelConfig, precision
     from mm_parallel.moe.experts import GroupedExperts
     from mm_parallel.moe.token_layout import expert_groups
     from mm_parallel.ops.device import as_type
@@ -161,13 +176,7 @@ def experts_equal_whole_ones(precision_name, device_path):
             problems.append(f"gathers {dict(GATHERS)}")
         if not np.allclose(loss_whole.asnumpy(), loss_sharded.asnumpy(), rtol=1e-6):
             problems.append(f"loss {loss_sharded} != {loss_whole}")
-        for p in sharded.trainable_params():
-            want = sharding_of(p).flat_slice(comm.all_reduce(as_type(grads_whole[p.name], ms.float32),
-                                                             topo.dp).asnumpy(), topo)
-            got = as_type(grads_sharded[p.name], ms.float32).asnumpy()
-            if got.shape != want.shape or not np.allclose(got, want, rtol=1e-5, atol=1e-6):
-                problems.append(f"{p.name}: gradient differs from the whole experts' slice "
-                                f"(max {np.abs(got - want).max() if got.shape == want.shape else got.shape})")
+        problems += _gradient_problems(sharded.trainable_params(), grads_whole, grads_sharded, topo, 1e-5, 1e-6)
     finally:
         precision.activate(precision.Precision())
     return problems

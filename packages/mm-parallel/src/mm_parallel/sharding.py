@@ -68,7 +68,7 @@ class ParamSharding:
 
     def flat_group(self, topology):
         """ZeRO-3: the group the slices are cut over (``<flat_over>_shard``, mm_parallel.topology)."""
-        return topology.groups[self.flat_over + "_shard"]
+        return topology.zero3_shard(self.flat_over)
 
     def flat_slice(self, local, topology):
         """ZeRO-3: this rank's slice of the tp / ep-local ``local`` (numpy), flattened and padded."""
@@ -80,10 +80,15 @@ class ParamSharding:
 
     def unflatten(self, flat_slice, topology):
         """ZeRO-3: the tp / ep-local tensor from every rank's flat slice (an all-gather over `flat_group`)."""
+        return self.unflatten_start(flat_slice, topology).wait()
+
+    def unflatten_start(self, flat_slice, topology):
+        """`unflatten` begun (`mm_parallel.comm.all_gather_start`): its ``wait()`` gives the tensor."""
         from mm_parallel import comm
 
-        flat = comm.all_gather(flat_slice, self.flat_group(topology), 0)
-        return flat[:int(np.prod(self.local_shape))].reshape(self.local_shape)
+        gathering = comm.all_gather_start(flat_slice, self.flat_group(topology), 0)
+        numel = int(np.prod(self.local_shape))
+        return comm.Pending(lambda: gathering.wait()[:numel].reshape(self.local_shape))
 
     def dim(self, group: str) -> Optional[int]:
         """The dim split over ``group``, or None."""
@@ -142,7 +147,7 @@ class ParamSharding:
         """Whether this rank counts the parameter's values in a global norm: once over the tp
         ranks that hold a replica (those not split over tp: tp rank 0), a ZeRO-3 slice once over
         the nodes that hold it (hybrid sharding: replica rank 0)."""
-        if self.flat_over and topology.groups[self.flat_over + "_replica"].rank != 0:
+        if self.flat_over and topology.zero3_replicas(self.flat_over).rank != 0:
             return False
         return self.dim("tp") is not None or topology.tp.rank == 0 or topology.tp.size == 1
 

@@ -146,6 +146,15 @@ class Topology:
     def world(self) -> Group:
         return Group(tuple(range(self.world_size)), self.rank, "world")
 
+    def zero3_shard(self, kind: str) -> Group:
+        """The ranks ZeRO-3 cuts a weight of gradient group ``kind`` (dp_cp, edp) over."""
+        return self.groups[kind + "_shard"]
+
+    def zero3_replicas(self, kind: str) -> Group:
+        """The ranks holding this rank's ZeRO-3 slice of gradient group ``kind`` (one per node
+        under hybrid sharding, this rank alone otherwise)."""
+        return self.groups[kind + "_replica"]
+
     @property
     def is_first_stage(self) -> bool:
         return self.pp.rank == 0

@@ -68,7 +68,7 @@ from mm_parallel import comm
 from mm_parallel.census import owned_parameters
 from mm_parallel.ops import low_precision
 from mm_parallel.ops.device import as_type, use_fused
-from mm_parallel.ops.grouped_matmul import grouped_matmul
+from mm_parallel.ops.grouped_matmul import grouped_matmul, padded_slots
 from mm_parallel.ops.low_precision import compute_weight
 from mm_parallel.sharding import set_sharding, sharding_of
 from mm_parallel.topology import Topology, get_topology
@@ -100,7 +100,7 @@ class _GatheredMatmul(nn.Cell):
         self.kept = None  # the gathered weight, kept for the step without reshard_after_forward
         self.shard = None  # a weak reference to the slice (set by shard_parameters)
         self.group = spec.flat_group(topology)
-        self.replicas = topology.groups[spec.flat_over + "_replica"]  # hybrid sharding: one per node
+        self.replicas = topology.zero3_replicas(spec.flat_over)  # hybrid sharding: one per node
         self.numel = int(np.prod(spec.local_shape))
 
     def whole(self, shard, phase: str):
@@ -123,10 +123,8 @@ class _GatheredMatmul(nn.Cell):
         """The gather of W begun (a `comm.Pending`; asynchronous on the device path), counted."""
         GATHERS[phase] += 1
         shard = self.shard() if shard is None else shard
-        flat = low_precision.to_compute(shard, self.dtype)
-        pending = comm.all_gather_start(flat, self.group, 0)
-        shape, numel = self.spec.local_shape, self.numel
-        return comm.Pending(lambda: compute_weight(pending.wait()[:numel].reshape(shape)))
+        gathering = self.spec.unflatten_start(low_precision.to_compute(shard, self.dtype), self.topology)
+        return comm.Pending(lambda: compute_weight(gathering.wait()))
 
     def construct(self, x, shard):
         return _matmul_nt(x, self.whole(shard, "forward"))
@@ -191,12 +189,10 @@ class _GatheredExperts(_GatheredMatmul):
 
 def _blocks(rows, counts):
     """(E, max(counts), width): expert e's ``counts[e]`` consecutive rows, padded with zeros."""
-    width, starts = max(int(counts.max(initial=0)), 1), np.concatenate([[0], np.cumsum(counts)[:-1]])
-    index = np.full((len(counts), width), rows.shape[0], np.int32)  # the appended zero row
-    for e, (start, count) in enumerate(zip(starts, counts)):
-        index[e, :count] = start + np.arange(count)
+    slots = padded_slots(counts, max(int(counts.max(initial=0)), 1))
     padded = ops.concat([rows, ops.zeros((1, rows.shape[1]), rows.dtype)])
-    return ops.gather(padded, Tensor(index.reshape(-1)), 0).reshape(len(counts), width, rows.shape[1])
+    return ops.gather(padded, Tensor(slots.reshape(-1).astype(np.int32)), 0).reshape(
+        slots.shape + (rows.shape[1],))
 
 
 # a cell's ZERO3_REGION names its weight's
@@ -270,7 +266,7 @@ def sharded_weights(model: nn.Cell, topology=None, min_numel: Optional[int] = No
         # a tied weight (an LM head sharing the embedding's) is read whole by its other owner: kept whole
         if (attr in getattr(cell, "ZERO3_WEIGHTS", ()) and math.prod(param.shape) >= min_numel
                 and owners[id(param)] == 1 and spec.flat_over is None
-                and topo.groups[spec.grad_sync + "_shard"].size > 1):
+                and topo.zero3_shard(spec.grad_sync).size > 1):
             chosen.append((cell, attr, param))
     return chosen
 

@@ -272,9 +272,9 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
         padded = segments is None and mask is not None and not mask.all()
         key_padding_mask = Tensor(mask.astype(np.float32)) if padded else None
         segment_ids = segments
-        targets, weights, count = self.loss_targets(labels, segments, num_items_in_batch, loss_per_sample)
-        sequences, sequence_count = (None, 0) if labels is None else packed_rows.sequence_numbers(
-            next_token_targets(host(labels, np.int64), segments), segments)
+        shifted = None if labels is None else next_token_targets(host(labels, np.int64), segments)
+        targets, weights, count = self.targets_of(shifted, segments, num_items_in_batch, loss_per_sample)
+        sequences, sequence_count = (None, 0) if shifted is None else packed_rows.sequence_numbers(shifted, segments)
         topo = self.topology
         if split and topo.cp.size > 1:
             if key_padding_mask is not None and right_padded(mask):
@@ -310,14 +310,18 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
         labels shifted before any split, -100 where a packed row's next token is another
         sample's; the divisor is ``num_items_in_batch`` when given, else the counted targets (or,
         with ``loss_per_sample``, the samples that have one) — transformers' ForCausalLMLoss."""
-        if labels is None:
+        shifted = None if labels is None else next_token_targets(host(labels, np.int64), segments)
+        return Qwen2_5_VLForConditionalGeneration.targets_of(shifted, segments, num_items_in_batch, loss_per_sample)
+
+    @staticmethod
+    def targets_of(shifted, segments, num_items_in_batch, loss_per_sample: bool):
+        """`loss_targets` from the next-token targets (`next_token_targets`) already made."""
+        if shifted is None:
             return None, None, 0
-        labels = host(labels, np.int64)
-        shifted = next_token_targets(labels, segments)
         weights, count = None, int((shifted != -100).sum())
         if loss_per_sample:
-            samples = segments if segments is not None else np.broadcast_to(np.arange(len(labels))[:, None],
-                                                                            labels.shape)
+            samples = segments if segments is not None else np.broadcast_to(np.arange(len(shifted))[:, None],
+                                                                            shifted.shape)
             weights, count = packed_rows.sample_weights(shifted, samples)
             weights = Tensor(weights)
         if num_items_in_batch is not None:

@@ -62,24 +62,27 @@ class NativeBackend(Backend):
         return out
 
     def all_gather(self, x, group, dim):
-        dist = self.dist
-        front = _to_front(x, dim)
-        out = _buffer((front.shape[0] * group.size,) + front.shape[1:], x.dtype)
-        dist.all_gather_into_tensor(out, front, group=self.group_name(group))
+        out, _, _ = self._gather_into(x, group, dim, async_op=False)
         return _from_front(out, dim)
 
     def all_gather_start(self, x, group, dim) -> Pending:
         """The gather as an asynchronous HCCL call (async_op=True): it runs on the device while
         the caller goes on; the output is read only after the handle's wait."""
-        front = _to_front(x, dim)
-        out = _buffer((front.shape[0] * group.size,) + front.shape[1:], x.dtype)
-        handle = self.dist.all_gather_into_tensor(out, front, group=self.group_name(group), async_op=True)
+        out, handle, sent = self._gather_into(x, group, dim, async_op=True)
 
-        def finish(sent=front):  # the send buffer kept alive until then: HCCL reads it meanwhile
+        def finish(sent=sent):  # the send buffer kept alive until then: HCCL reads it meanwhile
             handle.wait()
             return _from_front(out, dim)
 
         return Pending(finish)
+
+    def _gather_into(self, x, group, dim, async_op: bool):
+        """(the output buffer, HCCL's handle or None, the send buffer) of all_gather_into_tensor
+        on x with ``dim`` moved to the front."""
+        front = _to_front(x, dim)
+        out = _buffer((front.shape[0] * group.size,) + front.shape[1:], x.dtype)
+        handle = self.dist.all_gather_into_tensor(out, front, group=self.group_name(group), async_op=async_op)
+        return out, handle, front
 
     def reduce_scatter(self, x, group, dim, op):
         dist = self.dist

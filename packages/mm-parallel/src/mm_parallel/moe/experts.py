@@ -30,7 +30,7 @@ from mm_parallel import census, mappings, zero3
 from mm_parallel.blocks import activation
 from mm_parallel.ops.activations import silu, swiglu
 from mm_parallel.ops.device import use_fused, with_zero_row
-from mm_parallel.ops.grouped_matmul import grouped_matmul
+from mm_parallel.ops.grouped_matmul import grouped_matmul, padded_slots
 from mm_parallel.ops.low_precision import LOW, matmul_operands, to_compute
 from mm_parallel.sharding import ParamSharding, set_sharding
 from mm_parallel.tensor_parallel import init_rng, sharded_shape
@@ -136,7 +136,6 @@ class GroupedExperts(nn.Cell):
     def _grouped_kernel(self, tokens, groups):
         """The same outputs from Ascend's grouped matmul over the unpadded rows, expert after expert."""
         width, counts = groups.width, groups.counts
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         rows = np.concatenate([groups.padded[e * width:e * width + counts[e]] for e in range(self.local)])
         x = ops.gather(tokens, Tensor(rows.astype(np.int32)), 0)
         if self.tp_group is not None:
@@ -150,9 +149,8 @@ class GroupedExperts(nn.Cell):
         y = _expert_matmul(hidden, self.down_proj, counts)
         if self.tp_group is not None:
             y = mappings.reduce_from_region(y, self.tp_group)
-        padded = np.full(self.local * width + 1, rows.size, np.int64)  # padding and the last row: zeros
-        for e in range(self.local):
-            padded[e * width:e * width + counts[e]] = starts[e] + np.arange(counts[e])
+        # padding and the last row: the zero row after y's
+        padded = np.append(padded_slots(counts, width).reshape(-1), rows.size)
         return ops.gather(with_zero_row(y), Tensor(padded.astype(np.int32)), 0)
 
     def per_expert_loop(self, tokens, groups):

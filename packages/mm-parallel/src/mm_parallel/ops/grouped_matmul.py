@@ -35,3 +35,14 @@ def grouped_matmul(x, weight, counts: np.ndarray):
     if x.dtype in _KERNEL_DTYPES and weight.dtype == x.dtype:
         return _fused_kernel(x, weight, group_list)
     return _fused_kernel(x.astype(ms.float32), weight.astype(ms.float32), group_list).astype(x.dtype)
+
+
+def padded_slots(counts: np.ndarray, width: int) -> np.ndarray:
+    """(E, width): for rows grouped by expert (``counts[e]`` consecutive rows of expert e), the row
+    each slot of an expert's padded block takes; padding slots take row ``counts.sum()`` (a zero
+    row the caller appends)."""
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    slots = np.full((len(counts), width), int(np.sum(counts)), np.int64)
+    for e, (start, count) in enumerate(zip(starts, counts)):
+        slots[e, :count] = start + np.arange(count)
+    return slots

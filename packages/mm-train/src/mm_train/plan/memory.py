@@ -11,7 +11,8 @@ ranks, the family's plan (recompute, LoRA, freezing) applied — inside
     optimizer   `mm_parallel.grad_buckets.state_bytes_of`: fp32 master + 2 moments of this rank's
                 ZeRO slice of each bucket (optim.bucket_numel values at most); a ZeRO-3 slice is
                 its own master (2 moments); with optim.offload: optimizer all of it in host
-                memory instead (``optimizer_host_bytes``, the ZeRO-3 slices' masters apart)
+                memory instead (``optimizer_host_bytes``; a ZeRO-3 slice then gets a master copy
+                there too: it is no longer its own)
     step        `mm_parallel.grad_buckets.step_buffer_values`: the step's reduced gradients and
                 one bucket's transients, after the backward freed the activations: a rank's
                 peak is the static bytes plus the larger of its activations and these
@@ -155,7 +156,7 @@ def _zero3_slices(chunks, topo) -> Dict[int, int]:
 
     # cut over each weight's gradient group (its ranks on one node under hybrid sharding), as
     # ParamSharding.flat_slice cuts it
-    return {id(p): -(-math.prod(p.shape) // topo.groups[sharding_of(p).grad_sync + "_shard"].size)
+    return {id(p): -(-math.prod(p.shape) // topo.zero3_shard(sharding_of(p).grad_sync).size)
             for chunk in chunks for _, _, p in sharded_weights(chunk, topo)}
 
 
