@@ -27,13 +27,42 @@ def mm_train(*args, data, timeout=600):
 FIELDS = {"step", "loss", "grad_norm", "lr", "samples_per_s", "tokens_per_s", "mfu", "mem_bytes", "skipped"}
 EVAL_FIELDS = {"val_loss", "samples"}  # the rows of the steps that validate / sample (mm_train.evaluation)
 PACKING_FIELDS = {"padding_fraction", "tokens_max_over_mean", "batch_samples"}  # packed runs' rows
+PREFERENCE_FIELDS = {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
+                     "logps/rejected", "logps/ref_chosen", "logps/ref_rejected"}  # train.objective dpo's rows
 
 
 def rows_of(out):
     with open(os.path.join(out, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
-    assert rows and all(FIELDS <= set(row) <= FIELDS | EVAL_FIELDS | PACKING_FIELDS for row in rows)
+    known = FIELDS | EVAL_FIELDS | PACKING_FIELDS | PREFERENCE_FIELDS
+    assert rows and all(FIELDS <= set(row) <= known for row in rows)
     return rows
+
+
+def parameters(out, folder=os.path.join("checkpoints", "step_3", "model")):
+    """{name: array} of a run's saved model (the step 3 checkpoint unless ``folder`` says)."""
+    from safetensors.numpy import load_file
+
+    folder = os.path.join(out, folder)
+    tensors = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            tensors.update(load_file(os.path.join(folder, name)))
+    return tensors
+
+
+def rel(a, b) -> float:
+    import numpy as np
+
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
+
+
+def parameter_errors(got, expected) -> dict:
+    """rel-err of every parameter but the key projections' biases: a bias added to every key moves
+    all of a query's scores alike, so its gradient is zero in exact arithmetic, and Adam turns the
+    rounding noise left in it into steps of the learning rate's size."""
+    assert set(got) == set(expected)
+    return {key: rel(got[key], expected[key]) for key in expected if not key.endswith("k_proj.bias")}
 
 
 def losses(out):

@@ -82,3 +82,43 @@ def test_dpo_on_a_packed_row_equals_trl_on_transformers(tmp_path, method, beta, 
     assert loss == pytest.approx(float(want.detach()), rel=1e-5)
     errors = {name: rel_err(grads[name], g) for name, g in want_grads.items()}
     assert max(errors.values()) <= 1e-4, sorted(errors.items(), key=lambda kv: -kv[1])[:5]
+
+
+def test_a_pairs_media_go_through_the_tower_once_for_both_sequences(tmp_path):
+    """A packed row of pairs as mm_data.vl.pairs lays it out (chosen segments, then rejected; the
+    pixels once, a grid per placeholder run, media_copies 2) gives the loss and gradients of the
+    same row with the pixels given again for the rejected sequences — with one tower call, not
+    two (the tower's output feeds both placeholder runs, its gradient the sum of both)."""
+    import types
+
+    import mm_models_vl
+
+    write_reference(tmp_path)
+    ours = mm_models_vl.Qwen2_5_VLForConditionalGeneration.from_pretrained(str(tmp_path))
+    rng = np.random.default_rng(5)
+    pairs = _pairs(rng)
+    chosen = [c for c, _ in pairs]
+    rejected = [{k: v for k, v in r.items() if k != "pixel_values"} for _, r in pairs]
+    twice = pack_samples(chosen + [r for _, r in pairs])
+    once = {**pack_samples(chosen + rejected), "media_copies": 2}
+    assert once["pixel_values"].shape[0] * 2 == twice["pixel_values"].shape[0]
+    answer = lambda s: int((s["labels"] != -100).sum())  # noqa: E731
+    preference = PairedBatch(
+        chosen=np.array([0, 1]), rejected=np.array([2, 3]), reference_chosen=np.array([-20.0, -18.0], np.float32),
+        reference_rejected=np.array([-19.0, -21.0], np.float32), chosen_tokens=np.array([answer(c) for c in chosen]),
+        rejected_tokens=np.array([answer(r) for r in rejected]), pairs_in_batch=2.0, chosen_tokens_in_batch=9.0)
+    patches, tower = [], ours.model.visual.construct
+
+    def counted(self, pixels, grid):  # the patches the tower encodes
+        patches.append(int(pixels.shape[0]))
+        return tower(pixels, grid)
+
+    object.__setattr__(ours.model.visual, "construct", types.MethodType(counted, ours.model.visual))
+    results = [our_forward(ours, {**row, "preference": preference}) for row in (twice, once)]
+    (loss_twice, logits_twice, grads_twice), (loss_once, logits_once, grads_once) = results
+    picture = int(np.prod(pairs[0][0]["image_grid_thw"]))
+    assert patches == [2 * picture, picture]  # the pair's picture encoded for each sequence, then once
+    assert loss_once == pytest.approx(loss_twice, rel=1e-6)
+    np.testing.assert_allclose(logits_once, logits_twice, rtol=1e-5, atol=1e-6)
+    errors = {name: rel_err(grads_once[name], g) for name, g in grads_twice.items()}
+    assert max(errors.values()) <= 1e-5, sorted(errors.items(), key=lambda kv: -kv[1])[:3]

@@ -18,6 +18,7 @@ Files: ``adapter_config.json`` (peft_type LORA, r, lora_alpha, lora_dropout, tar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -63,6 +64,7 @@ class LoraLinear(nn.Cell):
         self.scaling = alpha / r
         self.dropout = dropout
         self.merged = False
+        self.disabled = False  # `adapters_disabled`: the base layer alone
         out_local, in_local = base.weight.shape
         group = getattr(base, "group", None)
         in_full = in_local * (group.size if self.kind == "row" else 1)
@@ -90,7 +92,7 @@ class LoraLinear(nn.Cell):
 
     def construct(self, x):
         y = self.base_layer(x)
-        if self.merged:
+        if self.merged or self.disabled:
             return y
         base = self.base_layer
         if self.kind == "column":
@@ -153,6 +155,23 @@ def apply_lora(model: nn.Cell, target_modules: List[str], r: int = 8, alpha: flo
         for relative, param in wrapped.parameters_and_names():
             param.name = f"{name}.{relative}"
     return lora_layers(model)
+
+
+@contextlib.contextmanager
+def adapters_disabled(models: Iterable[nn.Cell]):
+    """The models' LoRA layers compute their base layers alone while the context is open (PEFT's
+    ``disable_adapter``): the model before fine-tuning, with no second copy of it (DPO's
+    reference). Merged adapters are refused: their update is inside the base weight."""
+    layers = [layer for model in models for layer in lora_layers(model).values()]
+    if any(layer.merged for layer in layers):
+        raise ValueError("the adapters are merged into the base weights; unmerge them before switching them off")
+    for layer in layers:
+        layer.disabled = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.disabled = False
 
 
 def merge_lora(model: nn.Cell):

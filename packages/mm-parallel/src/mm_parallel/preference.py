@@ -76,6 +76,8 @@ class PairedBatch:
     pairs_in_batch: float
     chosen_tokens_in_batch: float
     settings: Settings = field(default_factory=Settings)
+    # the policy's log-probs of the last forward ("chosen", "rejected"; no gradient): the metrics'
+    observed: dict = field(default_factory=dict, compare=False, repr=False)
 
     def loss(self, sequence_logps):
         """This micro-batch's share of the global batch's loss from the policy's (S,) sequence
@@ -83,6 +85,7 @@ class PairedBatch:
         cfg = self.settings
         chosen = ops.gather(sequence_logps, Tensor(self.chosen.astype(np.int32)), 0)
         rejected = ops.gather(sequence_logps, Tensor(self.rejected.astype(np.int32)), 0)
+        self.observed.update(chosen=ops.stop_gradient(chosen), rejected=ops.stop_gradient(rejected))
         losses = preference_losses(chosen, rejected, Tensor(self.reference_chosen), Tensor(self.reference_rejected),
                                    cfg.method, cfg.beta, cfg.label_smoothing,
                                    Tensor(self.chosen_tokens.astype(np.float32)),
@@ -123,6 +126,19 @@ class DiffusionPairs:
         rejected = ops.gather(errors, Tensor(self.rejected.astype(np.int32)), 0)
         margin = (chosen - Tensor(self.reference_chosen)) - (rejected - Tensor(self.reference_rejected))
         return -log_sigmoid(-self.beta * margin).sum() / _divisor(self.pairs_in_batch)
+
+
+class LogProbsOnly:
+    """A forward's ``preference`` that keeps the (S,) sequence log-probabilities (``values``, no
+    gradient) in place of a loss: the reference model's pass, through the same forward and
+    pipeline code as the policy's. Its "loss" is their sum (nothing differentiates it)."""
+
+    def __init__(self):
+        self.values = None
+
+    def loss(self, sequence_logps):
+        self.values = ops.stop_gradient(sequence_logps)
+        return self.values.sum()
 
 
 def sequence_log_probs(token_log_probs, sequence_index, count: int, cp_group=None):

@@ -77,8 +77,9 @@ def micro_batch_stream(task, dataset, keys, indices, prepare) -> Iterator[List[D
         yield prepare(cut(samples))
 
 
-def validation_loss(chunks, task, topo) -> float:
-    """The mean loss of the validation micro-batches (see the module docstring)."""
+def validation_loss(chunks, task, topo, attach=None) -> float:
+    """The mean loss of the validation micro-batches (see the module docstring); ``attach``: what
+    a training objective adds to each validation batch's micro-batches (mm_train.preference_step)."""
     import mindspore as ms
 
     from mm_parallel import comm, pipeline
@@ -87,6 +88,7 @@ def validation_loss(chunks, task, topo) -> float:
     with inference(chunks):
         for batches in task.validation_batches():
             count += len(batches)
+            batches = attach(batches) if attach is not None else batches
             if topo.pp.size > 1:
                 last = chunks[-1]
                 losses = pipeline.forward_only(

@@ -49,6 +49,7 @@ from mm_parallel.tensor_parallel import seed_parameters
 from mm_parallel.topology import Topology
 from mm_train import checkpoint, evaluation, node_disks, run_folder, samples, tensorboard_log
 from mm_train.loss_share import with_loss_divisor
+from mm_train.preference_step import PreferenceStep
 from mm_train.recipe import Recipe, check_layout
 from mm_train.step_rows import Progress, Rows, finite
 from mm_train.task import Task
@@ -203,6 +204,9 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
     with _reading_checkpoint(resume_from, disks):
         first = checkpoint.load_optimizer(resume_from, chunks, optimizer) if resume_from else 0
     params = [p for chunk in chunks for p in chunk.trainable_params()]
+    objective = None  # train.objective dpo: the reference and the pairs (mm_train.preference_step)
+    if recipe.train.objective == "dpo":
+        objective = PreferenceStep(recipe, chunks, topo, lambda: build_model(task, recipe, topo, None, disks)[0])
     # the loss times the loss scale (1 unless fp16 / a static scale) is what is differentiated
     grad_fn = ms.value_and_grad(lambda batch: optimizer.scale_loss(chunks[0](**batch).loss), None, params)
 
@@ -241,7 +245,9 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
             packing = _packing_figures(tokens, sum(b["input_ids"].size for b in batches),
                                        sum(task.samples(b) for b in batches), topo) if packed else {}
             batches = [task.model_inputs(b) for b in batches]
-            if normalization:
+            if objective is not None:
+                batches = objective.attach(batches)
+            elif normalization:
                 batches = with_loss_divisor(batches, chunks[0], normalization, topo)
             with offload.saving() if offload is not None else contextlib.nullcontext():
                 losses, grads = _losses_and_grads(chunks, params, grad_fn, batches, topo, optimizer,
@@ -250,6 +256,8 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
                 print(f"mm-train: activation offload moved {offload.offloaded_bytes / 2 ** 20:,.1f} MiB of saved "
                       "tensors to host memory in the first step", file=sys.stderr)
             figures = _step_loss(losses, tokens, optimizer, topo, on_device)
+            if objective is not None:
+                figures.update(objective.figures())
             if on_device:  # a non-finite loss skips the step inside the optimizer, decided on the device
                 stats = optimizer.step(grads, finite_loss=ops.isfinite(figures["loss"]))
             elif np.isfinite(figures["loss"]):
@@ -267,7 +275,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
             if not on_device or saving or _row_due(recipe, step + 1):
                 routing = _routing_metrics(chunks) if moe else {}
                 extra = {"moe": routing} if routing else {}
-                extra.update(_evaluate(recipe, task, chunks, topo, step + 1, bar, board, watchdog))
+                extra.update(_evaluate(recipe, task, chunks, topo, step + 1, bar, board, watchdog, objective))
                 rows.write(extra)
             if saving:
                 with watchdog.paused():  # the others wait while rank 0 writes and hashes
@@ -290,14 +298,15 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
     return rows.metrics
 
 
-def _evaluate(recipe, task, chunks, topo, step: int, bar, board, watchdog) -> Dict:
+def _evaluate(recipe, task, chunks, topo, step: int, bar, board, watchdog, objective=None) -> Dict:
     """What step ``step`` adds to its metrics row: the validation loss every eval.every steps
-    (``val_loss``), the sample files every eval.sample_every steps (``samples``); each noted with
-    its time on the progress output."""
+    (``val_loss``; dpo: the held-out pairs' loss against the reference), the sample files every
+    eval.sample_every steps (``samples``); each noted with its time on the progress output."""
     added = {}
     if evaluation.due(recipe.eval.every, step, recipe.train.steps):
         began = time.perf_counter()
-        added["val_loss"] = finite(evaluation.validation_loss(chunks, task, topo))
+        attach = None if objective is None else (lambda batches: objective.attach(batches, whole_batch=False))
+        added["val_loss"] = finite(evaluation.validation_loss(chunks, task, topo, attach))
         shown = "nan" if added["val_loss"] is None else f"{added['val_loss']:.4f}"
         bar.note(f"step {step}: val_loss {shown} ({time.perf_counter() - began:.1f} s)")
     if evaluation.due(recipe.eval.sample_every, step, recipe.train.steps):

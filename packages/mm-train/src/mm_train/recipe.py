@@ -7,7 +7,10 @@
     parallel:   the fields of mm_parallel.ParallelConfig (tp, pp, vpp, cp, cp_algo, ...)
     optim:      the fields of mm_parallel.OptimizerConfig (lr, lr_schedule, warmup_steps, ...)
     train:      steps, global_batch_size | global_batch_tokens, micro_batch_size, seed, log_every,
-                precision (bf16 | fp16 | fp32), grad_dtype
+                precision (bf16 | fp16 | fp32), grad_dtype, objective (one of the family's: sft | dpo
+                for the VL families; unset: the family's first)
+    dpo:        method, beta, label_smoothing, sft_weight, reference: the preference objective of
+                train.objective dpo (mm_train.preference_step)
     checkpoint: every, keep, save_dtype, shared_fs
     cluster:    nodes, devices_per_node, device: where the recipe is meant to run (`mm-train plan`)
     logging:    tensorboard (event files beside metrics.jsonl), tensorboard_dir
@@ -146,6 +149,9 @@ class TrainSection:
     # the tensors the backward needs kept in host memory between the forward and the backward
     # (mm_parallel.activation_offload): the same values, device memory for two copies a step
     activation_offload: bool = False
+    # what the run learns: one of the family's objectives (FamilySpec.objectives; unset: its first),
+    # e.g. sft or dpo (preference pairs, the recipe's dpo section)
+    objective: Optional[str] = None
 
     def __post_init__(self):
         if self.global_batch_size is not None and self.global_batch_tokens is not None:
@@ -177,6 +183,37 @@ class TrainSection:
         from mm_parallel.precision import Precision
 
         return Precision(self.precision, self.grad_dtype)
+
+
+DPO_REFERENCES = ("copy", "adapters_off", "cached")
+
+
+@dataclass
+class DpoSection:
+    """dpo: the preference objective of train.objective dpo (mm_parallel.preference): ``method``
+    sigmoid (DPO) | ipo | hinge, ``beta``, ``label_smoothing`` (sigmoid), ``sft_weight`` (RPO's
+    NLL on the chosen answers) and the frozen ``reference``: copy (the starting weights, sharded
+    like the policy), adapters_off (with model.lora: the base model, adapters switched off, no
+    second copy) or cached (its log-probs computed once before step 1)."""
+
+    method: str = "sigmoid"
+    beta: float = 0.1
+    label_smoothing: float = 0.0
+    sft_weight: float = 0.0
+    reference: str = "copy"
+
+    def __post_init__(self):
+        from mm_parallel.preference import Settings  # checks method, beta, label_smoothing, sft_weight
+
+        Settings(self.method, self.beta, self.label_smoothing, self.sft_weight)
+        if self.reference not in DPO_REFERENCES:
+            raise ValueError(f"dpo.reference must be one of {', '.join(DPO_REFERENCES)}, got {self.reference!r}")
+
+    def settings(self):
+        """The objective's mm_parallel.preference.Settings."""
+        from mm_parallel.preference import Settings
+
+        return Settings(self.method, self.beta, self.label_smoothing, self.sft_weight)
 
 
 @dataclass
@@ -286,6 +323,7 @@ class Recipe:
     cluster: ClusterSection = field(default_factory=ClusterSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     eval: EvalSection = field(default_factory=EvalSection)
+    dpo: DpoSection = field(default_factory=DpoSection)
     output_dir: str = "runs/default"
     family_sections: Dict[str, Any] = field(default_factory=dict)  # the family's own sections, typed
 
@@ -313,6 +351,8 @@ class Recipe:
             value = getattr(self, f.name)
             if f.name == "family_sections":
                 out.update({k: dataclasses.asdict(v) for k, v in value.items()})
+            elif f.name == "dpo" and self.train.objective != "dpo":
+                continue  # a section of the dpo objective only
             elif f.name == "profile":
                 out[f.name] = dataclasses.asdict(value) if value is not None else {}
             else:
@@ -320,7 +360,7 @@ class Recipe:
         return out
 
 
-GENERIC_SECTIONS = ("model", "data", "parallel", "optim", "train", "checkpoint", "cluster", "logging", "eval",
+GENERIC_SECTIONS = ("model", "data", "parallel", "optim", "train", "checkpoint", "cluster", "logging", "eval", "dpo",
                     "profile", "output_dir")
 
 
@@ -333,7 +373,7 @@ def _sections(spec, data_kind: str):
                          f"choose one of {list(spec.data_sections)}")
     return {"model": ModelSection, "data": spec.data_sections[data_kind], "parallel": ParallelConfig,
             "optim": OptimizerConfig, "train": TrainSection, "checkpoint": CheckpointSection, "cluster": ClusterSection,
-            "logging": LoggingSection, "eval": EvalSection, **spec.sections}
+            "logging": LoggingSection, "eval": EvalSection, "dpo": DpoSection, **spec.sections}
 
 
 def _unknown(kind: str, key: str, valid: Sequence[str]) -> ValueError:
@@ -456,12 +496,37 @@ def build_recipe(values: Optional[dict] = None, overrides: Sequence[str] = ()) -
         built[name] = _typed(name, cls, given)
     output_dir = str(values.get("output_dir", "runs/default"))
     own = {name: built.pop(name) for name in spec.sections}
+    _check_objective(spec, built, bool(values.get("dpo")))
     if built["train"].global_batch_tokens is not None and not getattr(built["data"], "packing", False):
         raise ValueError(f"train.global_batch_tokens counts the tokens of packed rows, and data.kind "
                          f"{built['data'].kind} of family {spec.name} does not pack: set data.packing: true where "
                          "the data section has it, or count samples with train.global_batch_size")
     return Recipe(profile=_profile(values.get("profile"), output_dir), output_dir=output_dir, family_sections=own,
                   **built)
+
+
+def _check_objective(spec, built: dict, dpo_given: bool) -> None:
+    """train.objective: one of the family's (unset: its first); the dpo section belongs to dpo, and
+    its reference to what the run can hold."""
+    train, dpo = built["train"], built["dpo"]
+    if train.objective is None:
+        train.objective = spec.objectives[0]
+    if train.objective not in spec.objectives:
+        raise ValueError(f"train.objective {train.objective!r} is not one family {spec.name} trains; choose one of "
+                         f"{', '.join(spec.objectives)}")
+    if train.objective != "dpo":
+        if dpo_given:
+            raise ValueError(f"the dpo section sets the preference objective, and train.objective is "
+                             f"{train.objective}: set train.objective: dpo, or drop the section")
+        return
+    if dpo.reference == "adapters_off" and built["model"].lora is None:
+        raise ValueError("dpo.reference adapters_off is the base model under LoRA adapters switched off, and "
+                         "model.lora is not set: add a model.lora section, or use dpo.reference copy")
+    if dpo.reference == "cached":
+        raise ValueError("dpo.reference cached is not available yet; use copy (or adapters_off with model.lora)")
+    if train.loss_normalization is not None:
+        raise ValueError(f"train.loss_normalization={train.loss_normalization} weighs answer tokens; the dpo "
+                         "objective averages over the global batch's pairs: leave it unset")
 
 
 def _profile(given: Optional[dict], output_dir: str):

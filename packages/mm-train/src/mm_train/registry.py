@@ -84,6 +84,8 @@ class FamilySpec:
     workload: Optional[Callable] = None
     # (args, spec, folder, recipe, topology, model chunks) -> {what was made}: `mm-train generate`
     generate: Optional[Callable] = None
+    # train.objective values the family trains (mm_train.recipe.TrainSection); the first is the default
+    objectives: Tuple[str, ...] = ("sft",)
 
     def model_class(self, config: Optional[dict] = None):
         """The model class of a config.json mapping (its model_type / _class_name), else the default."""

@@ -27,6 +27,9 @@ from mindspore import Tensor, ops
 
 # rows of packed runs (mm_train.loop); batch_samples: the global batch's samples (a token budget's vary)
 PACKING_FIELDS = ("padding_fraction", "tokens_max_over_mean", "batch_samples")
+# rows of train.objective dpo (mm_train.preference_step), TRL's names
+PREFERENCE_FIELDS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
+                     "logps/rejected", "logps/ref_chosen", "logps/ref_rejected")
 KINDS = {"skipped": bool, "overflow": bool, "tokens": int, "batch_samples": int}  # float unless named here
 # tokens cross as float32: exact up to 2^24 per step, rounded beyond (a throughput figure only)
 
@@ -147,7 +150,7 @@ class Rows:
         if optimizer.scaling:
             row["loss_scale"] = figures["loss_scale"]
             row["skipped_total"] = self.skipped_total
-        row.update({key: figures[key] for key in PACKING_FIELDS if key in figures})
+        row.update({key: figures[key] for key in PACKING_FIELDS + PREFERENCE_FIELDS if key in figures})
         row.update(extra or {})
         self.metrics.append(row)
         if self.log is not None and (step % recipe.train.log_every == 0 or "val_loss" in row or "samples" in row):

@@ -8,36 +8,12 @@ the single process too."""
 
 import os
 
-import numpy as np
 import pytest
-from helpers.mm_train_cli import losses, rows_of
+from helpers.mm_train_cli import losses, parameter_errors, parameters, rows_of
 from helpers.train_runs import train
 
 SHORT = ["--set", "train.steps=3", "--set", "data.samples=32", "--set", "checkpoint.every=3", "--no-progress"]
 PACKED = ["--set", "data.packing=true", "--set", "data.max_tokens=96"]
-
-
-def parameters(out, folder=os.path.join("checkpoints", "step_3", "model")):
-    from safetensors.numpy import load_file
-
-    folder = os.path.join(out, folder)
-    tensors = {}
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".safetensors"):
-            tensors.update(load_file(os.path.join(folder, name)))
-    return tensors
-
-
-def rel(a, b) -> float:
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
-
-
-def parameter_errors(got, expected) -> dict:
-    """rel-err of every parameter but the key projections' biases: a bias added to every key moves
-    all of a query's scores alike, so its gradient is zero in exact arithmetic, and Adam turns the
-    rounding noise left in it into steps of the learning rate's size."""
-    assert set(got) == set(expected)
-    return {key: rel(got[key], expected[key]) for key in expected if not key.endswith("k_proj.bias")}
 
 
 def mixed_set(root) -> list:

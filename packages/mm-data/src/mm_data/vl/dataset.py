@@ -6,7 +6,9 @@ runs the processors, expands the placeholders by the resulting grids and tokenis
 template. Out come transformers' keyword arguments: ``input_ids``, ``attention_mask``,
 ``labels``, ``mm_token_type_ids``, and when present ``pixel_values`` / ``image_grid_thw``,
 ``pixel_values_videos`` / ``video_grid_thw`` / ``second_per_grid_ts``. A missing or unreadable
-medium, or a sample that cannot fit ``max_length``, raises `BadSample`.
+medium, or a sample that cannot fit ``max_length``, raises `BadSample`. With ``pairs`` every sample
+is a preference pair (`mm_data.vl.pairs`: both answers to one prompt, its media processed once);
+without it pair data is refused, and with it an entry that is no pair is a `BadSample`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from mm_data.errors import BadInputLog, BadSample
 from mm_data.video.decode import probe, read_frames
 from mm_data.vl.conversation import Conversation, read_conversations, read_datasets
 from mm_data.vl.image_processor import Qwen2VLImageProcessor, smart_resize
+from mm_data.vl.pairs import encode_pair, pair_length
 from mm_data.vl.template import QWEN_MEDIA, QwenChatTemplate
 from mm_data.vl.video_processor import Qwen2VLVideoProcessor
 
@@ -47,8 +50,15 @@ class VLSFTDataset:
     def __init__(self, conversations: Sequence[Conversation], tokenizer, image_processor=None, video_processor=None,
                  max_length: Optional[int] = None, video_fps: float = 2.0,
                  default_system: Optional[str] = "You are a helpful assistant.",
-                 bad_input: Optional[BadInputLog] = None):
-        self.conversations = list(conversations)
+                 bad_input: Optional[BadInputLog] = None, pairs: bool = False):
+        self.conversations, self.pairs = list(conversations), pairs
+        found = sum(c.rejected is not None for c in self.conversations)
+        if found and not pairs:
+            raise ValueError(f"the data holds {found} preference pairs (chosen / rejected answers): train on them with "
+                             "a preference objective (mm-train: train.objective dpo), or give SFT conversations")
+        if pairs and self.conversations and not found:
+            raise ValueError("a preference objective needs pairs: entries with chosen and rejected answers "
+                             "(LLaMA-Factory's ranking format); this data holds none")
         # default_system None or "": no system turn unless the data has one
         self.template = QwenChatTemplate(tokenizer, default_system, media=self.media)
         self.image_processor = image_processor or Qwen2VLImageProcessor()
@@ -91,8 +101,8 @@ class VLSFTDataset:
         sample, image_tokens, video_tokens, timestamps, seconds = self.vision(conversation)
         if conversation.videos and not timestamps:  # Qwen2.5-VL: time enters the temporal positions
             sample["second_per_grid_ts"] = seconds
-        tokens = self.template.encode(conversation, image_tokens, video_tokens, max_length=self.max_length,
-                                      video_timestamps=timestamps)
+        tokens = self.tokens(conversation, lambda c, limit: self.template.encode(
+            c, image_tokens, video_tokens, max_length=limit, video_timestamps=timestamps))
         sample.update(tokens)
         sample["attention_mask"] = np.ones_like(tokens["input_ids"])
         return sample
@@ -145,8 +155,18 @@ class VLSFTDataset:
         """Tokens of sample ``index``, from image headers and video probes (no pixels decoded)."""
         conversation = self.conversations[index]
         image_tokens, video_tokens, timestamps, _, _ = self.vision_from_headers(conversation)
-        return len(self.template.encode(conversation, image_tokens, video_tokens, max_length=self.max_length,
-                                        video_timestamps=timestamps)["input_ids"])
+        return pair_length(self.tokens(conversation, lambda c, limit: self.template.encode(
+            c, image_tokens, video_tokens, max_length=limit, video_timestamps=timestamps)))
+
+    def tokens(self, conversation: Conversation, encode) -> Dict[str, np.ndarray]:
+        """``encode(conversation, max_length)`` (the template's token fields), or with ``pairs``
+        both sides of the pair, uncut (`mm_data.vl.pairs.encode_pair`)."""
+        if not self.pairs:
+            return encode(conversation, self.max_length)
+        if conversation.rejected is None:
+            raise BadSample(conversation.source, "not a preference pair (no chosen and rejected answers); "
+                                                 "preference training reads pairs only")
+        return encode_pair(lambda c: encode(c, None), conversation, self.max_length)
 
     def costs(self, index: int):
         """(tokens, vision tokens) of sample ``index`` from headers and probes: what data-parallel

@@ -28,6 +28,7 @@ from mm_data.audio import WhisperFeatureExtractor, load_audio
 from mm_data.errors import logger
 from mm_data.vl.conversation import Conversation
 from mm_data.vl.dataset import MEDIA_FIELDS, VLSFTDataset
+from mm_data.vl.pairs import pair_length
 from mm_data.vl.template import OMNI_MEDIA
 
 OMNI_SYSTEM = ("You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
@@ -126,8 +127,9 @@ class OmniSFTDataset(VLSFTDataset):
             sample["input_features"] = features["input_features"]
             sample["feature_attention_mask"] = features["attention_mask"]
             pads = audio_tokens(features["attention_mask"].sum(-1)).tolist()
-        sample.update(self._encode(conversation, image_tokens, video_tokens, sample.get("video_grid_thw", ()),
-                                   sample.get("video_second_per_grid", ()), sources, pads))
+        sample.update(self.tokens(conversation, lambda c, limit: self._encode(
+            c, image_tokens, video_tokens, sample.get("video_grid_thw", ()), sample.get("video_second_per_grid", ()),
+            sources, pads, limit)))
         sample["attention_mask"] = np.ones_like(sample["input_ids"])
         return sample
 
@@ -140,7 +142,8 @@ class OmniSFTDataset(VLSFTDataset):
         sources = self.audio_sources(conversation)
         frames = [self.audio_processor.frames(wave.size) for wave in self._waves(sources)]
         pads = audio_tokens(frames).tolist() if frames else []
-        return len(self._encode(conversation, image_tokens, video_tokens, grids, seconds, sources, pads)["input_ids"])
+        return pair_length(self.tokens(conversation, lambda c, limit: self._encode(
+            c, image_tokens, video_tokens, grids, seconds, sources, pads, limit)))
 
     def _waves(self, sources: List[Tuple[str, str]]) -> List[np.ndarray]:
         limit = self.audio_processor.chunk_length
@@ -148,7 +151,7 @@ class OmniSFTDataset(VLSFTDataset):
                 for _, path in sources]
 
     def _encode(self, conversation: Conversation, image_tokens, video_tokens, grids, seconds, sources,
-                pads: List[int]) -> Dict[str, np.ndarray]:
+                pads: List[int], max_length: Optional[int]) -> Dict[str, np.ndarray]:
         """The template's tokens, each video with its audio's pads interleaved under
         use_audio_in_video (``grids`` / ``seconds``: each video's grid and seconds per temporal patch)."""
         in_video = iter(n for (kind, _), n in zip(sources, pads) if kind == "video")
@@ -156,7 +159,7 @@ class OmniSFTDataset(VLSFTDataset):
                                  self.position_id_per_seconds, self.seconds_per_chunk)
                 for grid, per_grid in zip(grids, seconds)] if self.use_audio_in_video else []
         standalone = [n for (kind, _), n in zip(sources, pads) if kind == "audio"]
-        tokens = self.template.encode(conversation, image_tokens, video_tokens, standalone, max_length=self.max_length,
+        tokens = self.template.encode(conversation, image_tokens, video_tokens, standalone, max_length=max_length,
                                       video_runs=runs)
         tokens.pop("mm_token_type_ids")  # TMRoPE finds the media by their token ids
         return tokens

@@ -103,8 +103,17 @@ class PackedRows:
     def __init__(self, collate: Callable, max_tokens: int, multiple: int = 1):
         self.collate, self.max_tokens, self.multiple, self.oversized = collate, max_tokens, multiple, 0
 
+    @staticmethod
+    def length(sample: Dict) -> int:
+        """The tokens ``sample`` takes in a row."""
+        return len(sample["input_ids"])
+
+    def row(self, samples: List[Dict]) -> Dict:
+        """One packed, collated row of ``samples``."""
+        return self.collate([pack(samples)])
+
     def __call__(self, samples: List[dict]) -> List[Dict]:
-        lengths = [len(s["input_ids"]) for s in samples]
+        lengths = [self.length(s) for s in samples]
         rows, oversized = plan_rows(lengths, self.max_tokens, window=max(1, len(samples)))
         rows = split_to_multiple(rows, self.multiple)
         for index in oversized:
@@ -112,7 +121,7 @@ class PackedRows:
             log.warning("a sample of %d tokens is longer than data.max_tokens=%d: it trains in a row of its own "
                         "(raise data.max_tokens to pack it; %d so far)", lengths[index], self.max_tokens,
                         self.oversized)
-        return [self.collate([pack([samples[i] for i in row])]) for row in rows]
+        return [self.row([samples[i] for i in row]) for row in rows]
 
 
 class PackedDataset:

@@ -39,7 +39,13 @@ from mm_models_vl.qwen2_5_omni.audio import Qwen2_5OmniAudioEncoder, output_leng
 from mm_models_vl.qwen2_5_omni.vision import Qwen2_5OmniVisionEncoder
 from mm_models_vl.qwen2_5_vl import packed_rows
 from mm_models_vl.qwen2_5_vl.checkpoint import disk_name
-from mm_models_vl.qwen2_5_vl.modeling import Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLModel, hf_config, place_rows
+from mm_models_vl.qwen2_5_vl.modeling import (
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2_5_VLModel,
+    hf_config,
+    place_rows,
+    towered,
+)
 from mm_parallel.ops.device import host_array as host
 
 WHOLE_MODEL_TYPE = "qwen2_5_omni"  # the published folder: config.json of the whole model, thinker_config inside
@@ -86,21 +92,27 @@ class Qwen2_5OmniThinkerModel(Qwen2_5_VLModel):
 
     def inputs_embeds(self, input_ids: np.ndarray, pixel_values=None, image_grid_thw=None,
                       pixel_values_videos=None, video_grid_thw=None, input_features=None,
-                      feature_attention_mask=None):
-        """Token embeddings with each image / video / audio placeholder replaced by its feature, in order."""
+                      feature_attention_mask=None, media_copies: int = 1):
+        """Token embeddings with each image / video / audio placeholder replaced by its feature, in
+        order (``media_copies``: Qwen2_5_VLModel.vision_features; the audio masks list every
+        placeholder run, the features the first 1 / copies)."""
         embeds = self.language_model.embed(Tensor(input_ids.astype(np.int32)))
-        parts = self.vision_features(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
+        parts = self.vision_features(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
+                                     media_copies)
         slots = np.nonzero(input_ids.reshape(-1) == self.config.audio_token_id)[0]
         if input_features is None:
             if len(slots):
                 raise ValueError(f"input_ids hold {len(slots)} audio placeholder tokens but no input_features "
                                  "were given")
         else:
-            features, lengths = audio_inputs(input_features, feature_attention_mask)
+            mask = None if feature_attention_mask is None else towered(host(feature_attention_mask), media_copies,
+                                                                        "audio")
+            features, lengths = audio_inputs(input_features, mask)
             expected = int(output_lengths(lengths).sum())
-            if expected != len(slots):
+            if expected * media_copies != len(slots):
                 raise ValueError(f"audio features and audio tokens do not match: the audios give {expected} "
-                                 f"tokens, input_ids hold {len(slots)} audio placeholder tokens")
+                                 f"tokens{f' x {media_copies} copies' if media_copies > 1 else ''}, input_ids hold "
+                                 f"{len(slots)} audio placeholder tokens")
             parts.append((slots, self.audio_tower(Tensor(features), lengths)))
         return place_rows(embeds.shape, parts, embeds)
 
@@ -114,7 +126,8 @@ class Qwen2_5OmniThinkerForConditionalGeneration(Qwen2_5_VLForConditionalGenerat
     plan_keys = ("input_ids", "attention_mask", "position_ids", "labels", "image_grid_thw", "video_grid_thw",
                  "feature_attention_mask", "video_second_per_grid", "use_audio_in_video", "num_items_in_batch",
                  "loss_per_sample")
-    embed_keys = Qwen2_5_VLForConditionalGeneration.embed_keys + ("input_features", "feature_attention_mask")
+    embed_keys = ("input_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+                  "input_features", "feature_attention_mask", "media_copies")
 
     @classmethod
     def load_config(cls, config, overrides=None):
@@ -181,10 +194,11 @@ class Qwen2_5OmniThinkerForConditionalGeneration(Qwen2_5_VLForConditionalGenerat
                                      inputs.get("video_second_per_grid"), inputs.get("use_audio_in_video", False))[0]
 
     def embed(self, input_ids, pixel_values=None, image_grid_thw=None, pixel_values_videos=None,
-              video_grid_thw=None, input_features=None, feature_attention_mask=None):
+              video_grid_thw=None, input_features=None, feature_attention_mask=None, media_copies=None):
         """Embeddings with the vision and audio features in place, cut to this rank's part of the sequence."""
         embeds = self.model.inputs_embeds(host(input_ids, np.int64), pixel_values, image_grid_thw,
-                                          pixel_values_videos, video_grid_thw, input_features, feature_attention_mask)
+                                          pixel_values_videos, video_grid_thw, input_features, feature_attention_mask,
+                                          media_copies or 1)
         return self.enter_sequence(embeds, 1)
 
     # -- forward -----------------------------------------------------------------------------
@@ -194,7 +208,7 @@ class Qwen2_5OmniThinkerForConditionalGeneration(Qwen2_5_VLForConditionalGenerat
                   position_ids=None, past_key_values=None, labels=None, use_cache: bool = False,
                   use_audio_in_video: bool = False, video_second_per_grid=None, rope_deltas=None,
                   mm_token_type_ids=None, num_items_in_batch=None, loss_per_sample: bool = False, preference=None,
-                  **unused: Any):
+                  media_copies=None, **unused: Any):
         del mm_token_type_ids  # what some processors return: TMRoPE finds the media by their token ids
         ids, cache = self.forward_inputs(input_ids, past_key_values, use_cache, unused)
         plan = self.sequence_plan(ids, attention_mask, position_ids, labels, image_grid_thw, video_grid_thw,
@@ -202,7 +216,7 @@ class Qwen2_5OmniThinkerForConditionalGeneration(Qwen2_5_VLForConditionalGenerat
                                   cache.length() if cache else 0, rope_deltas, num_items_in_batch=num_items_in_batch,
                                   loss_per_sample=loss_per_sample)
         embeds = self.embed(ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw, input_features,
-                            feature_attention_mask)
+                            feature_attention_mask, media_copies)
         hidden = self.model.language_model(embeds, plan.cos, plan.sin, plan.key_padding_mask, cache, plan.segment_ids)
         logits = self.lm_head(hidden)
         loss = None if plan.targets is None else self.loss(logits, plan, preference)

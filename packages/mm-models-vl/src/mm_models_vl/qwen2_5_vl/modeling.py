@@ -79,9 +79,11 @@ class Qwen2_5_VLModel(nn.Cell):
         self.language_model = self.text_class(config.text_config, topology, first, last, embed=pre, norm=post)
 
     def vision_features(self, input_ids: np.ndarray, pixel_values=None, image_grid_thw=None,
-                        pixel_values_videos=None, video_grid_thw=None) -> List[Tuple[np.ndarray, Any]]:
+                        pixel_values_videos=None, video_grid_thw=None, copies: int = 1) -> List[Tuple[np.ndarray, Any]]:
         """[(flat positions of the placeholders, the tower's output)] for the images, then the
-        videos given; the number of placeholders must equal the number of features."""
+        videos given; the number of placeholders must equal the number of features times
+        ``copies`` (`media_copies`: the grids list every placeholder run, the pixels the first
+        1 / copies of them)."""
         flat_ids, parts = input_ids.reshape(-1), []
         for token, pixels, grid, name in ((self.config.image_token_id, pixel_values, image_grid_thw, "image"),
                                           (self.config.video_token_id, pixel_values_videos, video_grid_thw, "video")):
@@ -93,19 +95,21 @@ class Qwen2_5_VLModel(nn.Cell):
                 continue
             if grid is None:
                 raise ValueError(f"{name} pixels need {name}_grid_thw")
-            output = self.visual(ms.Tensor(host(pixels, np.float32)), host(grid, np.int64))
+            output = self.visual(ms.Tensor(host(pixels, np.float32)), towered(host(grid, np.int64), copies, name))
             features = output[0] if isinstance(output, tuple) else output
-            if features.shape[0] != len(slots):
-                raise ValueError(f"{name} features and {name} tokens do not match: {features.shape[0]} features, "
-                                 f"{len(slots)} placeholder tokens in input_ids")
+            if features.shape[0] * copies != len(slots):
+                raise ValueError(f"{name} features and {name} tokens do not match: {features.shape[0]} features"
+                                 f"{f' x {copies} copies' if copies > 1 else ''}, {len(slots)} placeholder tokens in "
+                                 "input_ids")
             parts.append((slots, output))
         return parts
 
     def inputs_embeds(self, input_ids: np.ndarray, pixel_values=None, image_grid_thw=None,
-                      pixel_values_videos=None, video_grid_thw=None):
+                      pixel_values_videos=None, video_grid_thw=None, media_copies: int = 1):
         """Token embeddings with each image / video placeholder replaced by its vision feature, in order."""
         embeds = self.language_model.embed(Tensor(input_ids.astype(np.int32)))
-        parts = self.vision_features(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
+        parts = self.vision_features(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
+                                     media_copies)
         return place_rows(embeds.shape, parts, embeds)
 
     def position_ids(self, input_ids: np.ndarray, attention_mask=None, image_grid_thw=None, video_grid_thw=None,
@@ -126,9 +130,20 @@ class Qwen2_5_VLModel(nn.Cell):
         return np.ascontiguousarray(text), None
 
 
+def towered(grid: np.ndarray, copies: int, name: str) -> np.ndarray:
+    """The grids the tower runs on: the first 1 / ``copies`` of ``grid`` (a preference pair's
+    sequences share their prompt's media: mm_data.vl.pairs lists the rejected sequences' grids
+    again after the chosen ones', and gives the pixels once)."""
+    if copies < 1 or len(grid) % copies:
+        raise ValueError(f"media_copies={copies} does not divide the {len(grid)} {name} grids")
+    return grid[:len(grid) // copies]
+
+
 def place_rows(shape, parts, base=None):
     """(batch, seq, hidden): the rows of ``base`` (zeros if None) with the flat positions of each
-    part (positions, features) replaced by the features, in one gather."""
+    part (positions, features) replaced by the features, in one gather; positions that outnumber
+    the features take them over again in order (`media_copies`: the backward adds each copy's
+    gradient to its feature)."""
     b, s, hidden = shape
     if not parts and base is not None:
         return base
@@ -139,8 +154,8 @@ def place_rows(shape, parts, base=None):
     offset = rows[0].shape[0]
     for slots, features in parts:
         rows.append(features.astype(rows[0].dtype))
-        index[slots] = offset + np.arange(len(slots))
-        offset += len(slots)
+        index[slots] = offset + np.arange(len(slots)) % features.shape[0]
+        offset += features.shape[0]
     return ops.gather(ops.concat(rows, 0), Tensor(index.astype(np.int32)), 0).reshape(b, s, hidden)
 
 
@@ -197,7 +212,8 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
     # the micro-batch keys a pipeline stage's sequence plan / first stage's embeddings read
     plan_keys = ("input_ids", "attention_mask", "position_ids", "labels", "image_grid_thw", "video_grid_thw",
                  "mm_token_type_ids", "second_per_grid_ts", "num_items_in_batch", "loss_per_sample")
-    embed_keys = ("input_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+    embed_keys = ("input_ids", "pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+                  "media_copies")
 
     def __init__(self, config, topology: Optional[Topology] = None, chunk: int = 0, pipeline_num_layers=None):
         super().__init__()
@@ -336,11 +352,11 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
                                  text.rope_parameters.get("mrope_section", [16, 24, 24]))
 
     def embed(self, input_ids, pixel_values=None, image_grid_thw=None, pixel_values_videos=None,
-              video_grid_thw=None):
+              video_grid_thw=None, media_copies=None):
         """Embeddings with the vision features in place, cut to this rank's part of the sequence:
         the context-parallel split over cp, then the sequence-parallel chunk over tp."""
         embeds = self.model.inputs_embeds(host(input_ids, np.int64), pixel_values, image_grid_thw,
-                                          pixel_values_videos, video_grid_thw)
+                                          pixel_values_videos, video_grid_thw, media_copies or 1)
         return self.enter_sequence(embeds, 1)
 
     # -- forward -----------------------------------------------------------------------------
@@ -349,12 +365,12 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
                   labels=None, use_cache: bool = False, pixel_values=None, pixel_values_videos=None,
                   image_grid_thw=None, video_grid_thw=None, mm_token_type_ids=None, second_per_grid_ts=None,
                   rope_deltas=None, num_items_in_batch=None, loss_per_sample: bool = False, preference=None,
-                  **unused: Any):
+                  media_copies=None, **unused: Any):
         ids, cache = self.forward_inputs(input_ids, past_key_values, use_cache, unused)
         plan = self.sequence_plan(ids, attention_mask, position_ids, labels, image_grid_thw, video_grid_thw,
                                   mm_token_type_ids, second_per_grid_ts, cache.length() if cache else 0, rope_deltas,
                                   num_items_in_batch=num_items_in_batch, loss_per_sample=loss_per_sample)
-        embeds = self.embed(ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
+        embeds = self.embed(ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw, media_copies)
         hidden = self.model.language_model(embeds, plan.cos, plan.sin, plan.key_padding_mask, cache, plan.segment_ids)
         logits = self.lm_head(hidden)
         loss = None if plan.targets is None else self.loss(logits, plan, preference)

@@ -45,11 +45,12 @@ class Qwen3VLModel(Qwen2_5_VLModel):
     text_class = Qwen3VLTextModel
 
     def inputs_embeds(self, input_ids: np.ndarray, pixel_values=None, image_grid_thw=None,
-                      pixel_values_videos=None, video_grid_thw=None):
+                      pixel_values_videos=None, video_grid_thw=None, media_copies: int = 1):
         """(token embeddings with the vision features in place, [DeepStack level l: its features
         at the same positions, zeros elsewhere, (batch, seq, hidden)])."""
         embeds = self.language_model.embed(Tensor(input_ids.astype(np.int32)))
-        parts = self.vision_features(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
+        parts = self.vision_features(input_ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
+                                     media_copies)
         merged = place_rows(embeds.shape, [(slots, out[0]) for slots, out in parts], embeds)
         levels = len(self.config.vision_config.deepstack_visual_indexes) if parts else 0
         deepstack = [place_rows(embeds.shape, [(slots, out[1][level]) for slots, out in parts])
@@ -103,10 +104,10 @@ class Qwen3VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
                                              rope.get("mrope_section", [24, 20, 20]))
 
     def embed(self, input_ids, pixel_values=None, image_grid_thw=None, pixel_values_videos=None,
-              video_grid_thw=None):
+              video_grid_thw=None, media_copies=None):
         """(embeddings, {level: DeepStack features}) cut to this rank's part of the sequence."""
         embeds, deepstack = self.model.inputs_embeds(host(input_ids, np.int64), pixel_values, image_grid_thw,
-                                                     pixel_values_videos, video_grid_thw)
+                                                     pixel_values_videos, video_grid_thw, media_copies or 1)
         return self.enter_sequence(embeds, 1), {level: self.enter_sequence(d, 1) for level, d in enumerate(deepstack)}
 
     def _router_loss(self, stats, output_router_logits: bool):
@@ -126,12 +127,13 @@ class Qwen3VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
                   labels=None, use_cache: bool = False, pixel_values=None, pixel_values_videos=None,
                   image_grid_thw=None, video_grid_thw=None, mm_token_type_ids=None, rope_deltas=None,
                   output_router_logits=None, num_items_in_batch=None, loss_per_sample: bool = False, preference=None,
-                  **unused: Any):
+                  media_copies=None, **unused: Any):
         ids, cache = self.forward_inputs(input_ids, past_key_values, use_cache, unused)
         plan = self.sequence_plan(ids, attention_mask, position_ids, labels, image_grid_thw, video_grid_thw,
                                   mm_token_type_ids, None, cache.length() if cache else 0, rope_deltas,
                                   num_items_in_batch=num_items_in_batch, loss_per_sample=loss_per_sample)
-        embeds, deepstack = self.embed(ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw)
+        embeds, deepstack = self.embed(ids, pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
+                                       media_copies)
         hidden = self.model.language_model(embeds, plan.cos, plan.sin, plan.key_padding_mask, cache, deepstack,
                                            plan.token_mask, plan.segment_ids)
         logits = self.lm_head(hidden)
@@ -148,8 +150,7 @@ class Qwen3VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
         levels later stages add and the MoE statistics so far."""
         plan = self.sequence_plan(**self.plan_args(batch))
         if self.is_first:
-            hidden, deepstack = self.embed(batch["input_ids"], batch.get("pixel_values"), batch.get("image_grid_thw"),
-                                           batch.get("pixel_values_videos"), batch.get("video_grid_thw"))
+            hidden, deepstack = self.embed(**{k: batch.get(k) for k in self.embed_keys})
             stats = []
         else:
             hidden = x["hidden"]

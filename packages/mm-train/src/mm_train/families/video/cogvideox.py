@@ -151,6 +151,7 @@ class CogVideoXTask(VideoTask):
 _TINY, _NODE = "1-2 CPU processes", "1 x 8 Ascend NPUs"
 
 SPEC = register(FamilySpec(
+    objectives=("pretrain",),
     name="cogvideox",
     description="CogVideoX (1.0, 1.5): text- and image-to-video DiT pre-training and LoRA on v-prediction",
     models={"CogVideoXTransformer3DModel": "mm_models_video:CogVideoXTransformer3DModel"},

@@ -149,6 +149,7 @@ def workload(recipe, config):
 _TINY, _ASCEND = "1-2 CPU processes", "Ascend NPUs"
 
 SPEC = register(FamilySpec(
+    objectives=("pretrain",),
     name="wan",
     description="Wan2.1 (1.3B, 14B): text- and image-to-video DiT pre-training and LoRA on flow matching",
     models={"WanTransformer3DModel": "mm_models_video:WanTransformer3DModel"},

@@ -17,8 +17,8 @@ from mm_train.task import load_tokenizer
 
 @dataclass
 class VLDataSection(DataSection):
-    """data.kind tiny_vl (the built-in set, generated at data.path or a cache folder) or
-    llamafactory: a LLaMA-Factory JSON / JSONL file at data.path, or the data sets named by
+    """data.kind tiny_vl (the built-in set, generated at data.path or a cache folder; tiny_vl_pairs:
+    as preference pairs) or llamafactory: a LLaMA-Factory JSON / JSONL file at data.path, or the data sets named by
     data.dataset (one name, a list read in order, or {name: ratio} mixed in those shares) of
     LLaMA-Factory's dataset_info.json at data.dataset_info (the file or its folder), with the
     columns and tags it declares."""
@@ -28,7 +28,7 @@ class VLDataSection(DataSection):
     dataset: Optional[Union[str, List[str], Dict[str, float]]] = None
     media_dir: Optional[str] = None  # where image / video paths start (default: the file's folder)
     tokenizer: Optional[str] = None  # a folder or tokenizer.json (default: model.path)
-    samples: int = 256  # tiny_vl only
+    samples: int = 256  # the built-in sets only
     max_length: int = 2048
     system: Optional[str] = "You are a helpful assistant."  # the default system turn; "" or null: none
     min_pixels: Optional[int] = None  # image / video frame pixel bounds (default: the processors')
@@ -69,7 +69,7 @@ def pixel_bounds(data) -> Dict[str, int]:
 
 
 # data.kind of a built-in set -> the module that generates it (generate, default_folder)
-BUILTIN_SETS = {"tiny_vl": tiny, "tiny_omni": tiny_omni}
+BUILTIN_SETS = {"tiny_vl": tiny, "tiny_vl_pairs": tiny.Pairs, "tiny_omni": tiny_omni}
 
 
 def data_sources(recipe):

@@ -167,6 +167,15 @@ class VLTask(FamilyTask):
                                           costs=self.dataset.costs if data.packing else None,
                                           global_batch_tokens=train.global_batch_tokens)
         self.collate = self.dataset.collator(sequence_multiple(recipe.parallel))
+        if self.pairs:  # a micro-batch of P pairs: 2P sequences, the pairs' media once (mm_data.vl.pairs)
+            from mm_data.vl import PairCollate
+
+            self.collate = PairCollate(self.collate)
+
+    @property
+    def pairs(self) -> bool:
+        """Whether the samples are preference pairs (train.objective dpo)."""
+        return self.recipe.train.objective == "dpo"
 
     def read_dataset(self, annotations):
         """The SFT data set (`dataset_class`) of a LLaMA-Factory file (or of dataset_info.json's data
@@ -177,7 +186,7 @@ class VLTask(FamilyTask):
         return self.dataset_class().from_file(
             annotations, self.tokenizer, media_dir=data.media_dir, max_bad_fraction=data.max_bad_fraction,
             image_processor=image_processor, video_processor=video_processor,
-            max_length=data.max_length, video_fps=data.video_fps, default_system=data.system,
+            max_length=data.max_length, video_fps=data.video_fps, default_system=data.system, pairs=self.pairs,
             **self.dataset_options())
 
     def dataset_options(self) -> Dict:
@@ -245,16 +254,20 @@ class VLTask(FamilyTask):
         micro_batch_size samples each."""
         if not self.recipe.data.packing:
             return super().micro_batches()
-        from mm_data.vl import PackedRows
+        from mm_data.vl import PackedRows, PairedRows
 
         par = self.recipe.parallel  # the interleaved schedule runs micro-batches in multiples of pp
-        return PackedRows(self.collate, row_budget(self.recipe.data), par.pp if par.vpp > 1 else 1)
+        rows = PairedRows if self.pairs else PackedRows  # a pair's sequences share a row
+        return rows(self.collate.collate if self.pairs else self.collate, row_budget(self.recipe.data),
+                    par.pp if par.vpp > 1 else 1)
 
     @staticmethod
     def tokens(batch: Dict) -> int:
         return int((batch["attention_mask"] != 0).sum())  # a packed row's mask numbers its samples
 
     def samples(self, batch: Dict) -> int:
+        if "answer_tokens" in batch:  # pairs: a sample is a pair (two sequences)
+            return len(batch["answer_tokens"]) // 2
         mask = batch["attention_mask"]
         return int(mask.max(axis=-1).sum()) if self.recipe.data.packing else len(mask)
 
@@ -341,7 +354,7 @@ SPEC = register(FamilySpec(
     description="Qwen2.5-VL (3B / 7B / 32B / 72B): vision-language SFT and LoRA",
     models={"qwen2_5_vl": "mm_models_vl:Qwen2_5_VLForConditionalGeneration"},
     task=VLTask,
-    data_sections={"tiny_vl": VLDataSection, "llamafactory": VLDataSection},
+    data_sections={"tiny_vl": VLDataSection, "llamafactory": VLDataSection, "tiny_vl_pairs": VLDataSection},
     plan="mm_models_vl.qwen2_5_vl.parallel_plan:parallelize",
     lora_config="mm_models_vl.qwen2_5_vl.parallel_plan:LoraConfig",
     extra="vl",
@@ -349,12 +362,16 @@ SPEC = register(FamilySpec(
     preflight=preflight,
     workload=workload,
     generate=generate_answer,
+    objectives=("sft", "dpo"),
     recipes=(
         BuiltinRecipe("qwen2_5_vl_tiny", "qwen2_5_vl_tiny.yaml",
                       "a tiny random Qwen2.5-VL captions generated pictures (about a minute)", "1-2 CPU processes",
                       default=True),
         BuiltinRecipe("qwen2_5_vl_tiny_lora", "qwen2_5_vl_tiny_lora.yaml",
                       "LoRA adapters on the tiny Qwen2.5-VL", "1-2 CPU processes"),
+        BuiltinRecipe("qwen2_5_vl_tiny_dpo", "qwen2_5_vl_tiny_dpo.yaml",
+                      "DPO on the tiny Qwen2.5-VL: right captions of generated pictures against wrong ones",
+                      "1-2 CPU processes"),
         BuiltinRecipe("qwen2_5_vl_7b_sft", "qwen2_5_vl_7b_sft.yaml",
                       "Qwen2.5-VL-7B-Instruct SFT on LLaMA-Factory data (TP1 PP2 ZeRO-1)", "1 x 8 Ascend NPUs"),
         BuiltinRecipe("qwen2_5_vl_32b_sft", "qwen2_5_vl_32b_sft.yaml",

@@ -6,7 +6,9 @@ look at the image drives the loss well below what the text alone allows. The set
 real users' data is: LLaMA-Factory's multimodal JSON (data.json: a user turn "<image>", the
 caption as the assistant's reply, the PNG in "images") beside a byte-level BPE tokenizer trained
 with `tokenizers` (tokenizer.json, with Qwen2-VL's special tokens) — and read back through
-mm-data's `VLSFTDataset`, the path of every real SFT recipe.
+mm-data's `VLSFTDataset`, the path of every real SFT recipe. `Pairs` is the same set as
+preference pairs (data.kind tiny_vl_pairs): the right caption chosen, the picture's colours
+swapped ("a blue circle on red") rejected, in LLaMA-Factory's ranking layout.
 """
 
 from __future__ import annotations
@@ -46,13 +48,15 @@ def _draw(shape: str, colour, background, rng: np.random.Generator) -> np.ndarra
     return np.clip(image.astype(np.int16) + noise, 0, 255).astype(np.uint8)
 
 
-def generate(folder: str, samples: int = 256, seed: int = 0) -> Path:
-    """Write the set into ``folder`` (images/*.png, data.json, tokenizer.json) unless complete."""
+def generate(folder: str, samples: int = 256, seed: int = 0, pairs: bool = False) -> Path:
+    """Write the set into ``folder`` (images/*.png, data.json, tokenizer.json) unless complete;
+    with ``pairs``, as preference pairs (module docstring)."""
     from PIL import Image
 
     folder = Path(folder)
     done = folder / ".complete"
-    if done.exists() and json.loads(done.read_text()) == {"samples": samples, "format": "llamafactory"}:
+    stamp = {"samples": samples, "format": "llamafactory" + ("_ranking" if pairs else "")}
+    if done.exists() and json.loads(done.read_text()) == stamp:
         return folder
     rng = np.random.default_rng(seed)
     (folder / "images").mkdir(parents=True, exist_ok=True)
@@ -66,14 +70,33 @@ def generate(folder: str, samples: int = 256, seed: int = 0) -> Path:
         Image.fromarray(image).save(folder / file)
         caption = f"a {names[colour]} {shape} on {names[background]}"
         captions.append(caption)
+        if pairs:
+            # the same words as the right captions: the tokenizer stays the SFT set's (an SFT start's vocabulary)
+            wrong = f"a {names[background]} {shape} on {names[colour]}"
+            entries.append({"messages": [{"role": "user", "content": "<image>"}], "images": [file],
+                            "chosen": {"role": "assistant", "content": caption},
+                            "rejected": {"role": "assistant", "content": wrong}})
+            continue
         entries.append({"messages": [{"role": "user", "content": "<image>"},
                                      {"role": "assistant", "content": caption}], "images": [file]})
     (folder / "data.json").write_text(json.dumps(entries, indent=1))
     train_tokenizer(captions + ["user\n", "assistant\n", "system\n"], folder / "tokenizer.json", SPECIAL)
-    done.write_text(json.dumps({"samples": samples, "format": "llamafactory"}))
+    done.write_text(json.dumps(stamp))
     return folder
 
 
 def default_folder() -> str:
     """Where the set lives unless the recipe says: $MM_TRAIN_DATA or ~/.cache/mm-train/tiny_vl."""
     return os.environ.get("MM_TRAIN_DATA", os.path.join(os.path.expanduser("~"), ".cache", "mm-train", "tiny_vl"))
+
+
+class Pairs:
+    """The set as preference pairs (data.kind tiny_vl_pairs; module docstring)."""
+
+    @staticmethod
+    def generate(folder: str, samples: int = 256, seed: int = 0) -> Path:
+        return generate(folder, samples, seed, pairs=True)
+
+    @staticmethod
+    def default_folder() -> str:
+        return default_folder() + "_pairs"

@@ -1,0 +1,104 @@
+"""Preference pairs as training samples: a prompt with its media and two answers, kept together.
+
+A pair sample is one sample of the data set (so a sampler, the data-parallel balance and the
+packer never split it): the chosen sequence's fields as an SFT sample has them, plus
+``rejected_input_ids`` / ``rejected_labels`` / ``rejected_mm_token_type_ids`` (the same prompt
+with the rejected answer). Neither side is ever cut to ``max_length``: a cut answer's
+log-probability would not be the answer's, so a longer side makes the pair a `BadSample`.
+
+A micro-batch of P pairs is 2P sequences, the P chosen ones first, then the P rejected ones in
+the same order (`unfold`), padded rows or the segments of one packed row alike. The towers'
+inputs (pixels, audio features) come once, with the chosen sequences; every other media field
+(grids, seconds per grid, audio masks: one entry per placeholder run) comes with each sequence,
+so the rejected half repeats the chosen half's list. ``media_copies = 2`` tells the model (its
+forward keyword) that the placeholders hold the features twice over: the towers run once per
+pair and both sequences read the same features. ``answer_tokens`` counts each sequence's trained
+(answer) tokens, what IPO and RPO divide by.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from mm_data.errors import BadSample
+from mm_data.vl.conversation import Conversation
+from mm_data.vl.packing import PackedRows, pack
+
+REJECTED = "rejected_"
+TOKEN_FIELDS = ("input_ids", "labels", "mm_token_type_ids")
+TOWER_INPUTS = ("pixel_values", "pixel_values_videos", "input_features")  # given once per pair
+PAIR_KEYS = ("media_copies", "answer_tokens")  # what `collate_pairs` adds to a micro-batch
+
+
+def rejected_side(conversation: Conversation) -> Conversation:
+    """The conversation with its rejected answer as the last assistant turn."""
+    turns = conversation.turns[:-1] + (("assistant", conversation.rejected),)
+    return dataclasses.replace(conversation, turns=turns, rejected=None)
+
+
+def encode_pair(encode: Callable[[Conversation], Dict[str, np.ndarray]], conversation: Conversation,
+                max_length: Optional[int]) -> Dict[str, np.ndarray]:
+    """The pair sample's token fields: ``encode`` (the data set's template, uncut) of both sides."""
+    chosen, rejected = encode(conversation), encode(rejected_side(conversation))
+    for side, tokens in (("chosen", chosen), ("rejected", rejected)):
+        if max_length is not None and len(tokens["input_ids"]) > max_length:
+            count = len(tokens["input_ids"])
+            raise BadSample(conversation.source, f"the {side} sequence has {count} tokens, more than max_length="
+                                                 f"{max_length}; a pair is never cut (the answer's log-probability "
+                                                 "would be a part's): raise data.max_length")
+    return {**chosen, **{REJECTED + key: value for key, value in rejected.items()}}
+
+
+def pair_length(tokens: Dict[str, np.ndarray]) -> int:
+    """The tokens a pair sample takes in a micro-batch: both sequences."""
+    return len(tokens["input_ids"]) + len(tokens.get(REJECTED + "input_ids", ()))
+
+
+def is_pair(sample: Dict) -> bool:
+    return REJECTED + "input_ids" in sample
+
+
+def unfold(pairs: List[Dict]) -> List[Dict]:
+    """P pair samples as 2P sequence samples: the chosen ones, then the rejected ones (module
+    docstring); the rejected side without the towers' inputs."""
+    chosen = [{k: v for k, v in p.items() if not k.startswith(REJECTED)} for p in pairs]
+    rejected = []
+    for pair in pairs:
+        shared = {k: v for k, v in pair.items()
+                  if not k.startswith(REJECTED) and k not in TOWER_INPUTS + TOKEN_FIELDS + ("attention_mask",)}
+        own = {k[len(REJECTED):]: v for k, v in pair.items() if k.startswith(REJECTED)}
+        rejected.append({**shared, **own, "attention_mask": np.ones_like(own["input_ids"])})
+    return chosen + rejected
+
+
+def collate_pairs(collate: Callable, sequences: List[Dict]) -> Dict:
+    """``collate``d sequences of `unfold` (one packed row, or padded rows) with `PAIR_KEYS`."""
+    batch = collate(sequences)
+    batch["media_copies"] = 2
+    batch["answer_tokens"] = np.array([int((np.asarray(s["labels"]) != -100).sum()) for s in sequences], np.int64)
+    return batch
+
+
+class PairCollate:
+    """A micro-batch of pair samples: their 2P sequences padded into rows (`collate_pairs`)."""
+
+    def __init__(self, collate: Callable):
+        self.collate = collate
+
+    def __call__(self, pairs: List[Dict]) -> Dict:
+        return collate_pairs(self.collate, unfold(pairs))
+
+
+class PairedRows(PackedRows):
+    """`PackedRows` of pair samples: a pair's two sequences in one row (its length counts both),
+    the row's chosen segments first, then its rejected ones."""
+
+    @staticmethod
+    def length(sample: Dict) -> int:
+        return pair_length(sample)
+
+    def row(self, samples: List[Dict]) -> Dict:
+        return collate_pairs(lambda sequences: self.collate([pack(sequences)]), unfold(samples))

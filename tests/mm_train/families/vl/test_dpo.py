@@ -1,0 +1,106 @@
+"""train.objective dpo on the tiny Qwen2.5-VL (mm_train.preference_step): pairs of the built-in
+pictures (data.kind tiny_vl_pairs). The first step's loss is the objective's value at pi = pi_ref
+(ln 2, (1 / (2 beta))^2, 1); under LoRA the base model with its adapters switched off is the same
+reference as a frozen copy; pairs packed into rows train like the same pairs in padded rows; dp2 x
+pp2 with ZeRO-1 (stopped at step 2, resumed on one process) and tp2 with sequence parallelism and
+ring cp2 equal one process — losses, the pair metrics and every parameter; Qwen3-VL's DPO under
+dp2 x tp2 with sequence parallelism too; recipes that cannot mean DPO are refused before launch."""
+
+import math
+
+import pytest
+from helpers.mm_train_cli import parameter_errors, parameters, rows_of
+from helpers.train_runs import train
+
+from mm_train.recipe import load_recipe
+
+DPO = ["qwen2_5_vl_tiny_dpo", "--set", "data.samples=32", "--no-progress"]
+METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
+           "logps/rejected", "logps/ref_chosen", "logps/ref_rejected")
+
+
+@pytest.mark.parametrize("method, beta, start", [("sigmoid", 0.1, math.log(2.0)), ("ipo", 0.5, 1.0),
+                                                 ("hinge", 0.1, 1.0)])
+def test_the_first_step_starts_at_the_objectives_value(tmp_path, method, beta, start):
+    train(None, *DPO, "--set", "train.steps=1", "--set", f"dpo.method={method}", "--set", f"dpo.beta={beta}",
+          "--set", f"output_dir={tmp_path / 'run'}", data=tmp_path / "data")
+    row = rows_of(tmp_path / "run")[0]
+    assert row["loss"] == pytest.approx(start, rel=1e-6)
+    for side in ("chosen", "rejected"):  # pi = pi_ref: no reward yet, the reference's log-probs the policy's
+        assert row[f"rewards/{side}"] == pytest.approx(0.0, abs=1e-5)
+        assert row[f"logps/{side}"] == pytest.approx(row[f"logps/ref_{side}"], rel=1e-6) and row[f"logps/{side}"] < 0
+
+
+def test_adapters_switched_off_are_the_reference_a_frozen_copy_is(tmp_path):
+    runs = {}
+    for reference in ("copy", "adapters_off"):
+        out = tmp_path / reference
+        train(None, *DPO, "--set", "train.steps=3", "--set", "model.lora.r=4", "--set", "optim.lr=0.02", "--set",
+              f"dpo.reference={reference}", "--set", f"output_dir={out}", data=tmp_path / "data")
+        runs[reference] = rows_of(out)
+    for copy, off in zip(runs["copy"], runs["adapters_off"]):
+        for key in ("loss",) + METRICS:
+            assert off[key] == pytest.approx(copy[key], rel=1e-5, abs=1e-7), key
+    assert runs["copy"][-1]["logps/chosen"] != pytest.approx(runs["copy"][-1]["logps/ref_chosen"], rel=1e-4)
+
+
+def test_dpo_recipes_are_checked_before_launch():
+    for overrides, match in [
+        (["train.objective=sft"], "the dpo section sets the preference objective"),
+        (["dpo.reference=adapters_off"], "model.lora is not set"),
+        (["dpo.reference=cached"], "not available yet"),
+        (["train.loss_normalization=token"], "averages over the global batch's pairs"),
+        (["dpo.method=orpo"], "dpo.method='orpo' is unknown"),
+        (["train.objective=grpo"], "is not one family qwen2_5_vl trains"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            load_recipe("qwen2_5_vl_tiny_dpo", overrides)
+    with pytest.raises(ValueError, match="is not one family wan trains"):
+        load_recipe("wan2_1_t2v_tiny", ["train.objective=dpo"])
+
+
+def test_dpo_under_every_layout_equals_one_process(tmp_path, run_distributed):
+    data = tmp_path / "data"
+    short = [*DPO, "--set", "train.steps=3", "--set", "checkpoint.every=2", "--set", "optim.lr=0.003"]
+    train(run_distributed, *short, "--set", "data.packing=false", "--set", f"output_dir={tmp_path / 'plain'}",
+          data=data)
+    plain, expected = rows_of(tmp_path / "plain"), parameters(tmp_path / "plain")
+    runs = {"packed": (1, []),
+            "dp2_pp2_zero1": (4, ["--set", "parallel.pp=2", "--set", "parallel.zero_stage=1", "--set",
+                                  "train.steps=2"]),
+            "tp2_sp_ring_cp2": (4, ["--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true", "--set",
+                                    "parallel.cp=2", "--set", "parallel.cp_algo=ring"])}
+    for name, (nproc, extra) in runs.items():
+        train(run_distributed, *short, *extra, "--set", f"output_dir={tmp_path / name}", nproc=nproc, data=data)
+    # the pp run stopped at step 2: resumed on one process
+    train(run_distributed, *short, "--set", f"output_dir={tmp_path / 'dp2_pp2_zero1'}", "--resume", data=data)
+    for name in runs:
+        rows = rows_of(tmp_path / name)
+        assert [r["step"] for r in rows] == [1, 2, 3], name
+        for got, want in zip(rows, plain):
+            for key in ("loss",) + METRICS:
+                if key == "rewards/accuracies" and got["step"] == 1:
+                    continue  # pi = pi_ref: the rewards are rounding noise, which side wins is a coin toss
+                # rewards: beta times a difference of log-probs of ~ -60, whose rounding is ~1e-5 of them
+                tolerance = 1e-4 if key.startswith("rewards/") else 1e-6
+                assert got[key] == pytest.approx(want[key], rel=1e-5, abs=tolerance), (name, got["step"], key)
+        errors = parameter_errors(parameters(tmp_path / name), expected)
+        assert max(errors.values()) <= 1e-4, (name, sorted(errors.items(), key=lambda kv: -kv[1])[:3])
+
+
+def test_qwen3_vl_dpo_under_dp2_and_tp2_with_sp_equals_one_process(tmp_path, run_distributed):
+    """The DPO objective plugs into Qwen3-VL (DeepStack, timestamps) as into Qwen2.5-VL."""
+    data = tmp_path / "data"
+    short = ["qwen3_vl_tiny", "--set", "train.objective=dpo", "--set", "data.kind=tiny_vl_pairs", "--set",
+             "data.samples=32", "--set", "train.steps=3", "--set", "checkpoint.every=3", "--set", "optim.lr=0.003",
+             "--no-progress"]
+    train(run_distributed, *short, "--set", f"output_dir={tmp_path / 'single'}", data=data)
+    train(run_distributed, *short, "--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true", "--set",
+          f"output_dir={tmp_path / 'layout'}", nproc=4, data=data)
+    single, layout = rows_of(tmp_path / "single"), rows_of(tmp_path / "layout")
+    assert single[0]["loss"] == pytest.approx(math.log(2.0), rel=1e-6)
+    for got, want in zip(layout, single):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
+        assert got["logps/chosen"] == pytest.approx(want["logps/chosen"], rel=1e-5)
+    errors = parameter_errors(parameters(tmp_path / "layout"), parameters(tmp_path / "single"))
+    assert max(errors.values()) <= 1e-4, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
