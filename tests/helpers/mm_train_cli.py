@@ -28,7 +28,8 @@ FIELDS = {"step", "loss", "grad_norm", "lr", "samples_per_s", "tokens_per_s", "m
 EVAL_FIELDS = {"val_loss", "samples"}  # the rows of the steps that validate / sample (mm_train.evaluation)
 PACKING_FIELDS = {"padding_fraction", "tokens_max_over_mean", "batch_samples"}  # packed runs' rows
 PREFERENCE_FIELDS = {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
-                     "logps/rejected", "logps/ref_chosen", "logps/ref_rejected"}  # train.objective dpo's rows
+                     "logps/rejected", "logps/ref_chosen", "logps/ref_rejected", "errors/chosen", "errors/rejected",
+                     "errors/ref_chosen", "errors/ref_rejected"}  # train.objective dpo's rows (clips: errors)
 
 
 def rows_of(out):

@@ -77,3 +77,49 @@ def test_pairs_are_never_cut_and_sft_refuses_pair_data(pair_set):
                          tokenizer, pairs=True, bad_input=BadInputLog(0.9))
     with pytest.raises(BadSample, match="not a preference pair"):
         mixed.get(2)
+
+
+def test_clip_pairs_are_cached_together_and_bad_pairs_are_counted(tmp_path):
+    """Clip pairs (mm_data.video.pairs): both clips of each good pair in the feature cache, served
+    as one sample (the rejected clip's features under rejected_*, the prompt's once); a missing
+    side, a missing file, one clip on both sides and a pair whose clips fall into other buckets
+    are skipped and counted."""
+    from helpers.media import write_video
+
+    from mm_data import FeaturePairs, build_feature_cache
+    from mm_data.video import AspectBuckets, FrameBuckets, VideoTextDataset
+    from mm_data.video.pairs import write_pair_list
+
+    for name, (height, width) in {"a": (32, 32), "b": (32, 32), "c": (32, 32), "wide": (32, 96)}.items():
+        write_video(str(tmp_path / f"{name}.mp4"), frames=9, height=height, width=width, fps=8)
+    entries = [{"prompt": "a square", "chosen": "a.mp4", "rejected": "b.mp4"},
+               {"prompt": "a circle", "chosen": "c.mp4", "rejected": "wide.mp4"},  # another aspect bucket
+               {"prompt": "no side", "chosen": "a.mp4"},
+               {"prompt": "gone", "chosen": "a.mp4", "rejected": "missing.mp4"},
+               {"cap": "same", "chosen": "a.mp4", "rejected": "a.mp4"}]
+    (tmp_path / "clip_pairs.json").write_text(json.dumps(entries))
+    clips = VideoTextDataset.from_annotations(str(tmp_path / "clip_pairs.json"), max_bad_fraction=0.9, pairs=True,
+                                              frames=FrameBuckets(num_frames=9), random_crop=False,
+                                              buckets=AspectBuckets(max_area=32 * 96, stride=16), fps=8)
+    assert len(clips.clip_pairs) == 2 and len(clips) == 4 and clips.bad_input.count == 3
+    assert [r.captions for r in clips.records] == [("a square",)] * 2 + [("a circle",)] * 2
+    reasons = " ".join(reason for _, reason in clips.bad_input.skipped)
+    assert "'rejected' is missing" in reasons and "not there" in reasons and "the same file" in reasons
+
+    encoders = {"latents": lambda b: b["video"][:, :, ::4, ::8, ::8].copy(),
+                "prompt_embeds": lambda b: np.ones((len(b["video"]), 2, 3), np.float32)}
+    cache = tmp_path / "cache"
+    build_feature_cache(clips, encoders, str(cache))
+    write_pair_list(str(cache), clips.clip_pairs)
+    pairs = FeaturePairs(str(cache), max_bad_fraction=0.9)
+    assert len(pairs) == 1 and pairs.bad_input.count == 1  # the pair across buckets
+    assert "differ in shape" in pairs.bad_input.skipped[0][1]
+    sample = pairs.get(0)
+    assert set(sample) >= {"latents", "rejected_latents", "prompt_embeds", "index"}
+    assert "rejected_prompt_embeds" not in sample
+    features = pairs.features
+    side = {features.source(i).rsplit("/", 1)[-1]: features.get(i) for i in range(len(features))}
+    assert pairs.source(0).endswith("a.mp4") and int(sample["index"]) == int(side["a.mp4"]["index"])
+    np.testing.assert_array_equal(sample["rejected_latents"], side["b.mp4"]["latents"])
+    with pytest.raises(ValueError, match="not built from clip pairs"):
+        FeaturePairs(str(tmp_path))  # a folder without the pair list

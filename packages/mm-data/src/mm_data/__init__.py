@@ -9,9 +9,9 @@
 
 from mm_data.__about__ import __version__
 from mm_data.errors import BadInputLog, BadSample, DataError
-from mm_data.feature_cache import FeatureDataset, build_feature_cache
+from mm_data.feature_cache import FeatureDataset, FeaturePairs, build_feature_cache
 from mm_data.loader import Collator, DataLoader
 from mm_data.sampler import BucketBatchSampler, held_out_split, length_groups
 
 __all__ = ["BadInputLog", "BadSample", "BucketBatchSampler", "Collator", "DataError", "DataLoader", "FeatureDataset",
-           "__version__", "build_feature_cache", "held_out_split", "length_groups"]
+           "FeaturePairs", "__version__", "build_feature_cache", "held_out_split", "length_groups"]

@@ -11,7 +11,8 @@ names a missing shard; a rerun skips the samples already indexed and finishes an
 cache. Bad samples are skipped through the data set's `BadInputLog`.
 
 `FeatureDataset` reads the folder back: ``get(i)`` gives the sample's feature arrays (plus its
-caption), ``keys`` the shape of each sample's features for bucketed batching.
+caption), ``keys`` the shape of each sample's features for bucketed batching. `FeaturePairs`
+serves a cache built from clip pairs (mm_data.video.pairs) one pair per sample.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Callable, Dict, List, Mapping, Optional
 import numpy as np
 
 from mm_data.errors import BadInputLog, BadSample
+from mm_data.video.pairs import PAIR_LIST
 
 INDEX_PATTERN = "index-r{rank:03d}.jsonl"
 
@@ -148,3 +150,57 @@ class FeatureDataset:
 
     def __getstate__(self):  # open file handles stay behind when a worker process gets a copy
         return {**self.__dict__, "_open": {}}
+
+
+REJECTED = "rejected_"
+SHARED = ("prompt_embeds",)  # one prompt: its features serve both clips
+
+
+class FeaturePairs:
+    """The pairs of a feature cache built from clip pairs (mm_data.video.pairs: its ``pairs.json``),
+    one sample each: the chosen clip's features, the rejected one's under ``rejected_<name>`` (the
+    prompt's embedding once). A pair with a side missing from the cache or with clips of other
+    feature shapes (they could not share a noise draw) is skipped and counted."""
+
+    def __init__(self, folder: str, features: Optional[FeatureDataset] = None, max_bad_fraction: float = 0.05):
+        path = os.path.join(folder, PAIR_LIST)
+        if not os.path.isfile(path):
+            raise ValueError(f"{folder} holds no {PAIR_LIST}: it was not built from clip pairs (a pair file of "
+                             "prompt, chosen and rejected clips); build the cache from one")
+        with open(path) as f:
+            listed = json.load(f)
+        self.features = features or FeatureDataset(folder)
+        by_source = {self.features.source(i): i for i in range(len(self.features))}
+        self.bad_input = BadInputLog(max_bad_fraction, total=len(listed))
+        self.pairs, self.keys = [], []
+        for entry in listed:
+            chosen, rejected = by_source.get(entry["chosen"]), by_source.get(entry["rejected"])
+            if chosen is None or rejected is None:
+                missing = entry["chosen"] if chosen is None else entry["rejected"]
+                self.bad_input.skip(BadSample(missing, "not in the feature cache (skipped while it was built): the "
+                                                       "pair is left out"))
+            elif self.features.keys[chosen] != self.features.keys[rejected]:
+                self.bad_input.skip(BadSample(entry["chosen"], f"its features {self.features.keys[chosen]} differ "
+                                                               f"in shape from the rejected clip's "
+                                              f"{self.features.keys[rejected]} (another frame count or aspect "
+                                              "bucket): the clips cannot share a noise draw"))
+            else:
+                self.pairs.append((chosen, rejected))
+                self.keys.append(self.features.keys[chosen])
+        self.bad_input.check()
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def source(self, index: int) -> str:
+        return self.features.source(self.pairs[index][0])
+
+    def get(self, index: int, epoch: int = 0) -> Dict[str, np.ndarray]:
+        chosen, rejected = (self.features.get(i, epoch) for i in self.pairs[index])
+        sample = dict(chosen)
+        sample.update({REJECTED + name: value for name, value in rejected.items()
+                       if name not in SHARED + ("index", "caption")})
+        return sample
+
+    def __getitem__(self, index: int) -> Dict[str, np.ndarray]:
+        return self.get(index)

@@ -42,6 +42,7 @@ from mm_parallel import mappings
 from mm_parallel.ops.device import as_type
 
 METHODS = ("sigmoid", "ipo", "hinge")
+DIFFUSION_BETA = 2500.0  # diffusers' Diffusion-DPO script's default beta_dpo 5000, times its 0.5
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,9 @@ class DiffusionPairs:
     reference_chosen: np.ndarray  # (P,) float32 reference errors
     reference_rejected: np.ndarray
     pairs_in_batch: float
-    beta: float = 2500.0  # diffusers' Diffusion-DPO script's default beta_dpo 5000, times its 0.5
+    beta: float = DIFFUSION_BETA
+    # the policy's errors of the last forward ("chosen", "rejected"; no gradient): the metrics'
+    observed: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
         if not self.beta > 0:
@@ -124,14 +127,16 @@ class DiffusionPairs:
         """The micro-batch's share of the global batch's loss from the policy's (B,) errors."""
         chosen = ops.gather(errors, Tensor(self.chosen.astype(np.int32)), 0)
         rejected = ops.gather(errors, Tensor(self.rejected.astype(np.int32)), 0)
+        self.observed.update(chosen=ops.stop_gradient(chosen), rejected=ops.stop_gradient(rejected))
         margin = (chosen - Tensor(self.reference_chosen)) - (rejected - Tensor(self.reference_rejected))
         return -log_sigmoid(-self.beta * margin).sum() / _divisor(self.pairs_in_batch)
 
 
-class LogProbsOnly:
-    """A forward's ``preference`` that keeps the (S,) sequence log-probabilities (``values``, no
-    gradient) in place of a loss: the reference model's pass, through the same forward and
-    pipeline code as the policy's. Its "loss" is their sum (nothing differentiates it)."""
+class ReferencePass:
+    """A forward's ``preference`` that keeps what a preference loss reads — each sequence's
+    log-probability, or each clip's denoising error — as ``values`` (no gradient) in place of a
+    loss: the reference model's pass, through the same forward and pipeline code as the policy's.
+    Its "loss" is their sum (nothing differentiates it)."""
 
     def __init__(self):
         self.values = None

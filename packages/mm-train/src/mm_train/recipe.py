@@ -191,21 +191,25 @@ DPO_REFERENCES = ("copy", "adapters_off", "cached")
 @dataclass
 class DpoSection:
     """dpo: the preference objective of train.objective dpo (mm_parallel.preference): ``method``
-    sigmoid (DPO) | ipo | hinge, ``beta``, ``label_smoothing`` (sigmoid), ``sft_weight`` (RPO's
-    NLL on the chosen answers) and the frozen ``reference``: copy (the starting weights, sharded
-    like the policy), adapters_off (with model.lora: the base model, adapters switched off, no
-    second copy) or cached (its log-probs computed once before step 1)."""
+    sigmoid (DPO) | ipo | hinge, ``beta`` (unset: 0.1 on answers' log-probs, 2500 on clips'
+    denoising errors — Diffusion-DPO, the timesteps' factor inside), ``label_smoothing``
+    (sigmoid), ``sft_weight`` (RPO's NLL on the chosen answers) and the frozen ``reference``: copy
+    (the starting weights, sharded like the policy), adapters_off (with model.lora: the base
+    model, adapters switched off, no second copy) or cached (its log-probs computed once before
+    step 1)."""
 
     method: str = "sigmoid"
-    beta: float = 0.1
+    beta: Optional[float] = None
     label_smoothing: float = 0.0
     sft_weight: float = 0.0
     reference: str = "copy"
 
     def __post_init__(self):
-        from mm_parallel.preference import Settings  # checks method, beta, label_smoothing, sft_weight
-
-        Settings(self.method, self.beta, self.label_smoothing, self.sft_weight)
+        if isinstance(self.beta, str) and _EXPONENT.match(self.beta):
+            self.beta = float(self.beta)  # YAML 1.1 reads 1e3 (no dot) as a string
+        if self.beta is not None and (isinstance(self.beta, (str, bool)) or not isinstance(self.beta, (int, float))):
+            raise ValueError(f"dpo.beta must be a number, got {self.beta!r}")
+        self.settings()  # checks method, beta, label_smoothing, sft_weight
         if self.reference not in DPO_REFERENCES:
             raise ValueError(f"dpo.reference must be one of {', '.join(DPO_REFERENCES)}, got {self.reference!r}")
 
@@ -213,7 +217,7 @@ class DpoSection:
         """The objective's mm_parallel.preference.Settings."""
         from mm_parallel.preference import Settings
 
-        return Settings(self.method, self.beta, self.label_smoothing, self.sft_weight)
+        return Settings(self.method, 0.1 if self.beta is None else self.beta, self.label_smoothing, self.sft_weight)
 
 
 @dataclass

@@ -29,7 +29,8 @@ from mindspore import Tensor, ops
 PACKING_FIELDS = ("padding_fraction", "tokens_max_over_mean", "batch_samples")
 # rows of train.objective dpo (mm_train.preference_step), TRL's names
 PREFERENCE_FIELDS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
-                     "logps/rejected", "logps/ref_chosen", "logps/ref_rejected")
+                     "logps/rejected", "logps/ref_chosen", "logps/ref_rejected", "errors/chosen", "errors/rejected",
+                     "errors/ref_chosen", "errors/ref_rejected")
 KINDS = {"skipped": bool, "overflow": bool, "tokens": int, "batch_samples": int}  # float unless named here
 # tokens cross as float32: exact up to 2^24 per step, rounded beyond (a throughput figure only)
 

@@ -56,7 +56,7 @@ def test_dpo_recipes_are_checked_before_launch():
         with pytest.raises(ValueError, match=match):
             load_recipe("qwen2_5_vl_tiny_dpo", overrides)
     with pytest.raises(ValueError, match="is not one family wan trains"):
-        load_recipe("wan2_1_t2v_tiny", ["train.objective=dpo"])
+        load_recipe("wan2_1_t2v_tiny", ["train.objective=sft"])
 
 
 def test_dpo_under_every_layout_equals_one_process(tmp_path, run_distributed):

@@ -18,6 +18,7 @@ import numpy as np
 from mm_data.errors import BadInputLog, BadSample
 from mm_data.video.annotations import VideoRecord, load_records
 from mm_data.video.decode import VideoInfo, probe, read_frames
+from mm_data.video.pairs import pair_records, read_clip_pairs
 from mm_data.video.spatial import AspectBuckets, cover_size, crop_box
 from mm_data.video.temporal import FrameBuckets, clip_indices, frame_step, frames_available
 
@@ -51,10 +52,18 @@ class VideoTextDataset:
         self.bad_input.check()
 
     @classmethod
-    def from_annotations(cls, path: str, max_bad_fraction: float = 0.05, folder: Optional[str] = None, **kwargs):
-        """Read any supported annotation layout (see `annotations.load_records`) into a data set."""
+    def from_annotations(cls, path: str, max_bad_fraction: float = 0.05, folder: Optional[str] = None,
+                         pairs: bool = False, **kwargs):
+        """Read any supported annotation layout (see `annotations.load_records`) into a data set;
+        with ``pairs`` a file of clip pairs (mm_data.video.pairs: both clips of each pair, in
+        order, captioned with its prompt; the pairs in ``clip_pairs``)."""
         log = BadInputLog(max_bad_fraction)
-        return cls(load_records(path, log, folder), bad_input=log, **kwargs)
+        if not pairs:
+            return cls(load_records(path, log, folder), bad_input=log, **kwargs)
+        clip_pairs = read_clip_pairs(path, log, folder)
+        dataset = cls(pair_records(clip_pairs), bad_input=log, **kwargs)
+        dataset.clip_pairs = clip_pairs
+        return dataset
 
     def __len__(self) -> int:
         return len(self.records)

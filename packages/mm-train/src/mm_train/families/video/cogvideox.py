@@ -18,7 +18,7 @@ from typing import Dict, List
 
 from mm_train.families.video import tiny as tiny_video
 from mm_train.families.video.cogvideox_data import CogVideoXTrainData
-from mm_train.families.video.data import clip_shape
+from mm_train.families.video.data import clip_shape, objective_problems
 from mm_train.families.video.generate import generate_video
 from mm_train.families.video.samples import CogVideoXSampler
 from mm_train.families.video.task import VideoTask
@@ -57,7 +57,7 @@ def preflight(recipe, config: dict) -> List[str]:
     """CogVideoX: the annotations or the feature cache there; the heads against tp and Ulysses,
     the blocks against the pipeline stages (`mm_train.preflight`; the MLP, 4 x the width, splits
     wherever the heads do)."""
-    problems = video_source_problems(recipe.data)
+    problems = video_source_problems(recipe.data) + objective_problems(recipe)
     attention_rules(problems, "", config.get("num_attention_heads"), None, recipe.parallel)
     layer_rules(problems, "num_layers", config.get("num_layers"), recipe.parallel)
     return problems
@@ -151,7 +151,7 @@ class CogVideoXTask(VideoTask):
 _TINY, _NODE = "1-2 CPU processes", "1 x 8 Ascend NPUs"
 
 SPEC = register(FamilySpec(
-    objectives=("pretrain",),
+    objectives=("pretrain", "dpo"),
     name="cogvideox",
     description="CogVideoX (1.0, 1.5): text- and image-to-video DiT pre-training and LoRA on v-prediction",
     models={"CogVideoXTransformer3DModel": "mm_models_video:CogVideoXTransformer3DModel"},

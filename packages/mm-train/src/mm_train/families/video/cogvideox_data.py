@@ -32,6 +32,7 @@ class CogVideoXTrainData(WanTrainData):
     """See the module docstring; ``config``: the transformer's CogVideoXTransformerConfig."""
 
     cache_name = "cogvideox"
+    shared_inputs = ("image_rotary_emb",)  # the rotary tables of the clips' one latent shape
     i2v_features = ("image_latents",)
     splits_vae_frames = True
 

@@ -17,12 +17,18 @@ the first latent frame) | those latents], as diffusers' Wan I2V pipeline builds 
 With ``data.online`` the clips are decoded and encoded every step instead (random clip starts and
 crops seeded by (seed, epoch, sample), captions dropped by the data set): no cache, fresh
 augmentation, the encoders' cost paid in every step. Latents are the VAE's means either way.
+
+With train.objective dpo the annotations are clip pairs (mm_data.video.pairs; the tiny set's
+data_pairs.json): the cache holds both clips of every pair and their list, a sample is a pair
+(`mm_data.FeaturePairs`), and a micro-batch of P pairs becomes 2P rows, the chosen clips first —
+each clip's inputs made by the family's own `flow_inputs` from the same generator, so both clips
+of a pair get the same noise and timestep (and the same caption dropout), as Diffusion-DPO needs.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Dict
+from typing import Dict, List, Tuple
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
@@ -37,6 +43,7 @@ from mm_train.task import load_tokenizer, once_on_rank_zero
 # mm-models-video (optional: a missing one is named when a run needs it).
 
 NULL_CAPTION = "null_prompt_embeds.safetensors"  # the empty caption's embedding, for caption dropout
+REJECTED = "rejected_"  # a pair's rejected clip's features (mm_data.FeaturePairs)
 
 
 def clip_shape(data, read_cache: bool = False) -> Dict[str, int]:
@@ -84,11 +91,13 @@ class _Source:
         self.frames = FrameBuckets(num_frames=shape["num_frames"])
         self.buckets = AspectBuckets(max_area=shape["max_area"], stride=16)
         self.text_length = shape["text_length"]
+        self.pairs = recipe.train.objective == "dpo"
         if data.kind == "tiny_video":
             source = data.path or tiny_video.default_folder()
             once_on_rank_zero(topo, lambda: tiny_video.generate(source, data.samples))
-            self.annotations, self.tokenizer = os.path.join(source, "data.json"), tiny_video.tokenizer(source)
-            kind = "i2v" if i2v else "t2v"
+            annotations = tiny_video.PAIRS if self.pairs else "data.json"
+            self.annotations, self.tokenizer = os.path.join(source, annotations), tiny_video.tokenizer(source)
+            kind = ("i2v" if i2v else "t2v") + ("-pairs" if self.pairs else "")
             self.cache = data.features_dir or os.path.join(source, f"features-{family.cache_name}-{kind}"
                                                            if family.cache_name else f"features-{kind}")
             self.fps = tiny_video.FPS
@@ -105,7 +114,7 @@ class _Source:
         return VideoTextDataset.from_annotations(
             self.annotations, max_bad_fraction=self.data.max_bad_fraction, frames=self.frames, buckets=self.buckets,
             fps=self.fps, tokenizer=self.tokenizer, max_text_length=self.text_length, random_crop=random_crop,
-            caption_dropout=caption_dropout, seed=seed)
+            caption_dropout=caption_dropout, seed=seed, pairs=self.pairs)
 
     def encoders(self):
         """{feature name: numpy-in numpy-out encoder}: the tiny set's random ones or the recipe's."""
@@ -120,6 +129,7 @@ class WanTrainData:
     `flow_inputs` (features to the model's keywords), ``cache_name`` (the tiny set's cache folder)."""
 
     cache_name = ""  # Wan's tiny caches keep their names: features-t2v / features-i2v
+    shared_inputs: Tuple[str, ...] = ()  # forward keywords the same for every row (not per clip)
     splits_vae_frames = False  # whether data.vae_context_parallel > 1 is supported (CogVideoX's VAE)
     i2v_features = ("image_embeds", "condition")  # what an I2V model's cache must hold
 
@@ -136,12 +146,15 @@ class WanTrainData:
         return FlowMatchingSchedule(d.num_train_timesteps, d.shift)
 
     def __init__(self, recipe: Recipe, topo, i2v: bool):
-        from mm_data import BucketBatchSampler, FeatureDataset
+        from mm_data import BucketBatchSampler, FeatureDataset, FeaturePairs
 
         self.recipe, self.topo = recipe, topo
         data, train = recipe.data, recipe.train
         self.i2v = i2v  # an I2V DiT (its config has an image_dim)
         self.online = data.online and data.kind != "video_features"
+        self.pairs = train.objective == "dpo"
+        if self.pairs and self.online:
+            raise ValueError(objective_problems(recipe)[0])
         self.cache_folder, self.cache_skips = None, []
         self.frame_group = self._vae_group(data, topo)
         if self.online:  # clips decoded and encoded every step (random crops and clip starts)
@@ -152,8 +165,9 @@ class WanTrainData:
         else:
             folder = data.path if data.kind == "video_features" else self._encode(_Source(recipe, topo, self.i2v, self),
                                                                                   topo)
-            self.dataset, self.cache_folder = FeatureDataset(folder), folder
-            missing = [n for n in self.i2v_features if n not in self.dataset.entries[0]["features"]] if self.i2v else []
+            features, self.cache_folder = FeatureDataset(folder), folder
+            self.dataset = FeaturePairs(folder, features, data.max_bad_fraction) if self.pairs else features
+            missing = [n for n in self.i2v_features if n not in features.entries[0]["features"]] if self.i2v else []
             if missing:
                 raise ValueError(f"the feature cache {folder} has no I2V features ({', '.join(missing)}); build it "
                                  "for an I2V model")
@@ -214,6 +228,10 @@ class WanTrainData:
         writer = group is None or group.rank == 0
         build_feature_cache(clips, encoders, folder, batch_size=1, rank=topo.rank // n,
                             world_size=topo.world_size // n, done=done, write=writer)
+        if source.pairs and topo.rank == 0:  # which clips make a pair (mm_data.FeaturePairs reads it)
+            from mm_data.video.pairs import write_pair_list
+
+            write_pair_list(folder, clips.clip_pairs)
         self.cache_skips = list(clips.bad_input.skipped) if writer else []
         if topo.rank == 0 and not os.path.exists(os.path.join(folder, NULL_CAPTION)):
             empty = source.tokenizer("", padding="max_length", max_length=source.text_length, return_tensors="np")
@@ -257,7 +275,35 @@ class WanTrainData:
         if self.online:
             batches = [{"index": b["index"], **{name: encode(b) for name, encode in self.encoders.items()}}
                        for b in batches]
+        if self.pairs:
+            return [self.pair_inputs(step, batch) for batch in batches]
         return [self.flow_inputs(step, batch) for batch in batches]
+
+    def pair_inputs(self, step: int, batch: Dict) -> Dict:
+        """A micro-batch of P clip pairs as 2P rows, the chosen clips first, each half made by
+        `flow_inputs` from the same per-sample generators (the pair's index): one noise draw and
+        timestep per pair; ``clip_pairs`` = P (mm_train.preference_step)."""
+        chosen = {k: v for k, v in batch.items() if not k.startswith(REJECTED)}
+        rejected = {**chosen, **{k[len(REJECTED):]: v for k, v in batch.items() if k.startswith(REJECTED)}}
+        first, second = self.flow_inputs(step, chosen), self.flow_inputs(step, rejected)
+        out = {k: first[k] if k in self.shared_inputs else np.concatenate([first[k], second[k]]) for k in first}
+        out["clip_pairs"] = np.int64(len(batch["index"]))
+        return out
+
+
+def objective_problems(recipe) -> List[str]:
+    """What a video recipe's train.objective dpo cannot mean, before launch: Diffusion-DPO is the
+    sigmoid form on denoising errors, from the feature cache."""
+    if recipe.train.objective != "dpo":
+        return []
+    dpo, problems = recipe.dpo, []
+    if recipe.data.online and recipe.data.kind != "video_features":
+        problems.append("train.objective dpo trains from the feature cache (a pair's clips share one noise draw): set "
+                        "data.online false")
+    if dpo.method != "sigmoid" or dpo.label_smoothing or dpo.sft_weight:
+        problems.append(f"Diffusion-DPO is the sigmoid form alone: set dpo.method sigmoid (not {dpo.method}), "
+                        "dpo.label_smoothing 0 and dpo.sft_weight 0")
+    return problems
 
 
 def latent_tokens(batch: Dict, patch_size) -> int:

@@ -19,6 +19,10 @@ class VideoTask(FamilyTask):
     def data_files(self):
         return self.data.files()
 
+    def samples(self, batch):
+        """A micro-batch's samples: its clips, or with train.objective dpo its clip pairs."""
+        return int(batch["clip_pairs"]) if "clip_pairs" in batch else super().samples(batch)
+
     def bad_samples(self):
         """The clips skipped while training online or while building the feature cache."""
         return super().bad_samples() + self.data.cache_skips

@@ -3,7 +3,9 @@
 Each clip is 9 frames of 32 x 32 pixels (H.264, written with PyAV): a coloured square moving in
 one of four directions over a coloured background, captioned "a red square moving left on blue".
 The set is written as the reference suite's data.json (path, cap, num_frames, fps, resolution)
-beside a byte-level BPE tokenizer (tokenizer.json). The encoders are a tiny Wan2.1 VAE (z 4,
+beside a byte-level BPE tokenizer (tokenizer.json), and as clip pairs for Diffusion-DPO
+(data_pairs.json: each caption with its clip chosen and a clip of the square moving the other way
+rejected; mm_data.video.pairs). The encoders are a tiny Wan2.1 VAE (z 4,
 8 x spatial and 4 x temporal compression: a clip is 3 x 4 x 4 latents) and a tiny UMT5 (width
 32) — and for I2V a tiny CLIP vision tower (width 48, 32 px); for CogVideoX a tiny CogVideoX VAE
 (the same compression) and a tiny T5 — their weights drawn with numpy from a fixed seed so that
@@ -26,6 +28,7 @@ from mm_train.families.tiny_sets import COLOURS, train_tokenizer
 
 MOVES = {"left": (0, -2), "right": (0, 2), "up": (-2, 0), "down": (2, 0)}
 SIZE, FRAMES, FPS = 32, 9, 8
+PAIRS = "data_pairs.json"  # the clip pairs (train.objective dpo)
 SPECIAL = ["<pad>", "</s>", "<unk>"]
 VAE_CONFIG = dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True],
                   latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
@@ -52,38 +55,49 @@ def _clip(colour, background, move, rng: np.random.Generator) -> np.ndarray:
 
 
 def generate(folder: str, samples: int = 64, seed: int = 0) -> Path:
-    """Write the set into ``folder`` (clips/*.mp4, data.json, tokenizer.json) unless complete."""
-    import av
-
-
+    """Write the set into ``folder`` (clips/*.mp4, data.json, data_pairs.json, tokenizer.json)
+    unless complete."""
     folder = Path(folder)
     done = folder / ".complete"
-    if done.exists() and json.loads(done.read_text()) == {"samples": samples}:
+    stamp = {"samples": samples, "pairs": PAIRS}
+    if done.exists() and json.loads(done.read_text()) == stamp:
         return folder
     rng = np.random.default_rng(seed)
     (folder / "clips").mkdir(parents=True, exist_ok=True)
-    names, entries = list(COLOURS), []
+    names, entries, pairs = list(COLOURS), [], []
     for i in range(samples):
         colour, background = rng.choice(len(names), 2, replace=False)
         move = list(MOVES)[int(rng.integers(len(MOVES)))]
-        frames = _clip(COLOURS[names[colour]], COLOURS[names[background]], MOVES[move], rng)
-        path = f"clips/{i:05d}.mp4"
-        with av.open(str(folder / path), "w") as container:
-            stream = container.add_stream("libx264", rate=FPS)
-            stream.width = stream.height = SIZE
-            stream.pix_fmt = "yuv420p"
-            for frame in frames:
-                for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                    container.mux(packet)
-            for packet in stream.encode():
-                container.mux(packet)
-        entries.append({"path": path, "cap": f"a {names[colour]} square moving {move} on {names[background]}",
-                        "num_frames": FRAMES, "fps": FPS, "resolution": {"height": SIZE, "width": SIZE}})
+        colours = COLOURS[names[colour]], COLOURS[names[background]]
+        path, wrong = f"clips/{i:05d}.mp4", f"clips/{i:05d}_rejected.mp4"
+        _write_clip(folder / path, _clip(*colours, MOVES[move], rng))
+        backwards = tuple(-v for v in MOVES[move])  # the rejected clip: the square moving the other way
+        _write_clip(folder / wrong, _clip(*colours, backwards, np.random.default_rng([seed, i])))
+        caption = f"a {names[colour]} square moving {move} on {names[background]}"
+        entries.append({"path": path, "cap": caption, "num_frames": FRAMES, "fps": FPS,
+                        "resolution": {"height": SIZE, "width": SIZE}})
+        pairs.append({"prompt": caption, "chosen": path, "rejected": wrong})
     (folder / "data.json").write_text(json.dumps(entries, indent=1))
+    (folder / PAIRS).write_text(json.dumps(pairs, indent=1))
     train_tokenizer([e["cap"] for e in entries], folder / "tokenizer.json", SPECIAL, TEXT_CONFIG["vocab_size"],
                     unk_token="<unk>")
-    done.write_text(json.dumps({"samples": samples}))
+    done.write_text(json.dumps(stamp))
     return folder
+
+
+def _write_clip(path: Path, frames: np.ndarray) -> None:
+    """An H.264 mp4 of (frames, SIZE, SIZE, 3) uint8 frames at FPS."""
+    import av
+
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=FPS)
+        stream.width = stream.height = SIZE
+        stream.pix_fmt = "yuv420p"
+        for frame in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
 
 
 def tokenizer(folder: str):

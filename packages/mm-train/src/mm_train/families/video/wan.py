@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from mm_train.families.video.data import WanTrainData, clip_shape, latent_tokens
+from mm_train.families.video.data import WanTrainData, clip_shape, latent_tokens, objective_problems
 from mm_train.families.video.generate import generate_video
 from mm_train.families.video.task import VideoTask
 from mm_train.families.video.tiny import ENCODER_FIELDS, TINY
@@ -93,7 +93,7 @@ def preflight(recipe, config: dict) -> List[str]:
     """Wan2.1: the annotations or the feature cache and the encoders' folders (or tiny) are there;
     the DiT's heads and FFN against tp and Ulysses, its blocks against the pipeline stages
     (`mm_train.preflight`)."""
-    par, problems = recipe.parallel, video_source_problems(recipe.data)
+    par, problems = recipe.parallel, video_source_problems(recipe.data) + objective_problems(recipe)
     attention_rules(problems, "", config.get("num_attention_heads"), None, par)
     require_divisible(problems, "ffn_dim", config.get("ffn_dim"), "parallel.tp", par.tp)
     layer_rules(problems, "num_layers", config.get("num_layers"), par)
@@ -149,7 +149,7 @@ def workload(recipe, config):
 _TINY, _ASCEND = "1-2 CPU processes", "Ascend NPUs"
 
 SPEC = register(FamilySpec(
-    objectives=("pretrain",),
+    objectives=("pretrain", "dpo"),
     name="wan",
     description="Wan2.1 (1.3B, 14B): text- and image-to-video DiT pre-training and LoRA on flow matching",
     models={"WanTransformer3DModel": "mm_models_video:WanTransformer3DModel"},
@@ -165,6 +165,9 @@ SPEC = register(FamilySpec(
     recipes=(
         BuiltinRecipe("wan2_1_t2v_tiny", "wan2_1_t2v_tiny.yaml",
                       "a tiny random Wan2.1 T2V DiT on the built-in clips (feature cache)", _TINY),
+        BuiltinRecipe("wan2_1_t2v_tiny_dpo", "wan2_1_t2v_tiny_dpo.yaml",
+                      "Diffusion-DPO on the tiny Wan2.1 T2V: the built-in clips against clips moving the other way",
+                      _TINY),
         BuiltinRecipe("wan2_1_i2v_tiny", "wan2_1_i2v_tiny.yaml",
                       "a tiny random Wan2.1 I2V DiT on the built-in clips and their first frames", _TINY),
         BuiltinRecipe("wan2_1_t2v_1_3b", "wan2_1_t2v_1_3b.yaml",
