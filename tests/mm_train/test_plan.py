@@ -21,7 +21,8 @@ from mm_train.plan import make_plan, memory, model_config
 from mm_train.recipe import load_recipe
 
 HUB_CONFIGS = json.loads((Path(__file__).parent / "data" / "hub_configs.json").read_text())
-REAL_RECIPES = ["qwen2_5_vl_7b_sft", "qwen2_5_vl_32b_sft", "qwen2_5_vl_72b_sft", "qwen3_vl_8b_sft",
+REAL_RECIPES = ["qwen2_5_vl_7b_sft", "qwen2_5_vl_7b_dpo", "wan2_1_t2v_1_3b_dpo", "qwen2_5_vl_32b_sft",
+                "qwen2_5_vl_72b_sft", "qwen3_vl_8b_sft",
                 "qwen3_vl_30b_a3b_sft", "qwen3_vl_30b_a3b_zero3",
                 "qwen2_5_omni_7b_sft", "wan2_1_t2v_1_3b", "wan2_1_t2v_14b", "wan2_1_t2v_14b_zero3", "cogvideox_5b_t2v",
                 "cogvideox1_5_5b_i2v", "cogvideox1_5_5b_t2v_lora"]
@@ -466,3 +467,20 @@ def test_offload_and_hybrid_sharding_are_planned(tmp_path, monkeypatch):
                                                "parallel.zero_stage=3", "optim.offload=optimizer"])
     with pytest.raises(ValueError, match="GiB of optimizer state in each node's host memory, more than"):
         refuse_unfitting(recipe, 1, 8)
+
+
+def test_dpo_is_planned_as_pairs_with_the_references_forward():
+    """train.objective dpo: a sample is a pair of sequences, each run forward once more by the
+    frozen reference — the compute of the SFT step times 2 x 4 / 3 (no recomputation, one stage:
+    3 passes, plus the reference's one), at the same pairs a second as SFT's samples per step time;
+    dpo.reference copy holds the policy's weights again, adapters_off nothing more."""
+    dpo = ["train.objective=dpo", "data.kind=tiny_vl_pairs"]
+    sft = make_plan(load_recipe("qwen2_5_vl_tiny"), 1, 1, "cpu", complete_config=False)
+    pairs = make_plan(load_recipe("qwen2_5_vl_tiny", dpo), 1, 1, "cpu", complete_config=False)
+    assert pairs["breakdown"]["compute"] == pytest.approx(sft["breakdown"]["compute"] * 8 / 3, rel=1e-9)
+    assert pairs["ranks"][0]["reference_bytes"] == sft["ranks"][0]["weights_bytes"] > 0
+    assert pairs["ranks"][0]["weights_bytes"] == 2 * sft["ranks"][0]["weights_bytes"]
+    assert any("a pair of two sequences" in note for note in pairs["notes"])
+    lora = ["dpo.reference=adapters_off"]
+    off = make_plan(load_recipe("qwen2_5_vl_tiny_lora", dpo + lora), 1, 1, "cpu", complete_config=False)
+    assert off["ranks"][0]["reference_bytes"] == 0

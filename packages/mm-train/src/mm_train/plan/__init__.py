@@ -19,7 +19,7 @@ import yaml
 
 from mm_train import preflight
 from mm_train.plan import memory, timing
-from mm_train.plan.batches import step_batches
+from mm_train.plan.batches import reference_passes, sequences_per_sample, step_batches
 
 # Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore).
 
@@ -116,6 +116,9 @@ def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] =
         entry = {"tp_rank": position.tp, "pp_stage": position.pp, "ep_rank": position.ep, "count": position.count,
                  **memory.static_bytes(built[key], recipe, topo),
                  **memory.activation_bytes(step.workload, modelled, topo, spec_device, micro_batches)}
+        # dpo.reference copy: a frozen second model, sharded like the policy (its weights' bytes)
+        entry["reference_bytes"] = entry["weights_bytes"] if _reference_copy(recipe) else 0
+        entry["weights_bytes"] += entry["reference_bytes"]
         # the step's buffers come after the backward has freed the activations: the larger counts
         # (a ZeRO-3 layer's gathered weight lives while it runs, beside the activations)
         entry["total_bytes"] = sum(entry[k] for k in ("weights_bytes", "grads_bytes", "optimizer_bytes")) + max(
@@ -127,6 +130,10 @@ def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] =
         peak = max(peak, entry["total_bytes"])
         slowest = times if slowest is None or times["step_time_s"] > slowest["step_time_s"] else slowest
     return _summary(recipe, cluster, spec_device, world, ranks, peak, slowest, workload, step.samples)
+
+
+def _reference_copy(recipe) -> bool:
+    return recipe.train.objective == "dpo" and recipe.dpo.reference == "copy"
 
 
 def machine_device(recipe) -> str:
@@ -175,9 +182,14 @@ def _summary(recipe, cluster, device, world, ranks, peak, times, workload, sampl
     host_usable = float("inf") if shared or host_gib is None else host_gib * 2 ** 30 * device["usable_fraction"]
     step = times["step_time_s"]
     sps = samples / step if step else 0.0
-    flops = timing.step_flops(workload, 3, 1) * sps  # model FLOPs: no recompute, frozen towers forward only
+    # model FLOPs: no recompute, frozen towers forward only; dpo: each pair's sequences, the reference's forward too
+    flops = sequences_per_sample(recipe) * (timing.step_flops(workload, 3, 1) + reference_passes(recipe) *
+                                            timing.step_flops(workload, 1, 1)) * sps
     terms = {k[:-2]: v for k, v in times.items() if k != "step_time_s"}
     notes = list(workload.notes)
+    if recipe.train.objective == "dpo":
+        notes.append(f"dpo: a sample is a pair of two sequences, each also run forward by the frozen reference "
+                     f"({'a second copy of the weights' if _reference_copy(recipe) else 'the adapters switched off'})")
     row = workload.packed
     if row is not None:
         notes.append(f"packed rows of {row.samples} samples ({row.tokens} tokens of the {row.budget}-token budget, "
@@ -189,7 +201,7 @@ def _summary(recipe, cluster, device, world, ranks, peak, times, workload, sampl
             "host_bytes_per_node": int(host), "devices": world, "cluster": cluster, "device": device["name"],
             "device_memory_bytes": device["memory_bytes"], "usable_bytes": int(usable), "ranks": ranks,
             "peak_bytes": int(peak), "demand_bytes": int(demand), "step_time_s": step, "samples_per_s": sps,
-            "tokens_per_s": sps * workload.tokens_per_sample,
+            "tokens_per_s": sps * workload.tokens_per_sample * sequences_per_sample(recipe),
             "mfu": flops / (world * device["peak_tflops"] * 1e12) if device["peak_tflops"] else 0.0,
             "breakdown": terms, "dominant": max(terms, key=terms.get), "notes": notes}
 

@@ -6,7 +6,8 @@ Unpacked, a rank runs G / (dp b) micro-batches of b = train.micro_batch_size sam
 workload's ``packed`` row of k samples), a micro-batch is one row: ceil(G / (dp k)) of them (a
 multiple of pp under vpp, as mm_data.vl.split_to_multiple makes them), and the memory and time
 models see each row as one sample of `Workload.per_row` in micro-batches of one: the recipe and
-workload of `StepBatches` are what they read.
+workload of `StepBatches` are what they read. With train.objective dpo a sample is a pair, two
+sequences (answers or clips) as those models see them: twice the samples, packed or not.
 """
 
 from __future__ import annotations
@@ -26,10 +27,21 @@ class StepBatches:
     workload: object  # the workload of one of their samples (packed: a row)
 
 
+def sequences_per_sample(recipe) -> int:
+    """What a sample is to the models: one sequence, or under train.objective dpo a pair of two."""
+    return 2 if recipe.train.objective == "dpo" else 1
+
+
+def reference_passes(recipe) -> int:
+    """Forward passes a step adds for the frozen reference (train.objective dpo): one per sequence."""
+    return 1 if recipe.train.objective == "dpo" else 0
+
+
 def step_batches(recipe, workload, world: int) -> StepBatches:
     """The step of ``recipe`` on ``world`` devices (module docstring); the layout is checked first."""
     micro_batches = check_layout(recipe, world)
     par, train = recipe.parallel, recipe.train
+    per_sample = sequences_per_sample(recipe)
     dp = world // (par.tp * par.cp * par.pp)
     if train.global_batch_tokens is None:
         samples = train.global_batch_size
@@ -37,8 +49,12 @@ def step_batches(recipe, workload, world: int) -> StepBatches:
         samples = max(dp, train.global_batch_tokens // workload.tokens_per_sample)
     row = workload.packed
     if row is None:
+        if per_sample > 1:  # the models see sequences: a pair's two in each micro-batch
+            as_sequences = dataclasses.replace(train, global_batch_size=samples * per_sample,
+                                               micro_batch_size=train.micro_batch_size * per_sample)
+            recipe = dataclasses.replace(recipe, train=as_sequences)
         return StepBatches(samples, micro_batches, recipe, workload)
-    rows = math.ceil(samples / (dp * row.samples))
+    rows = math.ceil(samples * per_sample / (dp * row.samples))
     if par.vpp > 1:
         rows = math.ceil(rows / par.pp) * par.pp
     as_rows = dataclasses.replace(train, global_batch_size=rows * dp, global_batch_tokens=None, micro_batch_size=1)

@@ -35,12 +35,16 @@ micro-batches per data-parallel rank and step, and E_c, E_n the compute and link
     offload     optim.offload optimizer: the rank's master weights and moments (S bytes in host
                 memory) copied to the device and back each step, the masters once more for the
                 weights: 7 S / 3 at host_gbps (devices.yaml), not overlapped
+    reference   train.objective dpo: the frozen reference's forward of every sequence (a pair is
+                two: plan.batches), one more pass of every stack with its launches and its bubble
+                (the VL towers counted for each sequence, though a pair's run once: an upper bound)
 """
 
 from __future__ import annotations
 
 from typing import Dict
 
+from mm_train.plan.batches import reference_passes
 from mm_train.plan.memory import stage_layers
 
 
@@ -93,7 +97,9 @@ def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: d
     passes = 3 + _recomputed_share(recipe, workload, p)
     samples_per_rank = recipe.train.global_batch_size / dp
     peak = device["peak_tflops"] * 1e12 * efficiency["compute"]
-    compute = rank_step_flops(workload, passes, topo) * samples_per_rank / peak
+    reference = reference_passes(recipe)
+    compute = (rank_step_flops(workload, passes, topo) + reference * rank_step_flops(workload, 1, topo)) * \
+        samples_per_rank / peak
     bubble = compute * (p - 1) / (micro_batches * par.vpp) if p > 1 else 0.0
     comm_eff = efficiency["communication"]
     b = recipe.train.micro_batch_size
@@ -108,7 +114,7 @@ def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: d
         if not stack.pipelined and not topo.is_first_stage:
             continue
         layers = stage_layers(stack.layers, topo) if stack.pipelined else stack.layers
-        layer_passes = layers * (passes if stack.trained else (2 if p > 1 else 1))
+        layer_passes = layers * ((passes if stack.trained else (2 if p > 1 else 1)) + reference)
         times["launch_s"] += micro_batches * layer_passes * per_layer_pass
         if stack.runs_whole:  # no tp / cp collectives
             continue

@@ -172,6 +172,8 @@ SPEC = register(FamilySpec(
                       "a tiny random Wan2.1 I2V DiT on the built-in clips and their first frames", _TINY),
         BuiltinRecipe("wan2_1_t2v_1_3b", "wan2_1_t2v_1_3b.yaml",
                       "Wan2.1-T2V-1.3B pre-training (CP4 Ulysses, DP2, ZeRO-1)", f"1 x 8 {_ASCEND}"),
+        BuiltinRecipe("wan2_1_t2v_1_3b_dpo", "wan2_1_t2v_1_3b_dpo.yaml",
+                      "Wan2.1-T2V-1.3B Diffusion-DPO on clip pairs (CP4 Ulysses, DP2, ZeRO-1)", f"1 x 8 {_ASCEND}"),
         BuiltinRecipe("wan2_1_t2v_14b", "wan2_1_t2v_14b.yaml",
                       "Wan2.1-T2V-14B pre-training (TP4-SP CP2 Ulysses, DP2)", f"2 x 8 {_ASCEND}"),
         BuiltinRecipe("wan2_1_t2v_14b_zero3", "wan2_1_t2v_14b_zero3.yaml",
