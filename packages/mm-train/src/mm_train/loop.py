@@ -207,6 +207,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
     objective = None  # train.objective dpo: the reference and the pairs (mm_train.preference_step)
     if recipe.train.objective == "dpo":
         objective = PreferenceStep(recipe, chunks, topo, lambda: build_model(task, recipe, topo, None, disks)[0])
+        objective.start(task, out, first, disks.folder_writer)
     # the loss times the loss scale (1 unless fp16 / a static scale) is what is differentiated
     grad_fn = ms.value_and_grad(lambda batch: optimizer.scale_loss(chunks[0](**batch).loss), None, params)
 

@@ -8,7 +8,11 @@ log-probability, each clip's denoising error — through `mm_parallel.preference
 the forward's ``preference`` (the policy's own forward and pipeline code, forward only; the last
 pipeline stage keeps them): ``dpo.reference`` copy is a second, frozen model built from the
 starting weights (the model folder or the seed's draw, sharded like the policy: tp, pp, ZeRO-3),
-adapters_off the policy itself with its LoRA adapters switched off (`mm_parallel.lora`).
+adapters_off the policy itself with its LoRA adapters switched off (`mm_parallel.lora`), and
+cached (answers only: a clip's noise changes every step) the starting policy's values of every
+pair of the data set, computed before step 1 (`PreferenceStep.start`: each data-parallel rank its
+share in micro-batches of padded rows, gathered) into OUT/reference_logps.safetensors, which a
+resumed run reads back — no second model, no reference forward in the steps.
 
 Each micro-batch then carries the objective (`mm_parallel.preference.PairedBatch`: DPO / IPO /
 hinge on log-probs; `DiffusionPairs`: Diffusion-DPO on errors) whose divisor makes the step's loss
@@ -29,6 +33,8 @@ figures (mm_train.step_rows).
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 from typing import Callable, Dict, List
 
 import mindspore as ms
@@ -39,9 +45,13 @@ from mm_parallel import comm, lora, pipeline
 from mm_parallel.preference import DIFFUSION_BETA, DiffusionPairs, PairedBatch, ReferencePass
 from mm_train.samples import inference
 
+# Deferred imports: mm-data, safetensors (optional: a missing one is named when a run needs it).
+
+REFERENCE_CACHE = "reference_logps.safetensors"  # dpo.reference cached: every pair's reference log-probs
+PAIR_INDEX = "pair_index"  # mm_data.vl.pairs: each pair's index in the data set
 ANSWER_TOKENS = "answer_tokens"  # mm_data.vl.pairs: each sequence's trained tokens
 CLIP_PAIRS = "clip_pairs"  # mm_train.families.video.data: the micro-batch's clip pairs
-PAIR_KEYS = (ANSWER_TOKENS, CLIP_PAIRS)  # dropped before the forward
+PAIR_KEYS = (ANSWER_TOKENS, CLIP_PAIRS, PAIR_INDEX)  # dropped before the forward
 
 
 def pairs_of(batch: Dict) -> int:
@@ -54,8 +64,8 @@ class PreferenceStep:
 
     def __init__(self, recipe, chunks: List, topo, build_reference: Callable[[], List]):
         self.dpo, self.topo, self.policy = recipe.dpo, topo, chunks
-        self.settings = recipe.dpo.settings()
-        self.reference = None
+        self.settings, self.recipe = recipe.dpo.settings(), recipe
+        self.reference, self.table = None, None  # the copy's chunks; cached: {pair index: (chosen, rejected)}
         if self.dpo.reference == "copy":
             self.reference = build_reference()
             for chunk in self.reference:
@@ -79,7 +89,10 @@ class PreferenceStep:
             divisors = [(float(totals[0]) / share, float(totals[1]) / share)] * len(batches)
         else:
             divisors = [(float(p), float(t)) for p, t in zip(pairs, chosen_tokens)]
-        references = self.reference_values(inputs, pairs)
+        if self.table is not None:
+            references = [self._cached(b[PAIR_INDEX]) for b in batches]
+        else:
+            references = self.reference_values(inputs, pairs)
         self.batches = []
         for batch, answer, p, reference, divisor in zip(inputs, answers, pairs, references, divisors):
             batch["preference"] = self._objective(p, answer, reference, divisor)
@@ -112,6 +125,74 @@ class PreferenceStep:
                     chunks[0](**batch)
         return [r.values.asnumpy() if r.values is not None else np.zeros(2 * p, np.float32)
                 for r, p in zip(recorders, pairs)]
+
+    def start(self, task, out: str, first: int, writer: bool) -> None:
+        """dpo.reference cached (module docstring): compute the table before step 1 (``writer``: this
+        rank writes the file, one per disk), or read it back when resuming at step ``first``."""
+        if self.dpo.reference != "cached":
+            return
+        from safetensors.numpy import load_file, save_file
+
+        path = os.path.join(out, REFERENCE_CACHE)
+        if first:
+            if not os.path.isfile(path):
+                raise ValueError(f"resuming a dpo.reference cached run needs {path}, written before its step 1 from "
+                                 "the starting weights, and it is not there: start the run again (--overwrite)")
+            saved = load_file(path)
+            self.table = dict(zip(saved["index"].tolist(), zip(saved["chosen"].tolist(), saved["rejected"].tolist())))
+            return
+        self.table = self._compute(task)
+        if writer:
+            index = np.array(sorted(self.table), np.int64)
+            values = np.array([self.table[i] for i in index.tolist()], np.float32).reshape(-1, 2)
+            os.makedirs(out, exist_ok=True)
+            save_file({"index": index, "chosen": values[:, 0].copy(), "rejected": values[:, 1].copy()}, path + ".tmp")
+            os.replace(path + ".tmp", path)
+        comm.barrier(self.topo.world)
+
+    def _compute(self, task) -> Dict:
+        """{pair index: (chosen, rejected)} of every pair of ``task``'s data set, each data-parallel
+        rank its share in micro-batches of padded rows (as many on every rank: ZeRO-3 gathers over
+        dp), the last stage's values gathered from every rank."""
+        from mm_data import BadSample
+
+        topo, size = self.topo, self.recipe.train.micro_batch_size
+        mine = list(range(topo.dp.rank, len(task.dataset), topo.dp.size))
+        batches = []
+        for start in range(0, len(mine), size):
+            samples = []
+            for index in mine[start:start + size]:
+                try:
+                    samples.append(task.dataset.get(index))
+                except BadSample:  # never trained on either: the loader substitutes it
+                    continue
+            if samples:
+                batches.append(task.model_inputs(task.collate(samples)))
+        if not batches:
+            raise ValueError(f"data-parallel rank {topo.dp.rank} found no readable pair for the reference cache")
+        count = math.ceil(math.ceil(len(task.dataset) / topo.dp.size) / size)
+        batches += [batches[-1]] * (count - len(batches))
+        rows = []
+        for batch in batches:
+            pairs = pairs_of(batch)
+            values = self.reference_values([{k: v for k, v in batch.items() if k not in PAIR_KEYS}], [pairs])[0]
+            rows += [(int(i), values[p], values[pairs + p]) for p, i in enumerate(batch[PAIR_INDEX])]
+        keeps = topo.pp.rank == topo.pp.size - 1 and topo.tp.rank == 0 and topo.cp.rank == 0
+        mine = np.array(rows, np.float64).tobytes() if keeps else b""
+        table = {}
+        for part in comm.all_gather_bytes(mine, topo.world):
+            for index, chosen, rejected in np.frombuffer(part, np.float64).reshape(-1, 3):
+                table[int(index)] = (float(chosen), float(rejected))
+        return table
+
+    def _cached(self, indices) -> np.ndarray:
+        """(2P,) reference values of the pairs ``indices`` from the cache: chosen, then rejected."""
+        missing = [int(i) for i in indices if int(i) not in self.table]
+        if missing:
+            raise ValueError(f"pairs {missing[:5]} have no cached reference value; the data changed since "
+                             f"{REFERENCE_CACHE} was written: start the run again (--overwrite)")
+        values = [self.table[int(i)] for i in indices]
+        return np.array([c for c, _ in values] + [r for _, r in values], np.float32)
 
     def figures(self) -> Dict:
         """The step's metrics (module docstring): (1,) tensors, equal on every rank."""

@@ -526,8 +526,9 @@ def _check_objective(spec, built: dict, dpo_given: bool) -> None:
     if dpo.reference == "adapters_off" and built["model"].lora is None:
         raise ValueError("dpo.reference adapters_off is the base model under LoRA adapters switched off, and "
                          "model.lora is not set: add a model.lora section, or use dpo.reference copy")
-    if dpo.reference == "cached":
-        raise ValueError("dpo.reference cached is not available yet; use copy (or adapters_off with model.lora)")
+    if dpo.reference == "cached" and built["eval"].path:
+        raise ValueError("dpo.reference cached holds the reference's values of the training data's pairs; eval.path's "
+                         "pairs are not among them: hold out eval.fraction instead, or use dpo.reference copy")
     if train.loss_normalization is not None:
         raise ValueError(f"train.loss_normalization={train.loss_normalization} weighs answer tokens; the dpo "
                          "objective averages over the global batch's pairs: leave it unset")

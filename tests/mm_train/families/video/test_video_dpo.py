@@ -81,7 +81,8 @@ def test_cogvideox_diffusion_dpo_starts_at_ln2(tmp_path):
 
 def test_what_diffusion_dpo_cannot_mean_is_refused_before_launch(tmp_path):
     for overrides, match in [(["dpo.method=ipo"], "sigmoid form alone"), (["dpo.sft_weight=0.5"], "sigmoid form"),
-                             (["data.online=true"], "set data.online false")]:
+                             (["data.online=true"], "set data.online false"),
+                             (["dpo.reference=cached"], "drawn anew every step")]:
         recipe = load_recipe("wan2_1_t2v_tiny_dpo", overrides + [f"output_dir={tmp_path}"])
         with pytest.raises(ValueError, match=match):
             check_before_launch(recipe)

@@ -1,8 +1,9 @@
 """train.objective dpo on the tiny Qwen2.5-VL (mm_train.preference_step): pairs of the built-in
 pictures (data.kind tiny_vl_pairs). The first step's loss is the objective's value at pi = pi_ref
 (ln 2, (1 / (2 beta))^2, 1); under LoRA the base model with its adapters switched off is the same
-reference as a frozen copy; pairs packed into rows train like the same pairs in padded rows; dp2 x
-pp2 with ZeRO-1 (stopped at step 2, resumed on one process) and tp2 with sequence parallelism and
+reference as a frozen copy, and so is a cache of the starting model's log-probs (also resumed);
+pairs packed into rows train like the same pairs in padded rows; dp2 x pp2 with ZeRO-1 and the
+reference cached (stopped at step 2, resumed on one process) and tp2 with sequence parallelism and
 ring cp2 equal one process — losses, the pair metrics and every parameter; Qwen3-VL's DPO under
 dp2 x tp2 with sequence parallelism too; recipes that cannot mean DPO are refused before launch."""
 
@@ -44,11 +45,36 @@ def test_adapters_switched_off_are_the_reference_a_frozen_copy_is(tmp_path):
     assert runs["copy"][-1]["logps/chosen"] != pytest.approx(runs["copy"][-1]["logps/ref_chosen"], rel=1e-4)
 
 
+def test_a_cached_reference_trains_like_a_frozen_copy_and_resumes(tmp_path):
+    """dpo.reference cached: the starting model's log-probs of every pair, computed before step 1
+    into OUT/reference_logps.safetensors, give the losses and metrics a frozen copy gives; a run
+    stopped at step 2 resumes from the file to the uninterrupted run's step 3."""
+    short = [*DPO, "--set", "train.steps=3", "--set", "optim.lr=0.003", "--set", "data.packing=false",
+             "--set", "eval.every=3", "--set", "eval.fraction=0.25"]
+    runs = {}
+    for reference in ("copy", "cached"):
+        train(None, *short, "--set", f"dpo.reference={reference}", "--set", f"output_dir={tmp_path / reference}",
+              data=tmp_path / "data")
+        runs[reference] = rows_of(tmp_path / reference)
+    assert (tmp_path / "cached" / "reference_logps.safetensors").is_file()
+    for copy, cached in zip(runs["copy"], runs["cached"]):
+        for key in ("loss", "val_loss") + METRICS:
+            if key in copy and not (key == "rewards/accuracies" and copy["step"] == 1):  # step 1: ties of noise
+                tolerance = 1e-4 if key.startswith("rewards/") else 1e-6
+                assert cached[key] == pytest.approx(copy[key], rel=1e-5, abs=tolerance), (copy["step"], key)
+    out = tmp_path / "resumed"
+    train(None, *short, "--set", "dpo.reference=cached", "--set", "train.steps=2", "--set", "checkpoint.every=2",
+          "--set", f"output_dir={out}", data=tmp_path / "data")
+    train(None, *short, "--set", "dpo.reference=cached", "--set", "checkpoint.every=2", "--set", f"output_dir={out}",
+          "--resume", data=tmp_path / "data")
+    assert [r["loss"] for r in rows_of(out)] == pytest.approx([r["loss"] for r in runs["cached"]], rel=1e-6)
+
+
 def test_dpo_recipes_are_checked_before_launch():
     for overrides, match in [
         (["train.objective=sft"], "the dpo section sets the preference objective"),
         (["dpo.reference=adapters_off"], "model.lora is not set"),
-        (["dpo.reference=cached"], "not available yet"),
+        (["dpo.reference=cached", "eval.path=/data/held_out.json"], "eval.path's pairs are not among them"),
         (["train.loss_normalization=token"], "averages over the global batch's pairs"),
         (["dpo.method=orpo"], "dpo.method='orpo' is unknown"),
         (["train.objective=grpo"], "is not one family qwen2_5_vl trains"),
@@ -66,14 +92,16 @@ def test_dpo_under_every_layout_equals_one_process(tmp_path, run_distributed):
           data=data)
     plain, expected = rows_of(tmp_path / "plain"), parameters(tmp_path / "plain")
     runs = {"packed": (1, []),
-            "dp2_pp2_zero1": (4, ["--set", "parallel.pp=2", "--set", "parallel.zero_stage=1", "--set",
-                                  "train.steps=2"]),
+            "dp2_pp2_zero1_cached": (4, ["--set", "parallel.pp=2", "--set", "parallel.zero_stage=1", "--set",
+                                         "train.steps=2", "--set", "dpo.reference=cached"]),
             "tp2_sp_ring_cp2": (4, ["--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true", "--set",
                                     "parallel.cp=2", "--set", "parallel.cp_algo=ring"])}
     for name, (nproc, extra) in runs.items():
         train(run_distributed, *short, *extra, "--set", f"output_dir={tmp_path / name}", nproc=nproc, data=data)
-    # the pp run stopped at step 2: resumed on one process
-    train(run_distributed, *short, "--set", f"output_dir={tmp_path / 'dp2_pp2_zero1'}", "--resume", data=data)
+    # the pp run (its reference cached before step 1, gathered from the stages) stopped at step 2:
+    # resumed on one process, which reads the cache back
+    train(run_distributed, *short, "--set", "dpo.reference=cached", "--set",
+          f"output_dir={tmp_path / 'dp2_pp2_zero1_cached'}", "--resume", data=data)
     for name in runs:
         rows = rows_of(tmp_path / name)
         assert [r["step"] for r in rows] == [1, 2, 3], name

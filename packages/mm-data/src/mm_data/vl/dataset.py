@@ -21,7 +21,7 @@ from mm_data.errors import BadInputLog, BadSample
 from mm_data.video.decode import probe, read_frames
 from mm_data.vl.conversation import Conversation, read_conversations, read_datasets
 from mm_data.vl.image_processor import Qwen2VLImageProcessor, smart_resize
-from mm_data.vl.pairs import encode_pair, pair_length
+from mm_data.vl.pairs import PAIR_INDEX, encode_pair, pair_length
 from mm_data.vl.template import QWEN_MEDIA, QwenChatTemplate
 from mm_data.vl.video_processor import Qwen2VLVideoProcessor
 
@@ -105,6 +105,8 @@ class VLSFTDataset:
             c, image_tokens, video_tokens, max_length=limit, video_timestamps=timestamps))
         sample.update(tokens)
         sample["attention_mask"] = np.ones_like(tokens["input_ids"])
+        if self.pairs:
+            sample[PAIR_INDEX] = np.int64(index)
         return sample
 
     def vision(self, conversation: Conversation):

@@ -13,7 +13,7 @@ inputs (pixels, audio features) come once, with the chosen sequences; every othe
 so the rejected half repeats the chosen half's list. ``media_copies = 2`` tells the model (its
 forward keyword) that the placeholders hold the features twice over: the towers run once per
 pair and both sequences read the same features. ``answer_tokens`` counts each sequence's trained
-(answer) tokens, what IPO and RPO divide by.
+(answer) tokens, what IPO and RPO divide by; ``pair_index`` each pair's index in the data set.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from mm_data.vl.packing import PackedRows, pack
 REJECTED = "rejected_"
 TOKEN_FIELDS = ("input_ids", "labels", "mm_token_type_ids")
 TOWER_INPUTS = ("pixel_values", "pixel_values_videos", "input_features")  # given once per pair
-PAIR_KEYS = ("media_copies", "answer_tokens")  # what `collate_pairs` adds to a micro-batch
+PAIR_INDEX = "pair_index"  # the data set's index of a pair sample (a reference cache's key)
+PAIR_KEYS = ("media_copies", "answer_tokens", PAIR_INDEX)  # what `collate_pairs` adds to a micro-batch
 
 
 def rejected_side(conversation: Conversation) -> Conversation:
@@ -74,9 +75,13 @@ def unfold(pairs: List[Dict]) -> List[Dict]:
     return chosen + rejected
 
 
-def collate_pairs(collate: Callable, sequences: List[Dict]) -> Dict:
-    """``collate``d sequences of `unfold` (one packed row, or padded rows) with `PAIR_KEYS`."""
-    batch = collate(sequences)
+def collate_pairs(collate: Callable, pairs: List[Dict], pack_rows: bool = False) -> Dict:
+    """The pairs' sequences (`unfold`) ``collate``d — one packed row with ``pack_rows``, else
+    padded rows — with `PAIR_KEYS`."""
+    indices = np.array([int(p.get(PAIR_INDEX, -1)) for p in pairs], np.int64)
+    sequences = unfold([{k: v for k, v in p.items() if k != PAIR_INDEX} for p in pairs])
+    batch = collate([pack(sequences)] if pack_rows else sequences)
+    batch[PAIR_INDEX] = indices
     batch["media_copies"] = 2
     batch["answer_tokens"] = np.array([int((np.asarray(s["labels"]) != -100).sum()) for s in sequences], np.int64)
     return batch
@@ -89,7 +94,7 @@ class PairCollate:
         self.collate = collate
 
     def __call__(self, pairs: List[Dict]) -> Dict:
-        return collate_pairs(self.collate, unfold(pairs))
+        return collate_pairs(self.collate, pairs)
 
 
 class PairedRows(PackedRows):
@@ -101,4 +106,4 @@ class PairedRows(PackedRows):
         return pair_length(sample)
 
     def row(self, samples: List[Dict]) -> Dict:
-        return collate_pairs(lambda sequences: self.collate([pack(sequences)]), unfold(samples))
+        return collate_pairs(self.collate, samples, pack_rows=True)

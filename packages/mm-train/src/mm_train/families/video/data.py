@@ -300,6 +300,9 @@ def objective_problems(recipe) -> List[str]:
     if recipe.data.online and recipe.data.kind != "video_features":
         problems.append("train.objective dpo trains from the feature cache (a pair's clips share one noise draw): set "
                         "data.online false")
+    if dpo.reference == "cached":
+        problems.append("dpo.reference cached is for answers: a clip's reference error depends on the noise and "
+                        "timestep, drawn anew every step; use dpo.reference copy")
     if dpo.method != "sigmoid" or dpo.label_smoothing or dpo.sft_weight:
         problems.append(f"Diffusion-DPO is the sigmoid form alone: set dpo.method sigmoid (not {dpo.method}), "
                         "dpo.label_smoothing 0 and dpo.sft_weight 0")
