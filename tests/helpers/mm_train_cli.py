@@ -35,7 +35,7 @@ PREFERENCE_FIELDS = {"rewards/chosen", "rewards/rejected", "rewards/margins", "r
 def rows_of(out):
     with open(os.path.join(out, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
-    known = FIELDS | EVAL_FIELDS | PACKING_FIELDS | PREFERENCE_FIELDS
+    known = FIELDS | EVAL_FIELDS | PACKING_FIELDS | PREFERENCE_FIELDS | {"moe"}  # moe: MoE routing metrics
     assert rows and all(FIELDS <= set(row) <= known for row in rows)
     return rows
 

@@ -22,9 +22,11 @@ import contextlib
 import json
 import math
 import os
+import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional
 
+import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
@@ -54,7 +56,7 @@ def _mm(x, w):
 class LoraLinear(nn.Cell):
     """A frozen base linear (``base_layer``, as PEFT names it) plus the low-rank update."""
 
-    def __init__(self, base: nn.Cell, r: int, alpha: float, dropout: float = 0.0):
+    def __init__(self, base: nn.Cell, r: int, alpha: float, dropout: float = 0.0, key: Optional[str] = None):
         super().__init__()
         if r < 1:
             raise ValueError(f"LoRA rank r must be >= 1, got {r}")
@@ -71,7 +73,10 @@ class LoraLinear(nn.Cell):
         bound = 1.0 / math.sqrt(in_full)  # PEFT's default: kaiming-uniform(a=sqrt 5) on A, zeros on B
 
         def a_local():
-            a_full = init_rng().uniform(-bound, bound, (r, in_full)).astype(np.float32)
+            # ``key`` (the module's path in the whole model): A drawn from it, so that a pipeline stage,
+            # which builds only its own layers, draws what one process draws for the same layer
+            rng = init_rng() if key is None else np.random.default_rng([ms.get_seed() or 0, zlib.crc32(key.encode())])
+            a_full = rng.uniform(-bound, bound, (r, in_full)).astype(np.float32)
             return shard(a_full, group, 1) if self.kind == "row" else a_full
 
         self.lora_A = census.parameter((r, in_local), "lora_A", a_local)
@@ -146,7 +151,8 @@ def apply_lora(model: nn.Cell, target_modules: List[str], r: int = 8, alpha: flo
             raise ValueError(f"LoRA target {name} is not a linear layer (no 2-D weight)")
         parent_name, _, child = name.rpartition(".")
         parent = cells[parent_name] if parent_name else model
-        wrapped = LoraLinear(cell, r, alpha, dropout)
+        key = model.global_name(name) if hasattr(model, "global_name") else name  # the same under any pp
+        wrapped = LoraLinear(cell, r, alpha, dropout, key)
         if isinstance(parent, (nn.CellList, nn.SequentialCell)):
             parent[int(child)] = wrapped
         else:

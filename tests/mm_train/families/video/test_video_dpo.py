@@ -1,10 +1,11 @@
 """train.objective dpo for the video families (Diffusion-DPO, mm_train.preference_step): pairs of
 the built-in clips (data_pairs.json: a caption's clip against the square moving the other way),
 both clips of a pair cached and given the same noise and timestep; the first step's loss is ln 2
-and the reference's errors the policy's; Wan under pp2 x dp2 with a held-out split of pairs, and
-tp2 with sequence parallelism x ring cp2, equal one process (losses, validation, the pair
-metrics, every parameter); CogVideoX's Diffusion-DPO starts at ln 2 too; what Diffusion-DPO
-cannot mean is refused before launch."""
+and the reference's errors the policy's; Wan with LoRA (the adapters switched off as the
+reference) under pp2 x dp2 with a held-out split of pairs, and tp2 with sequence parallelism x
+ring cp2, equals one process (losses, validation, the pair metrics, every saved weight);
+CogVideoX's Diffusion-DPO starts at ln 2 too; what Diffusion-DPO cannot mean is refused before
+launch."""
 
 import math
 
@@ -52,7 +53,8 @@ def test_wan_diffusion_dpo_under_layouts_equals_one_process(tmp_path, run_distri
     # another summation order rounds by ~1e-7, and 2500 x that is 1e-4 of the loss (measured)
     short = ["--set", "train.steps=3", "--set", "checkpoint.every=3", "--set", "eval.every=3", "--set",
              "eval.fraction=0.25", "--set", "train.global_batch_size=4", "--set", "train.micro_batch_size=1",
-             "--set", "dpo.beta=50", "--set", "optim.lr=1e-3"]
+             "--set", "dpo.beta=50", "--set", "optim.lr=1e-4",
+             "--set", "model.lora.r=4", "--set", "dpo.reference=adapters_off"]  # LoRA: the base is the reference
     single = _run(run_distributed, tmp_path / "single", *short, data=data)
     assert single[0]["loss"] == pytest.approx(math.log(2.0), rel=1e-6)
     for side in ("chosen", "rejected"):
@@ -68,7 +70,8 @@ def test_wan_diffusion_dpo_under_layouts_equals_one_process(tmp_path, run_distri
                 tolerance = 2e-4 if key.startswith("rewards/") else 1e-5
                 assert got[key] == pytest.approx(want[key], rel=1e-4, abs=tolerance), (name, got["step"], key)
         assert val_losses(tmp_path / name) == pytest.approx(val_losses(tmp_path / "single"), rel=1e-4), name
-        errors = parameter_errors(parameters(tmp_path / name), parameters(tmp_path / "single"))
+        adapters = "checkpoints/step_3/adapters"  # what trains (PEFT's adapter_model.safetensors)
+        errors = parameter_errors(parameters(tmp_path / name, adapters), parameters(tmp_path / "single", adapters))
         assert max(errors.values()) <= 1e-4, (name, sorted(errors.items(), key=lambda kv: -kv[1])[:3])
 
 
