@@ -20,7 +20,9 @@ gradient is not finite (on any rank) is skipped — no update — and counted;
 ``train.max_nonfinite_steps`` skipped steps in a row stop the run with an error.
 
 The task (`mm_train.task.Task`, made by the recipe's family: mm_train.registry) supplies the
-model class, its plan and the data; MFU counts the model's FLOPs on the first micro-batch.
+model class, its plan and the data; MFU counts the model's FLOPs on the first micro-batch. With
+train.objective dpo a sample is a preference pair and `mm_train.preference_step` gives each
+micro-batch the frozen reference's values and the pairs' divisors (its metrics join the rows).
 """
 
 from __future__ import annotations
