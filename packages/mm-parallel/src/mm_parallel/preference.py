@@ -141,8 +141,8 @@ class ReferencePass:
     def __init__(self):
         self.values = None
 
-    def loss(self, sequence_logps):
-        self.values = ops.stop_gradient(sequence_logps)
+    def loss(self, values):
+        self.values = ops.stop_gradient(values)
         return self.values.sum()
 
 

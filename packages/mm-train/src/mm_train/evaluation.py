@@ -82,21 +82,14 @@ def validation_loss(chunks, task, topo, attach=None) -> float:
     a training objective adds to each validation batch's micro-batches (mm_train.preference_step)."""
     import mindspore as ms
 
-    from mm_parallel import comm, pipeline
+    from mm_parallel import comm
 
     total, count = 0.0, 0
     with inference(chunks):
         for batches in task.validation_batches():
             count += len(batches)
             batches = attach(batches) if attach is not None else batches
-            if topo.pp.size > 1:
-                last = chunks[-1]
-                losses = pipeline.forward_only(
-                    [c.pipeline_stage for c in chunks], [(b, b) for b in batches],
-                    lambda y, b: float(last.pipeline_loss(y, b).asnumpy()), topo, with_batch=True)
-            else:
-                losses = [float(chunks[0](**b).loss.asnumpy()) for b in batches]
-            total += sum(losses)
+            total += sum(float(loss.asnumpy()) for loss in forward_losses(chunks, batches, topo))
     if topo.pp.size > 1:  # only the last stage has the losses
         total = float(comm.all_reduce(ms.Tensor(np.array([total], np.float32)), topo.pp).asnumpy()[0])
     if topo.dp.size > 1:
@@ -106,6 +99,18 @@ def validation_loss(chunks, task, topo, attach=None) -> float:
         raise ValueError("the held-out split forms no validation batch: raise eval.fraction, lower eval.batch_size "
                          "or give eval.path more samples")
     return total / count
+
+
+def forward_losses(chunks, batches: List[Dict], topo) -> List:
+    """Each micro-batch's loss from forwards alone (``batches``: forward keywords): the last
+    pipeline stage's under pp (`mm_parallel.pipeline.forward_only`; other stages get none)."""
+    from mm_parallel import pipeline
+
+    if topo.pp.size > 1:
+        last = chunks[-1]
+        return pipeline.forward_only([c.pipeline_stage for c in chunks], [(b, b) for b in batches],
+                                     lambda y, b: last.pipeline_loss(y, b), topo, with_batch=True)
+    return [chunks[0](**b).loss for b in batches]
 
 
 def due(every: int, step: int, last: int) -> bool:

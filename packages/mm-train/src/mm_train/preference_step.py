@@ -41,8 +41,9 @@ import mindspore as ms
 import numpy as np
 from mindspore import ops
 
-from mm_parallel import comm, lora, pipeline
+from mm_parallel import comm, lora
 from mm_parallel.preference import DIFFUSION_BETA, DiffusionPairs, PairedBatch, ReferencePass
+from mm_train.evaluation import forward_losses
 from mm_train.samples import inference
 
 # Deferred imports: mm-data, safetensors (optional: a missing one is named when a run needs it).
@@ -116,13 +117,7 @@ class PreferenceStep:
         recorders = [ReferencePass() for _ in batches]
         inputs = [{**b, "preference": r} for b, r in zip(batches, recorders)]
         with inference(chunks), off:
-            if self.topo.pp.size > 1:
-                last = chunks[-1]
-                pipeline.forward_only([c.pipeline_stage for c in chunks], [(b, b) for b in inputs],
-                                      lambda y, b: last.pipeline_loss(y, b), self.topo, with_batch=True)
-            else:
-                for batch in inputs:
-                    chunks[0](**batch)
+            forward_losses(chunks, inputs, self.topo)  # the recorders keep the values
         return [r.values.asnumpy() if r.values is not None else np.zeros(2 * p, np.float32)
                 for r, p in zip(recorders, pairs)]
 

@@ -58,10 +58,6 @@ def pair_length(tokens: Dict[str, np.ndarray]) -> int:
     return len(tokens["input_ids"]) + len(tokens.get(REJECTED + "input_ids", ()))
 
 
-def is_pair(sample: Dict) -> bool:
-    return REJECTED + "input_ids" in sample
-
-
 def unfold(pairs: List[Dict]) -> List[Dict]:
     """P pair samples as 2P sequence samples: the chosen ones, then the rejected ones (module
     docstring); the rejected side without the towers' inputs."""
