@@ -82,3 +82,10 @@ def test_save_under_layouts_gives_the_original_checkpoint(run_distributed, check
         assert not saved_folder_problems(str(checkpoints / folder), str(tmp_path / name), stages,
                                          "model.safetensors"), name
         Reference.from_pretrained(str(tmp_path / name))  # loads without missing or unexpected keys
+
+
+def test_decoding_under_a_pipeline_equals_one_process(run_distributed, checkpoints):
+    """The thinker's prompts decoded with each stage's cache (tests/helpers/decoding_cases.py)."""
+    from helpers.decoding_cases import check_layouts_decode_alike
+
+    check_layouts_decode_alike(run_distributed, 2, checkpoints, {"decode_pp2": {"layout": {"pp": 2}}}, "qwen2_5_omni")

@@ -158,3 +158,24 @@ def test_a_device_path_step_reads_the_host_only_for_the_loss(checkpoints):
     reads = [site.split(":")[0] for site in step.sites() if not site.endswith(" upload")]
     assert reads == ["mm_parallel/testing/equivalence.py"], step.sites()
     assert not [site for site in step.sites() if site.startswith("mm_parallel/optimizer.py")], step.sites()
+
+
+# Decoding (mm_parallel.decoding: rollouts, samples, generate) under a layout: the key/value cache
+# per pipeline stage, the sequence whole under cp / sp, ZeRO-3's gathers and dp ranks whose rows
+# stop at different steps (tests/helpers/decoding_cases.py)
+DECODE_TWO = {"decode_tp2": {"layout": {"tp": 2}}, "decode_tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}},
+              "decode_ring2": {"layout": {"cp": 2, "cp_algo": "ring"}}, "decode_ulysses2": {"layout": {"cp": 2}},
+              "decode_pp2": {"layout": {"pp": 2}},
+              "decode_pp2_vpp2": {"layout": {"pp": 2, "vpp": 2}, "checkpoint": DEEP},
+              "decode_dp2_zero3": {"layout": {"zero_stage": 3, "zero3_min_numel": 1}},
+              "decode_ascend_pp2": {"layout": {"pp": 2}, "device": "ascend_stand_ins"}}
+DECODE_FOUR = {"decode_tp2_sp_pp2": {"layout": {"tp": 2, "sequence_parallel": True, "pp": 2}},
+               "decode_hybrid2x2": {"layout": {"cp": 4, "cp_algo": "hybrid", "ulysses_degree": 2}},
+               "decode_pp2_dp2_zero3": {"layout": {"pp": 2, "zero_stage": 3, "zero3_min_numel": 1}}}
+
+
+@pytest.mark.parametrize("nproc,cases", [(2, DECODE_TWO), (4, DECODE_FOUR)], ids=["two", "four"])
+def test_decoding_under_layouts_equals_one_process(run_distributed, checkpoints, nproc, cases):
+    from helpers.decoding_cases import check_layouts_decode_alike
+
+    check_layouts_decode_alike(run_distributed, nproc, checkpoints, cases, "qwen2_5_vl")

@@ -83,3 +83,17 @@ def test_two_process_layouts_equal_single_process(run_distributed, checkpoints):
 
 def test_four_process_layouts_equal_single_process(run_distributed, checkpoints):
     check_results(run_distributed(run_parallel_cases, nproc=4, timeout=900, path=str(checkpoints), cases=FOUR), FOUR)
+
+
+# Decoding under a layout (tests/helpers/decoding_cases.py): the MoE layers' token layout made whole
+# under sp, experts exchanged over ep by dp ranks whose rows stop at different steps, DeepStack
+# features and caches across pipeline stages
+DECODE = {2: {"decode_moe_tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}, "checkpoint": MOE}},
+          4: {"decode_moe_ep2_pp2": {"layout": {"ep": 2, "pp": 2}, "checkpoint": MOE, "pipeline_num_layers": [2, 1]}}}
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_decoding_under_layouts_equals_one_process(run_distributed, checkpoints, nproc):
+    from helpers.decoding_cases import check_layouts_decode_alike
+
+    check_layouts_decode_alike(run_distributed, nproc, checkpoints, DECODE[nproc], "qwen3_vl")

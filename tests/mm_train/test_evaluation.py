@@ -143,7 +143,7 @@ def test_vl_validates_on_a_separate_file_and_answers_alike_in_the_run_and_under_
                                                                                           run_distributed):
     """24 steps (enough for the tiny model to start a caption) validated on another file; the
     run's answer equals `generate` on its checkpoint on one process (the cached decoding) and
-    under tp2, pp2, Ulysses cp2 and tp2 + sp (whole passes per token but under tp2), and on the
+    under tp2, pp2, Ulysses cp2 and tp2 + sp (mm_parallel.decoding, the cache under each), and on the
     checkpoint converted to a Hugging Face folder."""
     from mm_train.families.vl.tiny import generate
 

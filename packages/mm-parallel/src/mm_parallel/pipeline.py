@@ -347,7 +347,8 @@ def train_step_interleaved(chunks: Sequence[Callable], chunk_params: Sequence[Se
 
 
 def forward_only(chunks: Sequence[Callable], micro_batches: Sequence[Tuple], output_fn: Callable,
-                 topology: Optional[Topology] = None, with_batch: bool = False) -> List:
+                 topology: Optional[Topology] = None, with_batch: bool = False,
+                 plan: Optional[stage_io.TransferPlan] = None, keys: Optional[Sequence] = None) -> List:
     """Forward passes without backward (validation, sampling): micro-batch by micro-batch through
     the p * v virtual stages (chunks[c] of this stage is virtual stage c * p + stage, as in
     `train_step_interleaved`; one chunk for plain pp). Returns ``[output_fn(y, target)]`` per
@@ -355,15 +356,20 @@ def forward_only(chunks: Sequence[Callable], micro_batches: Sequence[Tuple], out
 
     Each micro-batch crosses the virtual stages in their order, one transfer at a time, so blocking
     transfers cannot deadlock; nothing overlaps (no bubble is hidden), which an evaluation every
-    so many steps can afford."""
+    so many steps can afford. With a ``plan`` (stage_io.TransferPlan) micro-batch i's transfers
+    are keyed by ``keys[i]`` (what the stages pass follows from it; default its shapes): a
+    decoder's one-token steps send their headers once."""
     topo = get_topology(topology)
     p, s, v = topo.pp.size, topo.pp.rank, len(chunks)
     calls = [_caller(c, micro_batches, with_batch) for c in chunks]
     last, outputs = p * v - 1, []
     for i, (first_input, target) in enumerate(micro_batches):
-        x = first_input
+        x, key = first_input, None
+        if plan is not None:
+            key = keys[i] if keys is not None else stage_io.batch_shapes(first_input)
         for vs in range(p * v):
             owner, receiver = vs % p, (vs + 1) % p
+            planned = None if key is None else ("F", vs, key)
             if owner == s:
                 y = calls[vs // p](i, x if vs else first_input)
                 if vs == last:
@@ -371,7 +377,7 @@ def forward_only(chunks: Sequence[Callable], micro_batches: Sequence[Tuple], out
                 elif receiver == s:  # one stage holds both (p == 1): no transfer
                     x = y
                 else:
-                    stage_io.send(y, topo.pp.ranks[receiver])
+                    stage_io.send(y, topo.pp.ranks[receiver], plan, planned)
             elif receiver == s and vs < last:
-                x = stage_io.recv(topo.pp.ranks[owner])
+                x = stage_io.recv(topo.pp.ranks[owner], plan, planned)
     return outputs

@@ -9,36 +9,17 @@ stage builds only its own decoder layers (``layer_offset`` keeps their checkpoin
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 from mindspore import nn, ops
 
 from mm_parallel import ops as kernels
 from mm_parallel.blocks import GatedMLP, RMSNorm
+from mm_parallel.decoding import KVCache
 from mm_parallel.recompute import CoreAttention
 from mm_parallel.sequence_parallel import mark_sequence_parallel
 from mm_parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from mm_parallel.topology import Topology
-
-
-class KVCache:
-    """Keys and values of the tokens seen so far, per layer, as (batch, seq, kv_heads, head_dim)."""
-
-    def __init__(self):
-        self.keys: List = []
-        self.values: List = []
-
-    def length(self) -> int:
-        return self.keys[0].shape[1] if self.keys else 0
-
-    def update(self, layer: int, k, v):
-        if layer == len(self.keys):
-            self.keys.append(k)
-            self.values.append(v)
-        else:
-            self.keys[layer] = ops.concat([self.keys[layer], k], 1)
-            self.values[layer] = ops.concat([self.values[layer], v], 1)
-        return self.keys[layer], self.values[layer]
 
 
 class Qwen2_5_VLAttention(nn.Cell):

@@ -27,14 +27,16 @@ from mindspore import Tensor, nn, ops
 from mm_models_vl.qwen2_5_vl import packed_rows
 from mm_models_vl.qwen2_5_vl import positions as pos
 from mm_models_vl.qwen2_5_vl.checkpoint import disk_name
-from mm_models_vl.qwen2_5_vl.language import KVCache, Qwen2_5_VLTextModel, lm_head
+from mm_models_vl.qwen2_5_vl.language import Qwen2_5_VLTextModel, lm_head
 from mm_models_vl.qwen2_5_vl.vision import Qwen2_5_VisionTransformerPretrainedModel
-from mm_parallel import mappings
+from mm_parallel import decoding, mappings
 from mm_parallel.context_parallel import split_sequence
+from mm_parallel.decoding import KVCache
 from mm_parallel.model_base import ParallelModel
 from mm_parallel.ops.device import host_array as host
 from mm_parallel.ops.device import zeros
 from mm_parallel.preference import sequence_log_probs
+from mm_parallel.sampling import Sampling
 from mm_parallel.tensor_parallel import vocab_parallel_cross_entropy
 from mm_parallel.topology import Topology
 
@@ -307,7 +309,7 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
             token_mask = (segments > 0).astype(np.int64)
             token_mask = token_mask[:, self.local_positions(token_mask.shape[1])] if split else token_mask
         elif key_padding_mask is not None:
-            token_mask = mask
+            token_mask = mask[:, mask.shape[1] - ids.shape[1]:]  # a cached step's mask covers the cache too
             if split and topo.config.sequence_parallel and topo.tp.size > 1:  # this rank's chunk, as enter_sequence
                 chunk = mask.shape[1] // topo.tp.size
                 token_mask = mask[:, topo.tp.rank * chunk:(topo.tp.rank + 1) * chunk]
@@ -359,6 +361,11 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
                                           pixel_values_videos, video_grid_thw, media_copies or 1)
         return self.enter_sequence(embeds, 1)
 
+    def embed_tokens(self, input_ids):
+        """A cached decoding step's embeddings: its tokens as text, a generated placeholder id
+        included (transformers embeds it as any token when no media come with the step)."""
+        return self.enter_sequence(self.model.language_model.embed(Tensor(host(input_ids, np.int64).astype(np.int32))))
+
     # -- forward -----------------------------------------------------------------------------
 
     def construct(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
@@ -400,12 +407,15 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
     def pipeline_stage(self, x, batch: dict):
         """This virtual stage's forward for mm_parallel.pipeline (``with_batch=True``): ``batch`` is
         the micro-batch's forward keywords, ``x`` the previous stage's output (ignored on the first).
-        Returns hidden states, or on the last stage the logits (split on the vocabulary under tp)."""
-        plan = self.sequence_plan(**self.plan_args(batch))
+        Returns hidden states, or on the last stage the logits (split on the vocabulary under tp).
+        Decoding (mm_parallel.decoding) adds this stage's ``past_key_values`` and ``logits_to_keep``."""
+        cache = batch.get("past_key_values")
+        plan = self.sequence_plan(**self.plan_args(batch), past_length=cache.length() if cache else 0)
         if self.is_first:
-            x = self.embed(**{k: batch.get(k) for k in self.embed_keys})
-        x = self.model.language_model(x, plan.cos, plan.sin, plan.key_padding_mask, None, plan.segment_ids)
-        return self.lm_head(x) if self.is_last else x
+            x = self.embed(**{k: batch.get(k) for k in self.embed_keys}) if not (cache and cache.length()) else \
+                self.embed_tokens(batch["input_ids"])
+        x = self.model.language_model(x, plan.cos, plan.sin, plan.key_padding_mask, cache, plan.segment_ids)
+        return self.lm_head(last_positions(x, batch.get("logits_to_keep"))) if self.is_last else x
 
     def pipeline_loss(self, logits, batch: dict):
         """The last stage's loss of a micro-batch (the schedule averages over micro-batches)."""
@@ -435,39 +445,44 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
         return sequence_log_probs(token, plan.sequences, plan.sequence_count, self.topology.cp)
 
     def prompt_positions(self, ids: np.ndarray, inputs: dict) -> np.ndarray:
-        """(3, batch, seq) positions of a prompt given with ``inputs`` (generate's keywords)."""
+        """(3, batch, seq) positions of a prompt given with ``inputs`` (generate's keywords); a
+        left-padded text-only batch counts its real tokens from 0, as transformers' generate."""
+        mask = host(inputs.get("attention_mask"))
+        if inputs.get("image_grid_thw") is None and inputs.get("video_grid_thw") is None and mask is not None:
+            text = np.maximum(np.cumsum(mask, -1) - 1, 0)
+            return np.ascontiguousarray(np.broadcast_to(text, (3,) + ids.shape))
         positions, _ = self.model.position_ids(
-            ids, host(inputs.get("attention_mask")), inputs.get("image_grid_thw"), inputs.get("video_grid_thw"),
+            ids, mask, inputs.get("image_grid_thw"), inputs.get("video_grid_thw"),
             inputs.get("second_per_grid_ts"), inputs.get("mm_token_type_ids"))
         return positions
 
-    def generate(self, input_ids, max_new_tokens: int = 20, eos_token_id=None, **inputs) -> np.ndarray:
-        """Greedy decoding with a key/value cache; returns prompt + new tokens, as transformers' generate.
+    def generate(self, input_ids, max_new_tokens: int = 20, eos_token_id=None, pad_token_id=None,
+                 do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                 num_return_sequences: int = 1, seed: int = 0, **inputs) -> np.ndarray:
+        """Prompt + new tokens, as transformers' generate: ``input_ids`` a left-padded batch (with
+        its ``attention_mask``), greedy or sampled (``do_sample``, ``temperature``, ``top_k``,
+        ``top_p``; the draws seeded by ``seed``, mm_parallel.sampling), ``num_return_sequences``
+        completions per prompt, a finished row padded with ``pad_token_id`` (mm_parallel.decoding:
+        a key/value cache; this object must hold the whole model).
 
         As transformers 5.24, each new token's position is the previous token's position + 1 on all
         three M-RoPE axes (not max(position) + 1, which differs after a video whose temporal span is
         longer than its spatial one).
         """
-        ids = host(input_ids, np.int64)
-        mask = host(inputs.get("attention_mask"))
-        if mask is not None and not mask.all():
-            raise ValueError("generate does not take padded batches; generate each sample on its own")
+        self.require_whole_model()
+        text = self.config.text_config
         if eos_token_id is None:
-            eos_token_id = getattr(self.config.text_config, "eos_token_id", None) or \
-                getattr(self.config, "eos_token_id", None)
-        eos = eos_token_id
-        eos = set(np.atleast_1d(eos).tolist()) if eos is not None else set()
-        positions = self.prompt_positions(ids, inputs)
-        out = self(ids, position_ids=positions, use_cache=True, **inputs)
-        cache, last, tokens = out.past_key_values, positions[:, :, -1:], ids
-        done = np.zeros(ids.shape[0], bool)
-        for _ in range(max_new_tokens):
-            step = out.logits[:, -1].asnumpy().argmax(-1)
-            step = np.where(done, self.config.text_config.pad_token_id or 0, step)
-            tokens = np.concatenate([tokens, step[:, None]], 1)
-            done |= np.isin(step, list(eos))
-            if done.all():
-                break
-            last = last + 1
-            out = self(step[:, None], position_ids=last, past_key_values=cache)
-        return tokens
+            eos_token_id = getattr(text, "eos_token_id", None) or getattr(self.config, "eos_token_id", None)
+        if pad_token_id is None:
+            pad_token_id = getattr(text, "pad_token_id", None) or 0
+        ids = host(input_ids, np.int64)
+        out = decoding.decode([self], {**inputs, "input_ids": ids}, max_new_tokens,
+                              Sampling(do_sample, temperature, top_k, top_p),
+                              [] if eos_token_id is None else np.atleast_1d(eos_token_id).tolist(), pad_token_id,
+                              num_return_sequences, seed, topology=self.topology)
+        return np.concatenate([np.repeat(ids, num_return_sequences, 0), out.tokens], 1)
+
+
+def last_positions(hidden, keep):
+    """The last ``keep`` positions of (batch, seq, hidden) states (transformers' logits_to_keep; None: all)."""
+    return hidden if not keep else hidden[:, hidden.shape[1] - int(keep):]

@@ -28,6 +28,7 @@ from mindspore import Tensor, ops
 from mm_models_vl.qwen2_5_vl.modeling import (
     Qwen2_5_VLForConditionalGeneration,
     Qwen2_5_VLModel,
+    last_positions,
     place_rows,
 )
 from mm_models_vl.qwen3_vl import positions as pos
@@ -148,19 +149,22 @@ class Qwen3VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
         """This virtual stage's forward for mm_parallel.pipeline (``with_batch=True``): a dict of
         ``hidden`` (``logits`` on the last stage, split on the vocabulary under tp), the DeepStack
         levels later stages add and the MoE statistics so far."""
-        plan = self.sequence_plan(**self.plan_args(batch))
+        cache = batch.get("past_key_values")
+        plan = self.sequence_plan(**self.plan_args(batch), past_length=cache.length() if cache else 0)
         if self.is_first:
-            hidden, deepstack = self.embed(**{k: batch.get(k) for k in self.embed_keys})
+            hidden, deepstack = self.embed(**{k: batch.get(k) for k in self.embed_keys}) \
+                if not (cache and cache.length()) else (self.embed_tokens(batch["input_ids"]), {})
             stats = []
         else:
             hidden = x["hidden"]
             deepstack = {int(k.split("_")[1]): v for k, v in x.items() if k.startswith("deepstack_")}
             stats = _stage_stats(x)
-        hidden = self.model.language_model(hidden, plan.cos, plan.sin, plan.key_padding_mask, None, deepstack,
+        hidden = self.model.language_model(hidden, plan.cos, plan.sin, plan.key_padding_mask, cache, deepstack,
                                            plan.token_mask, plan.segment_ids)
         stats = stats + list(self.model.language_model.moe_stats)
         end = self.layer_offset + len(self.model.language_model.layers)
-        out = {"logits": self.lm_head(hidden)} if self.is_last else {"hidden": hidden}
+        out = {"logits": self.lm_head(last_positions(hidden, batch.get("logits_to_keep")))} if self.is_last else \
+            {"hidden": hidden}
         out.update({f"deepstack_{level}": d for level, d in deepstack.items() if level >= end and not self.is_last})
         if stats:
             out["moe_stats"] = ops.stack(stats)

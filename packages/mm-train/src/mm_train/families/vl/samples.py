@@ -8,16 +8,9 @@ processors exactly as training data is (the family's data set: `mm_data.vl.VLSFT
 greedily for up to ``eval.max_new_tokens`` tokens. Rank 0 writes ``answers.md`` with each
 picture / clip / sound copied beside it.
 
-Two decoders, one answer: where the whole model runs on every rank with whole sequences (tp, dp)
-the model's `generate` (a key / value cache, transformers' greedy search); under pp, cp or
-sequence parallelism, whose one-token steps do not cut into their parts, `greedy_by_reforward`:
-each new token from a whole forward pass over the sequence so far, right-padded to a length the
-layout can cut (its mask marks the pads; causal attention keeps them from the real tokens), through the pipeline
-stages (`mm_parallel.pipeline.forward_only`), the logits at the last real token gathered over
-cp and the vocabulary, the token chosen on the last stage and broadcast. It costs one forward
-pass of the whole sequence per token — affordable every so many steps — and gives the
-cache's tokens (the positions of a new token are the last one's + 1 on every M-RoPE axis either
-way; tested under pp2, cp2 and tp2 against one process).
+One decoder under every layout: `mm_parallel.decoding` (a key / value cache on each pipeline
+stage, the sequence whole under cp / sp, the tokens chosen on the last stage and broadcast),
+greedy, the same answer on every rank.
 """
 
 from __future__ import annotations
@@ -67,72 +60,17 @@ def prompt_inputs(tokenizer, processors, system: Optional[str], prompt: str, med
     return batch
 
 
-def _cache_decodes(topo) -> bool:
-    """Whether the model's cached `generate` runs under this layout (whole model and sequence)."""
-    return topo.pp.size == 1 and topo.cp.size == 1 and not (topo.config.sequence_parallel and topo.tp.size > 1)
-
-
-def _last_logits(y, position: int, topo) -> np.ndarray:
-    """The last stage's logits (split over cp along the sequence, over tp along the vocabulary)
-    at ``position`` of the whole sequence, whole."""
-    from mm_parallel import comm
-    from mm_parallel.context_parallel import gather_sequence
-
-    logits = y["logits"] if isinstance(y, dict) else y
-    if topo.cp.size > 1:
-        logits = gather_sequence(logits, 1, topo)
-    if topo.tp.size > 1:
-        logits = comm.all_gather(logits[:, position:position + 1], topo.tp, -1)
-        position = 0
-    return logits[0, position].asnumpy()
-
-
-def greedy_by_reforward(chunks, topo, inputs: Dict, max_new_tokens: int, eos, pad_id: int) -> np.ndarray:
-    """Greedy tokens after ``inputs`` (a batch of one) by a whole forward pass per token (module
-    docstring); the same on every rank."""
-    import mindspore as ms
-
-    from mm_parallel import comm, pipeline
-
-    par = topo.config
-    multiple = (2 * topo.cp.size if topo.cp.size > 1 else 1) * (topo.tp.size if par.sequence_parallel else 1)
-    ids, types, new = inputs["input_ids"], inputs.get("mm_token_type_ids"), []
-    media = {k: v for k, v in inputs.items() if k not in ("input_ids", "mm_token_type_ids", "attention_mask")}
-    for _ in range(max_new_tokens):
-        length = ids.shape[1]
-        pad = -length % multiple
-        batch = {**media, "input_ids": np.pad(ids, ((0, 0), (0, pad)), constant_values=pad_id),
-                 "attention_mask": np.pad(np.ones_like(ids), ((0, 0), (0, pad)))}  # the positions read it
-        if types is not None:
-            batch["mm_token_type_ids"] = np.pad(types, ((0, 0), (0, pad)))
-        picked = pipeline.forward_only([c.pipeline_stage for c in chunks], [(batch, batch)],
-                                       lambda y, b: int(_last_logits(y, length - 1, topo).argmax()), topo,
-                                       with_batch=True)
-        token = ms.Tensor(np.array([picked[0] if picked else 0], np.int32))
-        token = int(comm.broadcast(token, topo.pp.ranks[-1], topo.pp).asnumpy()[0])
-        new.append(token)
-        if token in eos:
-            break
-        ids = np.concatenate([ids, [[token]]], 1)
-        if types is not None:
-            types = np.concatenate([types, [[0]]], 1)
-    return np.asarray(new, np.int64)
-
-
 def answer(chunks, topo, tokenizer, processors, system: Optional[str], prompt: str, media: Dict[str, Sequence[str]],
            max_new_tokens: int, dataset_class: type) -> str:
     """The model's greedy answer to one prompt (with its pictures / clips / sounds) under this layout."""
+    from mm_parallel.decoding import decode
+
     inputs = prompt_inputs(tokenizer, processors, system, prompt, media, dataset_class)
-    ids = inputs["input_ids"]
-    if _cache_decodes(topo):
-        rest = {k: v for k, v in inputs.items() if k != "input_ids"}
-        new = chunks[0].generate(ids, max_new_tokens=max_new_tokens, **rest)[0, ids.shape[1]:]
-    else:  # the end tokens generate stops at
-        config = chunks[-1].config
-        eos = getattr(config.text_config, "eos_token_id", None) or getattr(config, "eos_token_id", None)
-        eos = set(np.atleast_1d(eos).tolist()) if eos is not None else set()
-        new = greedy_by_reforward(chunks, topo, inputs, max_new_tokens, eos, tokenizer.pad_token_id or 0)
-    return tokenizer.decode(new.tolist(), skip_special_tokens=True).strip()
+    config = chunks[-1].config
+    eos = getattr(config.text_config, "eos_token_id", None) or getattr(config, "eos_token_id", None)
+    out = decode(chunks, inputs, max_new_tokens, stop_tokens=[] if eos is None else np.atleast_1d(eos).tolist(),
+                 pad_id=tokenizer.pad_token_id or 0, topology=topo)
+    return tokenizer.decode(out.tokens[0, :out.lengths[0]].tolist(), skip_special_tokens=True).strip()
 
 
 def write_answers(task, chunks, prompts: List[str], media_files: Dict[str, List[str]], max_new_tokens: int,
