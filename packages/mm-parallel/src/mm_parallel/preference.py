@@ -80,6 +80,10 @@ class PairedBatch:
     # the policy's log-probs of the last forward ("chosen", "rejected"; no gradient): the metrics'
     observed: dict = field(default_factory=dict, compare=False, repr=False)
 
+    def model_loss(self, model, logits, plan):
+        """The loss from a model's logits: of its sequences' log-probs (``model.sequence_log_probs``)."""
+        return self.loss(model.sequence_log_probs(logits, plan))
+
     def loss(self, sequence_logps):
         """This micro-batch's share of the global batch's loss from the policy's (S,) sequence
         log-probs: sum over its pairs of the per-pair loss / pairs_in_batch (+ RPO's share)."""
@@ -140,6 +144,9 @@ class ReferencePass:
 
     def __init__(self):
         self.values = None
+
+    def model_loss(self, model, logits, plan):
+        return self.loss(model.sequence_log_probs(logits, plan))
 
     def loss(self, values):
         self.values = ops.stop_gradient(values)

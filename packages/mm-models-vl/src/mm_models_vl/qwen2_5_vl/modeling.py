@@ -426,16 +426,32 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
         """Next-token cross entropy summed over the targets != -100 (each times its weight with
         ``loss_per_sample``) and divided by the plan's count (transformers' ForCausalLMLoss with
         num_items_in_batch); under cp the ranks' parts are summed (ParallelModel.reduce_loss_over_cp).
-        With ``preference`` (an mm_parallel.preference.PairedBatch) the pairs' loss on the
-        sequences' log-probabilities instead."""
+        With ``preference`` (an objective's micro-batch: mm_parallel.preference.PairedBatch, the
+        pairs' loss on the sequences' log-probabilities; mm_parallel.grpo.PolicyBatch, GRPO's on the
+        tokens') its ``model_loss`` instead."""
         if preference is not None:
-            return preference.loss(self.sequence_log_probs(logits, plan))
+            return preference.model_loss(self, logits, plan)
         group = self.topology.tp
         if plan.weights is None:
             total = vocab_parallel_cross_entropy(logits, plan.targets, group, reduction="sum")
         else:
             total = (vocab_parallel_cross_entropy(logits, plan.targets, group, reduction="none") * plan.weights).sum()
         return self.reduce_loss_over_cp(total / (plan.count if plan.count > 0 else 1))
+
+    def token_log_probs(self, logits, plan: SequencePlan, temperature: float = 1.0):
+        """(batch, this rank's positions) float32 log-probabilities of each counted next-token
+        target under softmax(logits / temperature), 0 where there is none (the vocabulary split
+        over tp; GRPO's per-token terms, mm_parallel.grpo)."""
+        logits = logits if temperature == 1.0 else logits / temperature
+        token = -vocab_parallel_cross_entropy(logits, plan.targets, self.topology.tp, reduction="none")
+        return token if token.dtype == ms.float32 else token.astype(ms.float32)
+
+    def target_part(self, array: np.ndarray) -> np.ndarray:
+        """A (batch, seq) host array over the whole sequence's targets cut to this rank's positions
+        (its context-parallel part; the logits are whole over sp)."""
+        if self.topology.cp.size == 1:
+            return np.asarray(array)
+        return np.asarray(array)[:, self.local_positions(np.shape(array)[1], sequence_parallel=False)]
 
     def sequence_log_probs(self, logits, plan: SequencePlan):
         """(plan.sequence_count,) float32: each sequence's summed log-probabilities of its counted
