@@ -113,6 +113,14 @@ def padded_pair(rng: np.random.Generator):
     return with_types_and_labels(inputs)
 
 
+def prompt_and_answer(prompt, answer, media=None):
+    """One sample's inputs: ``prompt`` + ``answer`` tokens, only the answer's counted (labels)."""
+    inputs = {"input_ids": np.array([prompt + answer], np.int64),
+              "labels": np.array([[-100] * len(prompt) + answer], np.int64)}
+    inputs["mm_token_type_ids"] = (inputs["input_ids"] == IMAGE).astype(np.int64)
+    return {**inputs, **(media or {})}
+
+
 def with_types_and_labels(inputs):
     ids = inputs["input_ids"]
     types = np.zeros_like(ids)

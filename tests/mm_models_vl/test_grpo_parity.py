@@ -9,19 +9,20 @@ import numpy as np
 import pytest
 import torch
 from helpers.packed_reference import pack_samples
-from helpers.qwen_vl_reference import IMAGE, merged, our_forward, placeholder, rel_err, write_reference
+from helpers.qwen_vl_reference import (
+    IMAGE,
+    merged,
+    our_forward,
+    placeholder,
+    prompt_and_answer,
+    rel_err,
+    write_reference,
+)
 from helpers.trl_grpo import trl_grpo_loss
 
 from mm_parallel.grpo import PolicyBatch, Settings, aggregation_weights, group_advantages
 
 TEMPERATURE = 0.7
-
-
-def _sequence(prompt, completion, media=None):
-    inputs = {"input_ids": np.array([prompt + completion], np.int64),
-              "labels": np.array([[-100] * len(prompt) + completion], np.int64)}
-    inputs["mm_token_type_ids"] = (inputs["input_ids"] == IMAGE).astype(np.int64)
-    return {**inputs, **(media or {})}
 
 
 def _groups(rng):
@@ -31,8 +32,8 @@ def _groups(rng):
              "image_grid_thw": np.array([grid], np.int64)}
     text = lambda n: rng.integers(3, 240, n).tolist()  # noqa: E731
     picture, plain = text(3) + placeholder(IMAGE, merged(grid)) + text(2), text(6)
-    return [_sequence(picture, text(4), media), _sequence(picture, text(2), media), _sequence(plain, text(5)),
-            _sequence(plain, text(3))]
+    return [prompt_and_answer(picture, text(4), media), prompt_and_answer(picture, text(2), media),
+            prompt_and_answer(plain, text(5)), prompt_and_answer(plain, text(3))]
 
 
 def _reference_completion_log_probs(model, sequences, width):

@@ -8,17 +8,18 @@ import numpy as np
 import pytest
 import torch
 from helpers.packed_reference import pack_samples
-from helpers.qwen_vl_reference import IMAGE, merged, our_forward, placeholder, rel_err, write_reference
+from helpers.qwen_vl_reference import (
+    IMAGE,
+    merged,
+    our_forward,
+    placeholder,
+    prompt_and_answer,
+    rel_err,
+    write_reference,
+)
 from helpers.trl_dpo import trl_dpo_loss
 
 from mm_parallel.preference import PairedBatch, Settings
-
-
-def _sequence(prompt, answer, media=None):
-    inputs = {"input_ids": np.array([prompt + answer], np.int64),
-              "labels": np.array([[-100] * len(prompt) + answer], np.int64)}
-    inputs["mm_token_type_ids"] = (inputs["input_ids"] == IMAGE).astype(np.int64)
-    return {**inputs, **(media or {})}
 
 
 def _pairs(rng):
@@ -29,8 +30,8 @@ def _pairs(rng):
     text = lambda n: rng.integers(3, 240, n).tolist()  # noqa: E731
     picture = text(3) + placeholder(IMAGE, merged(grid)) + text(2)
     plain = text(6)
-    return [(_sequence(picture, text(4), media), _sequence(picture, text(3), media)),
-            (_sequence(plain, text(5)), _sequence(plain, text(2)))]
+    return [(prompt_and_answer(picture, text(4), media), prompt_and_answer(picture, text(3), media)),
+            (prompt_and_answer(plain, text(5)), prompt_and_answer(plain, text(2)))]
 
 
 def _reference_token_log_probs(model, sequences, length):
