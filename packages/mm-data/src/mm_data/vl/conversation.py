@@ -48,6 +48,7 @@ class Conversation:
     audios: Tuple[str, ...] = field(default_factory=tuple)
     source: str = ""
     rejected: Optional[str] = None
+    solution: Optional[str] = None  # a prompt's reference answer (mm_data.vl.prompts)
 
 
 def _text(value, source: str, what: str) -> str:
@@ -135,24 +136,53 @@ def _answer(value, fmt: DatasetFormat, source: str, what: str) -> str:
     return _text(value, source, f"'{what}'")
 
 
-def parse_entry(entry, source: str, media_dir: str = "", fmt: Optional[DatasetFormat] = None) -> Conversation:
+def parse_entry(entry, source: str, media_dir: str = "", fmt: Optional[DatasetFormat] = None,
+                prompts: bool = False) -> Conversation:
     """One LLaMA-Factory entry as a checked `Conversation`; ``fmt`` the data set's layout from a
-    dataset_info.json (default: told from the entry)."""
+    dataset_info.json (default: told from the entry); with ``prompts`` a prompt and its reference
+    answer (mm_data.vl.prompts)."""
     if not isinstance(entry, dict):
         raise BadSample(source, f"expected an object, got {type(entry).__name__}")
     fmt = fmt or _detected(entry, source)
     reader = _alpaca_turns if fmt.formatting == "alpaca" else _message_turns
     system, turns = reader(entry, fmt, source)
+    if prompts:
+        return _with_media(entry, fmt, source, media_dir, system, *_prompt_turns(entry, fmt, turns, source))
     rejected = None
     if fmt.ranking:
         turns.append(("assistant", _answer(entry.get(fmt.columns["chosen"]), fmt, source, fmt.columns["chosen"])))
         rejected = _answer(entry.get(fmt.columns["rejected"]), fmt, source, fmt.columns["rejected"])
         if rejected == turns[-1][1]:
             raise BadSample(source, "the chosen and the rejected answers are the same: the pair teaches nothing")
+    _check_turns(turns, "assistant", source)
+    return _with_media(entry, fmt, source, media_dir, system, turns, rejected)
+
+
+def _check_turns(turns, last: str, source: str) -> None:
     expected = ["user", "assistant"] * (len(turns) // 2 + 1)
-    if not turns or [role for role, _ in turns] != expected[:len(turns)] or turns[-1][0] != "assistant":
-        raise BadSample(source, f"turns must alternate user / assistant and end with the assistant, got "
+    if not turns or [role for role, _ in turns] != expected[:len(turns)] or turns[-1][0] != last:
+        raise BadSample(source, f"turns must alternate user / assistant and end with the {last}, got "
                                 f"{[role for role, _ in turns]}")
+
+
+def _prompt_turns(entry: dict, fmt: DatasetFormat, turns: list, source: str):
+    """(the prompt's turns, None, its reference answer): the turns to the last user turn; the
+    answer from ``solution``, else the assistant's answer that ended the turns."""
+    if fmt.ranking:
+        raise BadSample(source, "a preference pair is not a prompt: GRPO reads prompts with a solution")
+    solution = entry.get("solution")
+    if turns and turns[-1][0] == "assistant":
+        answer = turns.pop()[1]
+        solution = answer if solution is None else solution
+    if solution is not None and (isinstance(solution, bool) or not isinstance(solution, (str, int, float))):
+        raise BadSample(source, f"'solution' must be text or a number, got {type(solution).__name__}")
+    _check_turns(turns, "user", source)
+    return turns, None, None if solution is None else str(solution)
+
+
+def _with_media(entry: dict, fmt: DatasetFormat, source: str, media_dir: str, system, turns, rejected,
+                solution: Optional[str] = None) -> Conversation:
+    """The `Conversation` with its media paths, checked against the placeholders of its turns."""
     media = {}
     for key, placeholder in PLACEHOLDERS.items():
         column = fmt.columns.get(key) or key
@@ -164,32 +194,34 @@ def parse_entry(entry, source: str, media_dir: str = "", fmt: Optional[DatasetFo
         if count != len(paths):
             raise BadSample(source, f"{count} {placeholder} placeholders but {len(paths)} {key}")
         media[key] = tuple(p if os.path.isabs(p) or "://" in p else os.path.join(media_dir, p) for p in paths)
-    return Conversation(tuple(turns), system, media["images"], media["videos"], media["audios"], source, rejected)
+    return Conversation(tuple(turns), system, media["images"], media["videos"], media["audios"], source, rejected,
+                        solution)
 
 
 def read_conversations(path: str, media_dir: Optional[str] = None, log: Optional[BadInputLog] = None,
-                       fmt: Optional[DatasetFormat] = None) -> List[Conversation]:
+                       fmt: Optional[DatasetFormat] = None, prompts: bool = False) -> List[Conversation]:
     """Every usable conversation of a LLaMA-Factory JSON / JSONL file (``fmt``: its layout from a
-    dataset_info.json, else told per entry); bad entries go to ``log``."""
+    dataset_info.json, else told per entry; ``prompts``: prompts with their reference answers);
+    bad entries go to ``log``."""
     log = log if log is not None else BadInputLog()
     media_dir = media_dir if media_dir is not None else os.path.dirname(os.path.abspath(path))
     before = log.count
     entries = json_entries(path, log)
     malformed = log.count - before
-    conversations = parse_all(entries, lambda entry, source: parse_entry(entry, source, media_dir, fmt), log)
+    conversations = parse_all(entries, lambda entry, source: parse_entry(entry, source, media_dir, fmt, prompts), log)
     log.total = (log.total or 0) + len(entries) + malformed
     log.check()
     return conversations
 
 
 def read_datasets(formats: Sequence[DatasetFormat], media_dir: Optional[str] = None,
-                  log: Optional[BadInputLog] = None, seed: int = 0) -> List[Conversation]:
+                  log: Optional[BadInputLog] = None, seed: int = 0, prompts: bool = False) -> List[Conversation]:
     """The conversations of dataset_info.json's data sets (``num_samples`` keeps a set's first
     ones): one after the other, or mixed by their ratios (`mix`); media paths start at
     ``media_dir`` or each set's folder."""
     sets = []
     for fmt in formats:
-        read = read_conversations(fmt.path, media_dir, log, fmt)
+        read = read_conversations(fmt.path, media_dir, log, fmt, prompts)
         sets.append(read[:fmt.num_samples] if fmt.num_samples else read)
     if formats and formats[0].ratio is not None:
         return mix(sets, [fmt.ratio for fmt in formats], seed)

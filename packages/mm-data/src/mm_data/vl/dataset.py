@@ -8,7 +8,8 @@ template. Out come transformers' keyword arguments: ``input_ids``, ``attention_m
 ``pixel_values_videos`` / ``video_grid_thw`` / ``second_per_grid_ts``. A missing or unreadable
 medium, or a sample that cannot fit ``max_length``, raises `BadSample`. With ``pairs`` every sample
 is a preference pair (`mm_data.vl.pairs`: both answers to one prompt, its media processed once);
-without it pair data is refused, and with it an entry that is no pair is a `BadSample`.
+without it pair data is refused, and with it an entry that is no pair is a `BadSample`. With
+``prompts`` every sample is a prompt with its reference answer (`mm_data.vl.prompts`: GRPO).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from mm_data.video.decode import probe, read_frames
 from mm_data.vl.conversation import Conversation, read_conversations, read_datasets
 from mm_data.vl.image_processor import Qwen2VLImageProcessor, smart_resize
 from mm_data.vl.pairs import PAIR_INDEX, encode_pair, pair_length
+from mm_data.vl.prompts import PROMPT_INDEX, encode_prompt
 from mm_data.vl.template import QWEN_MEDIA, QwenChatTemplate
 from mm_data.vl.video_processor import Qwen2VLVideoProcessor
 
@@ -50,8 +52,10 @@ class VLSFTDataset:
     def __init__(self, conversations: Sequence[Conversation], tokenizer, image_processor=None, video_processor=None,
                  max_length: Optional[int] = None, video_fps: float = 2.0,
                  default_system: Optional[str] = "You are a helpful assistant.",
-                 bad_input: Optional[BadInputLog] = None, pairs: bool = False):
-        self.conversations, self.pairs = list(conversations), pairs
+                 bad_input: Optional[BadInputLog] = None, pairs: bool = False, prompts: bool = False):
+        if pairs and prompts:
+            raise ValueError("a data set holds preference pairs (dpo) or prompts (grpo), not both")
+        self.conversations, self.pairs, self.prompts = list(conversations), pairs, prompts
         found = sum(c.rejected is not None for c in self.conversations)
         if found and not pairs:
             raise ValueError(f"the data holds {found} preference pairs (chosen / rejected answers): train on them with "
@@ -71,9 +75,9 @@ class VLSFTDataset:
                   **kwargs):
         """The data set of a LLaMA-Factory file, or of data sets of a dataset_info.json (``path``:
         a list of `mm_data.vl.dataset_info.DatasetFormat`, read in order)."""
-        log = BadInputLog(max_bad_fraction)
-        conversations = (read_conversations(path, media_dir, log) if isinstance(path, str)
-                         else read_datasets(path, media_dir, log))
+        log, prompts = BadInputLog(max_bad_fraction), kwargs.get("prompts", False)
+        conversations = (read_conversations(path, media_dir, log, prompts=prompts) if isinstance(path, str)
+                         else read_datasets(path, media_dir, log, prompts=prompts))
         return cls(conversations, tokenizer, bad_input=log, **kwargs)
 
     def __len__(self) -> int:
@@ -105,9 +109,20 @@ class VLSFTDataset:
             c, image_tokens, video_tokens, max_length=limit, video_timestamps=timestamps))
         sample.update(tokens)
         sample["attention_mask"] = np.ones_like(tokens["input_ids"])
+        return self.indexed(sample, index)
+
+    def indexed(self, sample: Dict[str, np.ndarray], index: int) -> Dict[str, np.ndarray]:
+        """A pair's or a prompt's sample with its index in the data set (a reference cache's, a
+        rollout's key)."""
         if self.pairs:
             sample[PAIR_INDEX] = np.int64(index)
+        if self.prompts:
+            sample[PROMPT_INDEX] = np.int64(index)
         return sample
+
+    def solution(self, index: int) -> Optional[str]:
+        """Prompt ``index``'s reference answer (mm_data.vl.prompts), or None."""
+        return self.conversations[index].solution
 
     def vision(self, conversation: Conversation):
         """(the processors' outputs, image pad counts, video pad counts, each video's timestamps when
@@ -161,8 +176,11 @@ class VLSFTDataset:
             c, image_tokens, video_tokens, max_length=limit, video_timestamps=timestamps)))
 
     def tokens(self, conversation: Conversation, encode) -> Dict[str, np.ndarray]:
-        """``encode(conversation, max_length)`` (the template's token fields), or with ``pairs``
-        both sides of the pair, uncut (`mm_data.vl.pairs.encode_pair`)."""
+        """``encode(conversation, max_length)`` (the template's token fields); with ``pairs`` both
+        sides of the pair, uncut (`mm_data.vl.pairs.encode_pair`); with ``prompts`` the prompt,
+        uncut (`mm_data.vl.prompts.encode_prompt`)."""
+        if self.prompts:
+            return encode_prompt(lambda c: encode(c, None), conversation, self.max_length)
         if not self.pairs:
             return encode(conversation, self.max_length)
         if conversation.rejected is None:

@@ -28,7 +28,7 @@ from mm_data.audio import WhisperFeatureExtractor, load_audio
 from mm_data.errors import logger
 from mm_data.vl.conversation import Conversation
 from mm_data.vl.dataset import MEDIA_FIELDS, VLSFTDataset
-from mm_data.vl.pairs import PAIR_INDEX, pair_length
+from mm_data.vl.pairs import pair_length
 from mm_data.vl.template import OMNI_MEDIA
 
 OMNI_SYSTEM = ("You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
@@ -131,9 +131,7 @@ class OmniSFTDataset(VLSFTDataset):
             c, image_tokens, video_tokens, sample.get("video_grid_thw", ()), sample.get("video_second_per_grid", ()),
             sources, pads, limit)))
         sample["attention_mask"] = np.ones_like(sample["input_ids"])
-        if self.pairs:
-            sample[PAIR_INDEX] = np.int64(index)
-        return sample
+        return self.indexed(sample, index)
 
     def length(self, index: int) -> int:
         """Tokens of sample ``index``: images and videos from headers and probes (no pixels

@@ -7,13 +7,11 @@ with the rejected answer). Neither side is ever cut to ``max_length``: a cut ans
 log-probability would not be the answer's, so a longer side makes the pair a `BadSample`.
 
 A micro-batch of P pairs is 2P sequences, the P chosen ones first, then the P rejected ones in
-the same order (`unfold`), padded rows or the segments of one packed row alike. The towers'
-inputs (pixels, audio features) come once, with the chosen sequences; every other media field
-(grids, seconds per grid, audio masks: one entry per placeholder run) comes with each sequence,
-so the rejected half repeats the chosen half's list. ``media_copies = 2`` tells the model (its
-forward keyword) that the placeholders hold the features twice over: the towers run once per
-pair and both sequences read the same features. ``answer_tokens`` counts each sequence's trained
-(answer) tokens, what IPO and RPO divide by; ``pair_index`` each pair's index in the data set.
+the same order (`unfold`), padded rows or the segments of one packed row alike: groups of two
+sequences sharing their prompt's media (`mm_data.vl.groups`: the towers' inputs once,
+``media_copies = 2``, the towers run once per pair and both sequences read the same features).
+``answer_tokens`` counts each sequence's trained (answer) tokens, what IPO and RPO divide by;
+``pair_index`` each pair's index in the data set.
 """
 
 from __future__ import annotations
@@ -25,11 +23,11 @@ import numpy as np
 
 from mm_data.errors import BadSample
 from mm_data.vl.conversation import Conversation
-from mm_data.vl.packing import PackedRows, pack
+from mm_data.vl.groups import TOWER_INPUTS, collate_groups, copy_major
+from mm_data.vl.packing import PackedRows
 
 REJECTED = "rejected_"
 TOKEN_FIELDS = ("input_ids", "labels", "mm_token_type_ids")
-TOWER_INPUTS = ("pixel_values", "pixel_values_videos", "input_features")  # given once per pair
 PAIR_INDEX = "pair_index"  # the data set's index of a pair sample (a reference cache's key)
 PAIR_KEYS = ("media_copies", "answer_tokens", PAIR_INDEX)  # what `collate_pairs` adds to a micro-batch
 
@@ -58,28 +56,31 @@ def pair_length(tokens: Dict[str, np.ndarray]) -> int:
     return len(tokens["input_ids"]) + len(tokens.get(REJECTED + "input_ids", ()))
 
 
+def sides(pair: Dict) -> List[Dict]:
+    """A pair sample's [chosen, rejected] sequence samples; the rejected side without the towers'
+    inputs (mm_data.vl.groups gives them once per group)."""
+    chosen = {k: v for k, v in pair.items() if not k.startswith(REJECTED)}
+    shared = {k: v for k, v in pair.items()
+              if not k.startswith(REJECTED) and k not in TOWER_INPUTS + TOKEN_FIELDS + ("attention_mask",)}
+    own = {k[len(REJECTED):]: v for k, v in pair.items() if k.startswith(REJECTED)}
+    return [chosen, {**shared, **own, "attention_mask": np.ones_like(own["input_ids"])}]
+
+
 def unfold(pairs: List[Dict]) -> List[Dict]:
     """P pair samples as 2P sequence samples: the chosen ones, then the rejected ones (module
-    docstring); the rejected side without the towers' inputs."""
-    chosen = [{k: v for k, v in p.items() if not k.startswith(REJECTED)} for p in pairs]
-    rejected = []
-    for pair in pairs:
-        shared = {k: v for k, v in pair.items()
-                  if not k.startswith(REJECTED) and k not in TOWER_INPUTS + TOKEN_FIELDS + ("attention_mask",)}
-        own = {k[len(REJECTED):]: v for k, v in pair.items() if k.startswith(REJECTED)}
-        rejected.append({**shared, **own, "attention_mask": np.ones_like(own["input_ids"])})
-    return chosen + rejected
+    docstring; mm_data.vl.groups.copy_major)."""
+    return copy_major([sides(p) for p in pairs])
 
 
 def collate_pairs(collate: Callable, pairs: List[Dict], pack_rows: bool = False) -> Dict:
     """The pairs' sequences (`unfold`) ``collate``d — one packed row with ``pack_rows``, else
     padded rows — with `PAIR_KEYS`."""
     indices = np.array([int(p.get(PAIR_INDEX, -1)) for p in pairs], np.int64)
-    sequences = unfold([{k: v for k, v in p.items() if k != PAIR_INDEX} for p in pairs])
-    batch = collate([pack(sequences)] if pack_rows else sequences)
+    groups = [sides({k: v for k, v in p.items() if k != PAIR_INDEX}) for p in pairs]
+    batch = collate_groups(collate, groups, pack_rows)
     batch[PAIR_INDEX] = indices
-    batch["media_copies"] = 2
-    batch["answer_tokens"] = np.array([int((np.asarray(s["labels"]) != -100).sum()) for s in sequences], np.int64)
+    batch["answer_tokens"] = np.array([int((np.asarray(s["labels"]) != -100).sum()) for s in copy_major(groups)],
+                                      np.int64)
     return batch
 
 
