@@ -30,13 +30,14 @@ PACKING_FIELDS = {"padding_fraction", "tokens_max_over_mean", "batch_samples"}  
 PREFERENCE_FIELDS = {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
                      "logps/rejected", "logps/ref_chosen", "logps/ref_rejected", "errors/chosen", "errors/rejected",
                      "errors/ref_chosen", "errors/ref_rejected"}  # train.objective dpo's rows (clips: errors)
+GRPO_FIELDS = {"reward", "reward_std", "kl", "clip_ratio", "completion_length", "generation_share"}  # and reward/<name>
 
 
 def rows_of(out):
     with open(os.path.join(out, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
-    known = FIELDS | EVAL_FIELDS | PACKING_FIELDS | PREFERENCE_FIELDS | {"moe"}  # moe: MoE routing metrics
-    assert rows and all(FIELDS <= set(row) <= known for row in rows)
+    known = FIELDS | EVAL_FIELDS | PACKING_FIELDS | PREFERENCE_FIELDS | GRPO_FIELDS | {"moe"}  # moe: MoE routing
+    assert rows and all(FIELDS <= set(row) and all(k in known or k.startswith("reward/") for k in row) for row in rows)
     return rows
 
 

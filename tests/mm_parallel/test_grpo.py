@@ -69,6 +69,27 @@ def test_group_advantages_follow_trls_formula(scale):
     np.testing.assert_allclose(group_advantages(rewards, 4, scale), want.numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_unscored_completions_are_left_out_of_their_group_and_have_no_advantage():
+    from trl.trainer.utils import nanstd
+
+    rewards = np.array([1.0, np.nan, 0.0, 0.5, np.nan, np.nan, np.nan, 2.0], np.float32)
+    r = torch.from_numpy(rewards).view(-1, 4)
+    want = (r - torch.nanmean(r, 1, keepdim=True)) / (nanstd(r, dim=1, keepdim=True) + 1e-4)
+    want = torch.nan_to_num(want, nan=0.0).view(-1).numpy()  # trl zeroes an unscorable completion's
+    want[4:] = [0.0, 0.0, 0.0, 0.0]  # one scored completion in the group: std nan in trl, no advantage here
+    np.testing.assert_allclose(group_advantages(rewards, 4), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_parts_batch_std_from_summed_moments_is_the_whole_batchs():
+    from mm_parallel.grpo import batch_moments, std_of_moments
+
+    rewards = np.random.default_rng(2).random(12)
+    summed = batch_moments(rewards[:6]) + batch_moments(rewards[6:])
+    assert std_of_moments(summed) == pytest.approx(float(np.std(rewards, ddof=1)), rel=1e-9)
+    np.testing.assert_allclose(group_advantages(rewards[:6], 3, "batch", std_of_moments(summed)),
+                               group_advantages(rewards, 3, "batch")[:6], rtol=1e-6)
+
+
 def test_a_group_with_equal_rewards_has_no_advantage_and_bad_groups_are_refused():
     advantages = group_advantages(np.array([1.0, 1.0, 0.0, 1.0]), 2)
     np.testing.assert_array_equal(advantages[:2], [0.0, 0.0])

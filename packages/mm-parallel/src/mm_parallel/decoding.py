@@ -92,11 +92,13 @@ def left_padded(mask: np.ndarray) -> bool:
 
 def decode(chunks: Sequence, prompt: Dict, max_new_tokens: int, sampling: Sampling = Sampling(),
            stop_tokens: Sequence[int] = (), pad_id: int = 0, copies: int = 1, seed: int = 0,
-           keys: Optional[Sequence[Sequence[int]]] = None, topology: Optional[Topology] = None) -> Completions:
+           keys: Optional[Sequence[Sequence[int]]] = None, topology: Optional[Topology] = None,
+           suppress_tokens: Sequence[int] = ()) -> Completions:
     """Completions of the prompts in ``prompt`` (forward keywords, a left-padded batch) by this
     rank's model ``chunks`` (its virtual stages, in order); the same on every rank of a pipeline
     and tensor-parallel group. ``keys``: each row's sampling stream (prompt-major, rows =
-    prompts x copies; default (prompt, copy)). See the module docstring."""
+    prompts x copies; default (prompt, copy)); ``suppress_tokens``: never chosen (their logits
+    -inf, transformers' suppress_tokens). See the module docstring."""
     topo = get_topology(topology)
     ids = host_array(prompt["input_ids"], np.int64)
     mask = host_array(prompt.get("attention_mask"))
@@ -122,6 +124,9 @@ def decode(chunks: Sequence, prompt: Dict, max_new_tokens: int, sampling: Sampli
                 cache.repeat_rows(copies)
             mask, positions = np.repeat(mask, copies, 0), np.repeat(positions, copies, -2)
         for step in range(max_new_tokens):
+            if logits is not None and len(suppress_tokens):
+                logits = logits.copy()
+                logits[:, list(suppress_tokens)] = -np.inf
             chosen = _choose(logits, sampling, uniforms[:, step], rows, topo)
             chosen = np.where(done, pad_id, chosen)
             tokens.append(chosen)

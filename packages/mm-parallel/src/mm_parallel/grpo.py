@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 
@@ -64,35 +65,69 @@ class Settings:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
 
-def group_advantages(rewards: np.ndarray, group: int, scale: str = "group") -> np.ndarray:
-    """(N,) float32 advantages of (N,) rewards in consecutive groups of ``group`` (module docstring)."""
+def group_advantages(rewards: np.ndarray, group: int, scale: str = "group",
+                     batch_std: Optional[float] = None) -> np.ndarray:
+    """(N,) float32 advantages of (N,) rewards in consecutive groups of ``group`` (module
+    docstring). A NaN reward (no reward function scored the completion) is left out of its
+    group's mean and std, and its advantage is 0 (trl's). ``batch_std``: scale "batch"'s std over
+    the whole global batch when this is a part of it (default: these rewards')."""
     if scale not in SCALE_REWARDS:
         raise ValueError(f"grpo.scale_rewards={scale!r} is unknown; use one of {', '.join(SCALE_REWARDS)}")
     rewards = np.asarray(rewards, np.float64)
     if group < 1 or rewards.size % group:
         raise ValueError(f"{rewards.size} rewards do not make groups of {group} completions")
     grouped = rewards.reshape(-1, group)
-    advantages = grouped - grouped.mean(1, keepdims=True)
+    scored = ~np.isnan(grouped)
+    mean = np.nanmean(np.where(scored.any(1, keepdims=True), grouped, 0.0), 1, keepdims=True)
+    advantages = grouped - mean
     if scale == "group":
-        std = grouped.std(1, ddof=1, keepdims=True) if group > 1 else np.zeros_like(grouped)
-        advantages = advantages / (std + 1e-4)
+        advantages = advantages / (_nanstd(grouped, 1) + 1e-4)
     elif scale == "batch":
-        std = rewards.std(ddof=1) if rewards.size > 1 else 0.0
-        advantages = advantages / (std + 1e-4)
-    return advantages.reshape(-1).astype(np.float32)
+        advantages = advantages / ((_nanstd(rewards, None) if batch_std is None else batch_std) + 1e-4)
+    return np.where(scored, advantages, 0.0).reshape(-1).astype(np.float32)
+
+
+def _nanstd(values: np.ndarray, axis) -> np.ndarray:
+    """The standard deviation with Bessel's correction over the non-NaN values (trl's nanstd; 0
+    where fewer than two)."""
+    count = (~np.isnan(values)).sum(axis, keepdims=axis is not None)
+    if np.all(count < 2):
+        return np.zeros_like(count, np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        std = np.sqrt(np.nansum((values - np.nanmean(values, axis, keepdims=True)) ** 2, axis,
+                                keepdims=axis is not None) / (count - 1))
+    return np.where(count > 1, std, 0.0)
+
+
+def batch_moments(rewards: np.ndarray) -> np.ndarray:
+    """(sum, sum of squares, count) of the scored rewards: summed over data-parallel ranks, what
+    `std_of_moments` makes the global batch's std of (scale_rewards batch)."""
+    scored = np.asarray(rewards, np.float64)[~np.isnan(rewards)]
+    return np.array([scored.sum(), (scored ** 2).sum(), scored.size], np.float64)
+
+
+def std_of_moments(moments: np.ndarray) -> float:
+    total, squares, count = (float(v) for v in moments)
+    if count < 2:
+        return 0.0
+    return float(np.sqrt(max(squares - total * total / count, 0.0) / (count - 1)))
 
 
 def aggregation_weights(completion_mask: np.ndarray, aggregation: str, completions_in_batch: float,
-                        tokens_in_batch: float) -> np.ndarray:
+                        tokens_in_batch: float, sequence: Optional[np.ndarray] = None) -> np.ndarray:
     """(rows, tokens) float32 weights w_t of a micro-batch's completion tokens (``completion_mask``
-    1 on them) for the global batch's loss (module docstring)."""
+    1 on them) for the global batch's loss (module docstring); ``sequence``: each position's
+    completion (a packed row's segments; default: its row)."""
     mask = np.asarray(completion_mask, np.float64)
     if aggregation == "token":
         return (mask / max(float(tokens_in_batch), 1.0)).astype(np.float32)
-    if aggregation == "sample":
-        lengths = np.maximum(mask.sum(1, keepdims=True), 1.0)
-        return (mask / lengths / max(float(completions_in_batch), 1.0)).astype(np.float32)
-    raise ValueError(f"train.loss_normalization={aggregation!r} is unknown; use one of {', '.join(AGGREGATIONS)}")
+    if aggregation != "sample":
+        raise ValueError(f"train.loss_normalization={aggregation!r} is unknown; use one of {', '.join(AGGREGATIONS)}")
+    if sequence is None:
+        sequence = np.broadcast_to(np.arange(mask.shape[0])[:, None], mask.shape)
+    sequence = np.where(mask > 0, sequence, 0).astype(np.int64)
+    lengths = np.bincount(sequence.reshape(-1), weights=mask.reshape(-1), minlength=int(sequence.max()) + 1)
+    return (mask / np.maximum(lengths[sequence], 1.0) / max(float(completions_in_batch), 1.0)).astype(np.float32)
 
 
 def token_losses(logps, old_logps, ref_logps, advantages, settings: Settings):
@@ -121,7 +156,8 @@ class PolicyBatch:
     old_logps: Optional[np.ndarray] = None
     ref_logps: Optional[np.ndarray] = None
     settings: Settings = field(default_factory=Settings)
-    # this forward's per-token values for the metrics (no gradient): "logps", "ratio", "kl"
+    # this forward's sums over the completion tokens (weights > 0) for the metrics, no gradient:
+    # "tokens", "kl", "clipped" (tokens whose clipped term was the smaller: no gradient through rho)
     observed: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
@@ -134,7 +170,33 @@ class PolicyBatch:
         part = lambda array: Tensor(model.target_part(array).astype(np.float32))  # noqa: E731
         old = ops.stop_gradient(logps) if self.old_logps is None else part(self.old_logps)
         ref = part(self.ref_logps) if self.settings.beta else None
-        losses, ratio, kl = token_losses(logps, old, ref, part(self.advantages), self.settings)
-        self.observed.update(logps=ops.stop_gradient(logps), ratio=ops.stop_gradient(ratio),
-                             kl=None if kl is None else ops.stop_gradient(kl))
-        return model.reduce_loss_over_cp((losses * part(self.weights)).sum())
+        advantages, weights = part(self.advantages), part(self.weights)
+        losses, ratio, kl = token_losses(logps, old, ref, advantages, self.settings)
+        self._observe(ops.stop_gradient(ratio), None if kl is None else ops.stop_gradient(kl), advantages,
+                      (weights > 0).astype(ms.float32))
+        return model.reduce_loss_over_cp((losses * weights).sum())
+
+    def _observe(self, ratio, kl, advantages, mask) -> None:
+        """This rank's sums for the metrics (trl's clip_ratio/region_mean: clipped below with A < 0
+        or above with A > 0)."""
+        clipped = ((ratio < 1.0 - self.settings.epsilon) & (advantages < 0)) | \
+            ((ratio > 1.0 + self.settings.upper) & (advantages > 0))
+        self.observed.update(tokens=mask.sum(), clipped=(clipped.astype(ms.float32) * mask).sum(),
+                             kl=(kl * mask).sum() if kl is not None else ops.zeros((), ms.float32))
+
+
+class TokenLogProbs:
+    """A forward's ``preference`` that keeps each target's log-probability at ``temperature`` over
+    the whole sequence (gathered over cp) as ``values`` (no gradient) in place of a loss: the
+    sampling policy's before an update, or the reference's (GRPO's pi_old and pi_ref), through
+    the same forward and pipeline code as the policy's."""
+
+    def __init__(self, temperature: float = 1.0):
+        self.temperature, self.values = temperature, None
+
+    def model_loss(self, model, logits, plan):
+        from mm_parallel.context_parallel import gather_sequence
+
+        logps = ops.stop_gradient(model.token_log_probs(logits, plan, self.temperature))
+        self.values = gather_sequence(logps, 1, model.topology) if model.topology.cp.size > 1 else logps
+        return logps.sum()

@@ -22,7 +22,9 @@ gradient is not finite (on any rank) is skipped — no update — and counted;
 The task (`mm_train.task.Task`, made by the recipe's family: mm_train.registry) supplies the
 model class, its plan and the data; MFU counts the model's FLOPs on the first micro-batch. With
 train.objective dpo a sample is a preference pair and `mm_train.preference_step` gives each
-micro-batch the frozen reference's values and the pairs' divisors (its metrics join the rows).
+micro-batch the frozen reference's values and the pairs' divisors; with grpo a sample is a prompt
+and `mm_train.grpo_step` makes the step's micro-batches from its rollouts (their metrics join the
+rows).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from mm_parallel.ops.device import as_type, use_fused
 from mm_parallel.tensor_parallel import seed_parameters
 from mm_parallel.topology import Topology
 from mm_train import checkpoint, evaluation, node_disks, run_folder, samples, tensorboard_log
+from mm_train.grpo_step import GrpoStep
 from mm_train.loss_share import with_loss_divisor
 from mm_train.preference_step import PreferenceStep
 from mm_train.recipe import Recipe, check_layout
@@ -206,10 +209,13 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
     with _reading_checkpoint(resume_from, disks):
         first = checkpoint.load_optimizer(resume_from, chunks, optimizer) if resume_from else 0
     params = [p for chunk in chunks for p in chunk.trainable_params()]
-    objective = None  # train.objective dpo: the reference and the pairs (mm_train.preference_step)
+    objective = None  # dpo: the reference and the pairs (mm_train.preference_step); grpo: rollouts (grpo_step)
+    reference = lambda: build_model(task, recipe, topo, None, disks)[0]  # noqa: E731 (the starting weights)
     if recipe.train.objective == "dpo":
-        objective = PreferenceStep(recipe, chunks, topo, lambda: build_model(task, recipe, topo, None, disks)[0])
+        objective = PreferenceStep(recipe, chunks, topo, reference)
         objective.start(task, out, first, disks.folder_writer)
+    elif recipe.train.objective == "grpo":
+        objective = GrpoStep(recipe, chunks, topo, task, reference)
     # the loss times the loss scale (1 unless fp16 / a static scale) is what is differentiated
     grad_fn = ms.value_and_grad(lambda batch: optimizer.scale_loss(chunks[0](**batch).loss), None, params)
 
@@ -238,7 +244,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
             if profiler is not None:
                 profiler.before_step(step + 1)
             start = time.perf_counter()
-            batches = next(stream)
+            batches = objective.step_batches(stream, step) if objective is not None else next(stream)
             if rows.meter is None:
                 flops = TRAIN_FLOPS_FACTOR * task.flops_per_sample(chunks[0], batches[0])
                 rows.meter = Throughput(flops_per_sample=flops,

@@ -13,3 +13,11 @@ class MicroBatches:
 
     def __call__(self, samples: List[dict]) -> List[Dict]:
         return [self.collate(samples[i:i + self.size]) for i in range(0, len(samples), self.size)]
+
+
+class Prompts:
+    """A rank's share of a step's prompts as one list, as they are (train.objective grpo:
+    mm_train.grpo_step makes the training micro-batches from their rollouts)."""
+
+    def __call__(self, samples: List[dict]) -> List[List[dict]]:
+        return [list(samples)]

@@ -74,6 +74,11 @@ class PreferenceStep:
                     parameter.requires_grad = False
         self.batches: List = []
 
+    @staticmethod
+    def step_batches(stream, step: int) -> List[Dict]:
+        """The step's micro-batches: the stream's next (a step's pairs)."""
+        return next(stream)
+
     def attach(self, batches: List[Dict], whole_batch: bool = True) -> List[Dict]:
         """``batches`` (forward keywords with their `PAIR_KEYS`) with ``preference``: their pairs,
         the reference's values, the divisors — the global batch's (`D_r`) or, with ``whole_batch``

@@ -7,10 +7,10 @@
     parallel:   the fields of mm_parallel.ParallelConfig (tp, pp, vpp, cp, cp_algo, ...)
     optim:      the fields of mm_parallel.OptimizerConfig (lr, lr_schedule, warmup_steps, ...)
     train:      steps, global_batch_size | global_batch_tokens, micro_batch_size, seed, log_every,
-                precision (bf16 | fp16 | fp32), grad_dtype, objective (one of the family's: sft | dpo
-                for the VL families; unset: the family's first)
-    dpo:        method, beta, label_smoothing, sft_weight, reference: the preference objective of
-                train.objective dpo (mm_train.preference_step)
+                precision (bf16 | fp16 | fp32), grad_dtype, objective (one of the family's: sft | dpo |
+                grpo for the VL families; unset: the family's first)
+    dpo, grpo:  the post-training objectives' sections (train.objective dpo: preference pairs;
+                grpo: rollouts and rewards; mm_train.objective_sections)
     checkpoint: every, keep, save_dtype, shared_fs
     cluster:    nodes, devices_per_node, device: where the recipe is meant to run (`mm-train plan`)
     logging:    tensorboard (event files beside metrics.jsonl), tensorboard_dir
@@ -35,7 +35,6 @@ import dataclasses
 import difflib
 import json
 import os
-import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
@@ -44,6 +43,7 @@ import yaml
 
 from mm_train import registry
 from mm_train.model_source import ModelSource
+from mm_train.objective_sections import EXPONENT, OBJECTIVE_SECTIONS, DpoSection, GrpoSection, check_objective
 
 # Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore); mm-profiling
 # (optional: a missing one is named when a run needs it).
@@ -185,41 +185,6 @@ class TrainSection:
         return Precision(self.precision, self.grad_dtype)
 
 
-DPO_REFERENCES = ("copy", "adapters_off", "cached")
-
-
-@dataclass
-class DpoSection:
-    """dpo: the preference objective of train.objective dpo (mm_parallel.preference): ``method``
-    sigmoid (DPO) | ipo | hinge, ``beta`` (unset: 0.1 on answers' log-probs, 2500 on clips'
-    denoising errors — Diffusion-DPO, the timesteps' factor inside), ``label_smoothing``
-    (sigmoid), ``sft_weight`` (RPO's NLL on the chosen answers) and the frozen ``reference``: copy
-    (the starting weights, sharded like the policy), adapters_off (with model.lora: the base
-    model, adapters switched off, no second copy) or cached (its log-probs computed once before
-    step 1)."""
-
-    method: str = "sigmoid"
-    beta: Optional[float] = None
-    label_smoothing: float = 0.0
-    sft_weight: float = 0.0
-    reference: str = "copy"
-
-    def __post_init__(self):
-        if isinstance(self.beta, str) and _EXPONENT.match(self.beta):
-            self.beta = float(self.beta)  # YAML 1.1 reads 1e3 (no dot) as a string
-        if self.beta is not None and (isinstance(self.beta, (str, bool)) or not isinstance(self.beta, (int, float))):
-            raise ValueError(f"dpo.beta must be a number, got {self.beta!r}")
-        self.settings()  # checks method, beta, label_smoothing, sft_weight
-        if self.reference not in DPO_REFERENCES:
-            raise ValueError(f"dpo.reference must be one of {', '.join(DPO_REFERENCES)}, got {self.reference!r}")
-
-    def settings(self):
-        """The objective's mm_parallel.preference.Settings."""
-        from mm_parallel.preference import Settings
-
-        return Settings(self.method, 0.1 if self.beta is None else self.beta, self.label_smoothing, self.sft_weight)
-
-
 @dataclass
 class CheckpointSection:
     every: int = 0  # 0: no checkpoints
@@ -328,6 +293,7 @@ class Recipe:
     logging: LoggingSection = field(default_factory=LoggingSection)
     eval: EvalSection = field(default_factory=EvalSection)
     dpo: DpoSection = field(default_factory=DpoSection)
+    grpo: GrpoSection = field(default_factory=GrpoSection)
     output_dir: str = "runs/default"
     family_sections: Dict[str, Any] = field(default_factory=dict)  # the family's own sections, typed
 
@@ -355,8 +321,8 @@ class Recipe:
             value = getattr(self, f.name)
             if f.name == "family_sections":
                 out.update({k: dataclasses.asdict(v) for k, v in value.items()})
-            elif f.name == "dpo" and self.train.objective != "dpo":
-                continue  # a section of the dpo objective only
+            elif f.name in OBJECTIVE_SECTIONS and self.train.objective != f.name:
+                continue  # a section of its objective only
             elif f.name == "profile":
                 out[f.name] = dataclasses.asdict(value) if value is not None else {}
             else:
@@ -365,7 +331,7 @@ class Recipe:
 
 
 GENERIC_SECTIONS = ("model", "data", "parallel", "optim", "train", "checkpoint", "cluster", "logging", "eval", "dpo",
-                    "profile", "output_dir")
+                    "grpo", "profile", "output_dir")
 
 
 def _sections(spec, data_kind: str):
@@ -377,16 +343,13 @@ def _sections(spec, data_kind: str):
                          f"choose one of {list(spec.data_sections)}")
     return {"model": ModelSection, "data": spec.data_sections[data_kind], "parallel": ParallelConfig,
             "optim": OptimizerConfig, "train": TrainSection, "checkpoint": CheckpointSection, "cluster": ClusterSection,
-            "logging": LoggingSection, "eval": EvalSection, "dpo": DpoSection, **spec.sections}
+            "logging": LoggingSection, "eval": EvalSection, **OBJECTIVE_SECTIONS, **spec.sections}
 
 
 def _unknown(kind: str, key: str, valid: Sequence[str]) -> ValueError:
     close = difflib.get_close_matches(key, list(valid), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else f"; valid: {', '.join(sorted(valid))}"
     return ValueError(f"unknown {kind} {key!r}{hint}")
-
-
-_EXPONENT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
 
 def _typed(section: str, cls, given: dict):
@@ -406,7 +369,7 @@ def _check_types(section: str, cls, given: dict) -> None:
     for key, value in given.items():
         default = defaults.get(key)
         if isinstance(default, (int, float)) and not isinstance(default, bool) and isinstance(value, str) \
-                and _EXPONENT.match(value):
+                and EXPONENT.match(value):
             value = given[key] = float(value)  # YAML 1.1 reads 1e-8 (no dot) as a string
         if isinstance(default, bool):
             ok = isinstance(value, bool)
@@ -500,38 +463,13 @@ def build_recipe(values: Optional[dict] = None, overrides: Sequence[str] = ()) -
         built[name] = _typed(name, cls, given)
     output_dir = str(values.get("output_dir", "runs/default"))
     own = {name: built.pop(name) for name in spec.sections}
-    _check_objective(spec, built, bool(values.get("dpo")))
+    check_objective(spec, built, {name for name in OBJECTIVE_SECTIONS if values.get(name)})
     if built["train"].global_batch_tokens is not None and not getattr(built["data"], "packing", False):
         raise ValueError(f"train.global_batch_tokens counts the tokens of packed rows, and data.kind "
                          f"{built['data'].kind} of family {spec.name} does not pack: set data.packing: true where "
                          "the data section has it, or count samples with train.global_batch_size")
     return Recipe(profile=_profile(values.get("profile"), output_dir), output_dir=output_dir, family_sections=own,
                   **built)
-
-
-def _check_objective(spec, built: dict, dpo_given: bool) -> None:
-    """train.objective: one of the family's (unset: its first); the dpo section belongs to dpo, and
-    its reference to what the run can hold."""
-    train, dpo = built["train"], built["dpo"]
-    if train.objective is None:
-        train.objective = spec.objectives[0]
-    if train.objective not in spec.objectives:
-        raise ValueError(f"train.objective {train.objective!r} is not one family {spec.name} trains; choose one of "
-                         f"{', '.join(spec.objectives)}")
-    if train.objective != "dpo":
-        if dpo_given:
-            raise ValueError(f"the dpo section sets the preference objective, and train.objective is "
-                             f"{train.objective}: set train.objective: dpo, or drop the section")
-        return
-    if dpo.reference == "adapters_off" and built["model"].lora is None:
-        raise ValueError("dpo.reference adapters_off is the base model under LoRA adapters switched off, and "
-                         "model.lora is not set: add a model.lora section, or use dpo.reference copy")
-    if dpo.reference == "cached" and built["eval"].path:
-        raise ValueError("dpo.reference cached holds the reference's values of the training data's pairs; eval.path's "
-                         "pairs are not among them: hold out eval.fraction instead, or use dpo.reference copy")
-    if train.loss_normalization is not None:
-        raise ValueError(f"train.loss_normalization={train.loss_normalization} weighs answer tokens; the dpo "
-                         "objective averages over the global batch's pairs: leave it unset")
 
 
 def _profile(given: Optional[dict], output_dir: str):

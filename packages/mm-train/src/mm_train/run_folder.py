@@ -36,7 +36,7 @@ RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "loss.png", "bad_samples.jsonl", 
 _FREE = ("parallel.", "train.steps", "train.micro_batch_size", "train.log_every", "checkpoint.", "profile",
          "output_dir", "data.num_workers", "data.max_bad_fraction", "model.path", "model.recompute")
 _FIXED = ("model.", "data.", "train.seed", "train.global_batch_size", "train.global_batch_tokens", "train.objective",
-          "dpo.")
+          "dpo.", "grpo.")
 PACKAGES = ("mm-train", "mm-parallel", "mm-models-vl", "mm-models-video", "mm-data", "mm-profiling", "mindspore",
             "numpy", "safetensors", "transformers")
 

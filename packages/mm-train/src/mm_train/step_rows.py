@@ -31,6 +31,8 @@ PACKING_FIELDS = ("padding_fraction", "tokens_max_over_mean", "batch_samples")
 PREFERENCE_FIELDS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
                      "logps/rejected", "logps/ref_chosen", "logps/ref_rejected", "errors/chosen", "errors/rejected",
                      "errors/ref_chosen", "errors/ref_rejected")
+# rows of train.objective grpo (mm_train.grpo_step), and each reward function's reward/<name>, reward/<name>_std
+GRPO_FIELDS = ("reward", "reward_std", "kl", "clip_ratio", "completion_length", "generation_share")
 KINDS = {"skipped": bool, "overflow": bool, "tokens": int, "batch_samples": int}  # float unless named here
 # tokens cross as float32: exact up to 2^24 per step, rounded beyond (a throughput figure only)
 
@@ -151,7 +153,8 @@ class Rows:
         if optimizer.scaling:
             row["loss_scale"] = figures["loss_scale"]
             row["skipped_total"] = self.skipped_total
-        row.update({key: figures[key] for key in PACKING_FIELDS + PREFERENCE_FIELDS if key in figures})
+        row.update({key: value for key, value in figures.items()
+                    if key in PACKING_FIELDS + PREFERENCE_FIELDS + GRPO_FIELDS or key.startswith("reward/")})
         row.update(extra or {})
         self.metrics.append(row)
         if self.log is not None and (step % recipe.train.log_every == 0 or "val_loss" in row or "samples" in row):

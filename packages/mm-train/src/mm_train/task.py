@@ -142,8 +142,10 @@ class FamilyTask:
         self.validation_skips.extend(bad)
 
     def position(self, step: int) -> dict:
-        """The data loader's state at the start of ``step``."""
-        return self.sampler.state_at(step)
+        """The data loader's state at the start of ``step`` (grpo: a batch of prompts serves
+        grpo.num_iterations steps)."""
+        every = self.recipe.grpo.num_iterations if self.recipe.train.objective == "grpo" else 1
+        return self.sampler.state_at(step // every)
 
     def stream(self, first_step: int) -> Iterator[List[Dict]]:
         """This rank's micro-batches of every step from ``first_step`` on (mm-data's loader:

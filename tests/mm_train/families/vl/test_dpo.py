@@ -89,12 +89,12 @@ def test_bf16_dpo_starts_at_ln2_and_resumes_exactly(tmp_path):
 
 def test_dpo_recipes_are_checked_before_launch():
     for overrides, match in [
-        (["train.objective=sft"], "the dpo section sets the preference objective"),
+        (["train.objective=sft"], "the dpo section sets the dpo objective"),
         (["dpo.reference=adapters_off"], "model.lora is not set"),
         (["dpo.reference=cached", "eval.path=/data/held_out.json"], "eval.path's pairs are not among them"),
         (["train.loss_normalization=token"], "averages over the global batch's pairs"),
         (["dpo.method=orpo"], "dpo.method='orpo' is unknown"),
-        (["train.objective=grpo"], "is not one family qwen2_5_vl trains"),
+        (["train.objective=grpo"], "the dpo section sets the dpo objective, and train.objective is grpo"),
     ]:
         with pytest.raises(ValueError, match=match):
             load_recipe("qwen2_5_vl_tiny_dpo", overrides)

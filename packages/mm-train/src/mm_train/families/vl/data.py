@@ -18,10 +18,11 @@ from mm_train.task import load_tokenizer
 @dataclass
 class VLDataSection(DataSection):
     """data.kind tiny_vl (the built-in set, generated at data.path or a cache folder; tiny_vl_pairs:
-    as preference pairs) or llamafactory: a LLaMA-Factory JSON / JSONL file at data.path, or the data sets named by
-    data.dataset (one name, a list read in order, or {name: ratio} mixed in those shares) of
-    LLaMA-Factory's dataset_info.json at data.dataset_info (the file or its folder), with the
-    columns and tags it declares."""
+    as preference pairs; tiny_vl_colours: the colour question, for SFT or GRPO) or llamafactory: a
+    LLaMA-Factory JSON / JSONL file at data.path, or the data sets named by data.dataset (one name,
+    a list read in order, or {name: ratio} mixed in those shares) of LLaMA-Factory's
+    dataset_info.json at data.dataset_info (the file or its folder), with the columns and tags it
+    declares."""
 
     kind: str = "tiny_vl"
     dataset_info: Optional[str] = None
@@ -69,7 +70,8 @@ def pixel_bounds(data) -> Dict[str, int]:
 
 
 # data.kind of a built-in set -> the module that generates it (generate, default_folder)
-BUILTIN_SETS = {"tiny_vl": tiny, "tiny_vl_pairs": tiny.Pairs, "tiny_omni": tiny_omni}
+BUILTIN_SETS = {"tiny_vl": tiny, "tiny_vl_pairs": tiny.Pairs, "tiny_vl_colours": tiny.Colours,
+                "tiny_omni": tiny_omni}
 
 
 def data_sources(recipe):

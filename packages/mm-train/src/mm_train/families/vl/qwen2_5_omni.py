@@ -153,7 +153,7 @@ SPEC = register(FamilySpec(
     preflight=preflight,
     workload=workload,
     generate=generate_answer,
-    objectives=("sft", "dpo"),
+    objectives=("sft", "dpo", "grpo"),
     recipes=(
         BuiltinRecipe("qwen2_5_omni_tiny", "qwen2_5_omni_tiny.yaml",
                       "a tiny random Qwen2.5-Omni thinker captions generated pictures and sounds (about a minute)",

@@ -31,6 +31,7 @@ from mm_train.families.vl.data import (
     write_processing_files,
 )
 from mm_train.families.vl.generate import generate_answer
+from mm_train.micro_batches import Prompts
 from mm_train.plan.workload import AttentionForm, LayerStack, PackedRow, Workload
 from mm_train.preflight import attention_rules, layer_rules, require_divisible, require_exists
 from mm_train.registry import BuiltinRecipe, FamilySpec, register
@@ -177,6 +178,11 @@ class VLTask(FamilyTask):
         """Whether the samples are preference pairs (train.objective dpo)."""
         return self.recipe.train.objective == "dpo"
 
+    @property
+    def prompts(self) -> bool:
+        """Whether the samples are prompts to complete (train.objective grpo)."""
+        return self.recipe.train.objective == "grpo"
+
     def read_dataset(self, annotations):
         """The SFT data set (`dataset_class`) of a LLaMA-Factory file (or of dataset_info.json's data
         sets: `data_sources`) with the recipe's tokenizer and processors, plus the family's
@@ -186,7 +192,8 @@ class VLTask(FamilyTask):
         return self.dataset_class().from_file(
             annotations, self.tokenizer, media_dir=data.media_dir, max_bad_fraction=data.max_bad_fraction,
             image_processor=image_processor, video_processor=video_processor,
-            max_length=data.max_length, video_fps=data.video_fps, default_system=data.system, pairs=self.pairs,
+            max_length=data.max_length - (self.recipe.grpo.max_completion_length if self.prompts else 0),
+            video_fps=data.video_fps, default_system=data.system, pairs=self.pairs, prompts=self.prompts,
             **self.dataset_options())
 
     def dataset_options(self) -> Dict:
@@ -251,7 +258,9 @@ class VLTask(FamilyTask):
 
     def micro_batches(self):
         """Packed rows under the token budget with data.packing (mm_data.vl.PackedRows), else
-        micro_batch_size samples each."""
+        micro_batch_size samples each; under grpo the rank's prompts as they are."""
+        if self.prompts:  # a rank's prompts as one list: mm_train.grpo_step makes the training rows
+            return Prompts()
         if not self.recipe.data.packing:
             return super().micro_batches()
         from mm_data.vl import PackedRows, PairedRows
@@ -351,10 +360,11 @@ def _packed_row(recipe, seq: int):
 
 SPEC = register(FamilySpec(
     name="qwen2_5_vl",
-    description="Qwen2.5-VL (3B / 7B / 32B / 72B): vision-language SFT and LoRA",
+    description="Qwen2.5-VL (3B / 7B / 32B / 72B): vision-language SFT, LoRA, DPO and GRPO",
     models={"qwen2_5_vl": "mm_models_vl:Qwen2_5_VLForConditionalGeneration"},
     task=VLTask,
-    data_sections={"tiny_vl": VLDataSection, "llamafactory": VLDataSection, "tiny_vl_pairs": VLDataSection},
+    data_sections={"tiny_vl": VLDataSection, "llamafactory": VLDataSection, "tiny_vl_pairs": VLDataSection,
+                   "tiny_vl_colours": VLDataSection},
     plan="mm_models_vl.qwen2_5_vl.parallel_plan:parallelize",
     lora_config="mm_models_vl.qwen2_5_vl.parallel_plan:LoraConfig",
     extra="vl",
@@ -362,7 +372,7 @@ SPEC = register(FamilySpec(
     preflight=preflight,
     workload=workload,
     generate=generate_answer,
-    objectives=("sft", "dpo"),
+    objectives=("sft", "dpo", "grpo"),
     recipes=(
         BuiltinRecipe("qwen2_5_vl_tiny", "qwen2_5_vl_tiny.yaml",
                       "a tiny random Qwen2.5-VL captions generated pictures (about a minute)", "1-2 CPU processes",
@@ -371,6 +381,12 @@ SPEC = register(FamilySpec(
                       "LoRA adapters on the tiny Qwen2.5-VL", "1-2 CPU processes"),
         BuiltinRecipe("qwen2_5_vl_tiny_dpo", "qwen2_5_vl_tiny_dpo.yaml",
                       "DPO on the tiny Qwen2.5-VL: right captions of generated pictures against wrong ones",
+                      "1-2 CPU processes"),
+        BuiltinRecipe("qwen2_5_vl_tiny_colours", "qwen2_5_vl_tiny_colours.yaml",
+                      "the tiny Qwen2.5-VL learns to name the colour of a generated picture's shape (SFT; "
+                      "qwen2_5_vl_tiny_grpo starts from it)", "1-2 CPU processes"),
+        BuiltinRecipe("qwen2_5_vl_tiny_grpo", "qwen2_5_vl_tiny_grpo.yaml",
+                      "GRPO on the tiny Qwen2.5-VL: sampled answers to the colour question, rewarded when right",
                       "1-2 CPU processes"),
         BuiltinRecipe("qwen2_5_vl_7b_sft", "qwen2_5_vl_7b_sft.yaml",
                       "Qwen2.5-VL-7B-Instruct SFT on LLaMA-Factory data (TP1 PP2 ZeRO-1)", "1 x 8 Ascend NPUs"),

@@ -47,11 +47,12 @@ class Qwen3VLMoeTask(Qwen3VLTask):
         return Qwen3VLMoeConfig
 
 
-_COMMON = dict(data_sections={"tiny_vl": VLDataSection, "llamafactory": VLDataSection, "tiny_vl_pairs": VLDataSection},
+_COMMON = dict(data_sections={"tiny_vl": VLDataSection, "llamafactory": VLDataSection, "tiny_vl_pairs": VLDataSection,
+                             "tiny_vl_colours": VLDataSection},
                plan="mm_models_vl.qwen3_vl.parallel_plan:parallelize",
                lora_config="mm_models_vl.qwen3_vl.parallel_plan:LoraConfig", extra="vl",
                processing=write_processing_files, preflight=preflight, workload=workload, generate=generate_answer,
-               objectives=("sft", "dpo"))
+               objectives=("sft", "dpo", "grpo"))
 
 DENSE = register(FamilySpec(
     name="qwen3_vl",

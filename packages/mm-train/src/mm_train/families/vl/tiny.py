@@ -8,7 +8,9 @@ caption as the assistant's reply, the PNG in "images") beside a byte-level BPE t
 with `tokenizers` (tokenizer.json, with Qwen2-VL's special tokens) — and read back through
 mm-data's `VLSFTDataset`, the path of every real SFT recipe. `Pairs` is the same set as
 preference pairs (data.kind tiny_vl_pairs): the right caption chosen, the picture's colours
-swapped ("a blue circle on red") rejected, in LLaMA-Factory's ranking layout.
+swapped ("a blue circle on red") rejected, in LLaMA-Factory's ranking layout; `Colours` the
+question "what colour is the shape?" answered by the shape's colour word (data.kind
+tiny_vl_colours: SFT, and GRPO's prompts with that word as the reference answer).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ SHAPES = ("circle", "square", "triangle", "cross")
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
            "<|video_pad|>"]
 SIZE = 56  # pixels a side: 4 x 4 patches of 14, 2 x 2 merged tokens
+QUESTION = "what colour is the background?"
 
 
 def _draw(shape: str, colour, background, rng: np.random.Generator) -> np.ndarray:
@@ -48,14 +51,14 @@ def _draw(shape: str, colour, background, rng: np.random.Generator) -> np.ndarra
     return np.clip(image.astype(np.int16) + noise, 0, 255).astype(np.uint8)
 
 
-def generate(folder: str, samples: int = 256, seed: int = 0, pairs: bool = False) -> Path:
+def generate(folder: str, samples: int = 256, seed: int = 0, pairs: bool = False, question: bool = False) -> Path:
     """Write the set into ``folder`` (images/*.png, data.json, tokenizer.json) unless complete;
-    with ``pairs``, as preference pairs (module docstring)."""
+    with ``pairs``, as preference pairs; with ``question``, as the colour question (module docstring)."""
     from PIL import Image
 
     folder = Path(folder)
     done = folder / ".complete"
-    stamp = {"samples": samples, "format": "llamafactory" + ("_ranking" if pairs else "")}
+    stamp = {"samples": samples, "format": "llamafactory" + ("_ranking" if pairs else "_colour" if question else "")}
     if done.exists() and json.loads(done.read_text()) == stamp:
         return folder
     rng = np.random.default_rng(seed)
@@ -77,10 +80,15 @@ def generate(folder: str, samples: int = 256, seed: int = 0, pairs: bool = False
                             "chosen": {"role": "assistant", "content": caption},
                             "rejected": {"role": "assistant", "content": wrong}})
             continue
+        if question:  # the answer is the background's colour word: a reference answer for GRPO's accuracy
+            entries.append({"messages": [{"role": "user", "content": "<image>" + QUESTION},
+                                         {"role": "assistant", "content": names[background]}], "images": [file]})
+            continue
         entries.append({"messages": [{"role": "user", "content": "<image>"},
                                      {"role": "assistant", "content": caption}], "images": [file]})
     (folder / "data.json").write_text(json.dumps(entries, indent=1))
-    train_tokenizer(captions + ["user\n", "assistant\n", "system\n"], folder / "tokenizer.json", SPECIAL)
+    train_tokenizer(captions + [QUESTION] * 8 + ["user\n", "assistant\n", "system\n"], folder / "tokenizer.json",
+                    SPECIAL)
     done.write_text(json.dumps(stamp))
     return folder
 
@@ -88,6 +96,20 @@ def generate(folder: str, samples: int = 256, seed: int = 0, pairs: bool = False
 def default_folder() -> str:
     """Where the set lives unless the recipe says: $MM_TRAIN_DATA or ~/.cache/mm-train/tiny_vl."""
     return os.environ.get("MM_TRAIN_DATA", os.path.join(os.path.expanduser("~"), ".cache", "mm-train", "tiny_vl"))
+
+
+class Colours:
+    """The set as the question "what colour is the shape?" answered by the colour word (data.kind
+    tiny_vl_colours): SFT conversations, and for train.objective grpo prompts whose reference
+    answer is that word (mm_data.vl.prompts: the answer ending the turns)."""
+
+    @staticmethod
+    def generate(folder: str, samples: int = 256, seed: int = 0) -> Path:
+        return generate(folder, samples, seed, question=True)
+
+    @staticmethod
+    def default_folder() -> str:
+        return default_folder() + "_colours"
 
 
 class Pairs:

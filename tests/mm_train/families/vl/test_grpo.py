@@ -1,0 +1,77 @@
+"""train.objective grpo on the tiny Qwen2.5-VL (mm_train.grpo_step): the colour question on the
+built-in pictures (data.kind tiny_vl_colours), rollouts decoded in place under the training layout.
+
+A random tiny model's completions are scored by a format reward that tells short answers from
+long ones (so groups have advantages to learn from), with the KL term to a frozen copy and two
+optimizer steps per generation (the sampling policy's log-probs taken before the first). Padded
+rows on one process, packed rows under pp2 x dp2, dp2 with ZeRO-3 (forward passes together across
+dp while decoding and training; stopped at a generation's end and resumed) and tp2 with sequence
+parallelism x ring cp2 give the same losses, rewards, KL, clip ratios and parameters; recipes that
+cannot mean GRPO are refused before launch."""
+
+import os
+
+import pytest
+from helpers.mm_train_cli import parameter_errors, parameters, rows_of
+from helpers.train_runs import train
+
+from mm_train.recipe import load_recipe
+
+GRPO = ["qwen2_5_vl_tiny_colours", "--set", "train.objective=grpo", "--set", "data.samples=32", "--set",
+        "grpo.num_generations=4", "--set", "grpo.max_completion_length=6", "--set", "grpo.rewards={format: 1.0}",
+        "--set", "grpo.format_pattern=^.{0,9}$", "--set", "grpo.beta=0.05", "--set", "grpo.num_iterations=2",
+        "--set", "train.micro_batch_size=2", "--set", "optim.lr=0.003", "--set", "checkpoint.every=0",
+        "--no-progress"]
+FIGURES = ("loss", "reward", "reward_std", "reward/format", "kl", "clip_ratio", "completion_length")
+
+
+def _same_run(got, want, name):
+    assert [r["step"] for r in got] == [r["step"] for r in want], name
+    for g, w in zip(got, want):
+        for key in FIGURES:
+            assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-6), (name, g["step"], key)
+
+
+def test_grpo_under_every_layout_equals_one_process_and_resumes(tmp_path, run_distributed):
+    """Padded rows on one process against packed rows under pp2 x dp2, dp2 with ZeRO-3 (stopped at
+    the first generation's end and resumed) and tp2 with sequence parallelism x ring cp2."""
+    data = tmp_path / "data"
+    short = [*GRPO, "--set", "train.steps=4", "--set", "checkpoint.every=2"]
+    final = os.path.join("checkpoints", "step_4", "model")
+    train(run_distributed, *short, "--set", "data.packing=false", "--set", f"output_dir={tmp_path / 'plain'}",
+          data=data)
+    plain, expected = rows_of(tmp_path / "plain"), parameters(tmp_path / "plain", final)
+    assert 0 < plain[0]["reward"] < 1 and plain[0]["reward_std"] > 0  # the groups have advantages
+    assert plain[0]["kl"] == pytest.approx(0.0, abs=1e-6) and plain[-1]["kl"] > 1e-6  # the copy is the start
+    zero3 = ["--set", "parallel.zero_stage=3", "--set", "parallel.zero3_min_numel=256"]
+    runs = {"pp2_dp2_packed": (4, ["--set", "parallel.pp=2"]),
+            "tp2_sp_ring_cp2": (4, ["--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true", "--set",
+                                    "parallel.cp=2", "--set", "parallel.cp_algo=ring"]),
+            "dp2_zero3": (2, zero3 + ["--set", "train.steps=2"])}
+    for name, (nproc, extra) in runs.items():
+        train(run_distributed, *short, *extra, "--set", f"output_dir={tmp_path / name}", nproc=nproc, data=data)
+    train(run_distributed, *short, *zero3, "--set", f"output_dir={tmp_path / 'dp2_zero3'}", "--resume", nproc=2,
+          data=data)
+    for name in runs:
+        _same_run(rows_of(tmp_path / name), plain, name)
+        errors = parameter_errors(parameters(tmp_path / name, final), expected)
+        assert max(errors.values()) <= 1e-4, (name, sorted(errors.items(), key=lambda kv: -kv[1])[:3])
+
+
+def test_grpo_recipes_are_checked_before_launch():
+    base = ["train.objective=grpo"]
+    for overrides, match in [
+        (["grpo.num_generations=4"], "the grpo section sets the grpo objective"),
+        (base + ["grpo.num_generations=1"], "num_generations must be an integer >= 2"),
+        (base + ["grpo.beta=0.1", "grpo.reference=adapters_off"], "model.lora is not set"),
+        (base + ["grpo.scale_rewards=rank"], "scale_rewards must be one of group, batch, none"),
+        (base + ["grpo.rewards=[accuracy]"], "must map reward functions to weights"),
+        (base + ["grpo.max_completion_length=64"], "raise data.max_length"),
+        (base + ["eval.every=5", "eval.fraction=0.1"], "grpo has no validation loss"),
+        (base + ["train.global_batch_tokens=512", "train.global_batch_size=null"], "rollouts decide"),
+        (base + ["grpo.temperature=0"], "temperature must be > 0"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            load_recipe("qwen2_5_vl_tiny_colours", overrides)
+    recipe = load_recipe("qwen2_5_vl_tiny_grpo")
+    assert recipe.train.objective == "grpo" and "grpo" in recipe.to_dict() and "dpo" not in recipe.to_dict()
