@@ -144,6 +144,62 @@ def run_dpo_cases(path, cases):
     return {**results, "dpo_losses": len(calls)}
 
 
+def grpo_batch(seed: int = 2):
+    """Two prompts with two completions each as four rows of one structure (image + text, length
+    32), rows [prompt 0 completion 0, prompt 0 completion 1, prompt 1 ...], the completions the last
+    6 / 4 tokens, with fixed advantages and sampling / reference log-probs: `preference`
+    (mm_parallel.grpo.PolicyBatch; each completion's mean over its tokens, averaged over the rows)."""
+    from mm_parallel.grpo import PolicyBatch, Settings, aggregation_weights
+
+    rng = np.random.default_rng(seed)
+    inputs = dpo_batch(seed)
+    labels = inputs["labels"]
+    counted = np.zeros(labels.shape, bool)
+    counted[:, :-1] = labels[:, 1:] != -100
+    at_targets = lambda values: np.where(counted, values, 0.0).astype(np.float32)  # noqa: E731
+    inputs["preference"] = PolicyBatch(
+        at_targets(np.array([0.9, -0.3, 1.2, 0.5])[:, None]),  # a positive mean: the loss does not cancel
+        aggregation_weights(counted, "sample", len(labels), counted.sum()),
+        at_targets(rng.normal(-5.5, 0.3, labels.shape)), at_targets(rng.normal(-5.5, 0.5, labels.shape)),
+        Settings(epsilon=0.2, epsilon_high=0.28, beta=0.05))
+    return inputs
+
+
+def grpo_spec():
+    """`spec` for `grpo_batch`: parts of whole prompts, each with its rows' PolicyBatch, whose
+    weights are its own completions' mean (the layout averages the parts)."""
+    import dataclasses
+
+    from mm_parallel.testing.equivalence import ModelSpec
+
+    def split(inputs, index, parts):
+        policy, rows = inputs["preference"], len(inputs["input_ids"])
+        part = sample_part({k: v for k, v in inputs.items() if k != "preference"}, index, parts)
+        mine = slice(index * rows // parts, (index + 1) * rows // parts)
+        part["preference"] = dataclasses.replace(
+            policy, advantages=policy.advantages[mine], weights=policy.weights[mine] * parts,
+            old_logps=policy.old_logps[mine], ref_logps=policy.ref_logps[mine], observed={})
+        return part
+
+    return ModelSpec(build=build, split=split, samples=lambda b: len(b["input_ids"]), save=_save)
+
+
+def run_grpo_cases(path, cases):
+    """`run_parallel_cases` with GRPO's loss on `grpo_batch`'s completions; ``"grpo_losses"``: how
+    many micro-batch losses were the completions' (a forward ignoring `preference` cannot pass)."""
+    from mm_parallel.grpo import PolicyBatch
+    from mm_parallel.testing.equivalence import run_cases
+
+    calls, loss = [], PolicyBatch.model_loss
+    PolicyBatch.model_loss = lambda self, *args: calls.append(1) or loss(self, *args)
+    try:
+        results = run_cases(grpo_spec(), path, cases, grpo_batch(),
+                            reference_key=lambda case: (bool(case.get("lora")),))
+    finally:
+        PolicyBatch.model_loss = loss
+    return {**results, "grpo_losses": len(calls)}
+
+
 def _save(chunks, folder):
     from mm_models_vl.qwen2_5_vl.parallel_plan import LoraConfig
 

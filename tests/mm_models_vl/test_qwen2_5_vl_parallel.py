@@ -105,6 +105,25 @@ def test_dpo_layouts_equal_single_process(run_distributed, checkpoints):
     check_results(results, DPO)
 
 
+# GRPO's loss (mm_parallel.grpo.PolicyBatch as `preference`) on two prompts' completions, the same
+# rollouts under each layout: per-token ratios, clipping and the KL with the vocabulary over tp, the
+# sequence over cp, completions as pipeline micro-batches (pp2 x vpp2), over dp with ZeRO-1, under
+# LoRA and in bf16
+GRPO = {"grpo_tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}},
+        "grpo_ring2": {"layout": {"cp": 2, "cp_algo": "ring"}},
+        "grpo_pp2_vpp2": {"layout": {"pp": 2, "vpp": 2}, "checkpoint": DEEP},
+        "grpo_lora_dp2_zero1": {"layout": {"zero_stage": 1}, "lora": True},
+        "grpo_bf16_tp2": {"layout": {"tp": 2}, "precision": "bf16", "tolerance": BF16_TOLERANCE}}
+
+
+def test_grpo_layouts_equal_single_process(run_distributed, checkpoints):
+    from helpers.qwen_vl_parallel_cases import run_grpo_cases
+
+    results = run_distributed(run_grpo_cases, nproc=2, timeout=600, path=str(checkpoints), cases=GRPO)
+    assert all(result.pop("grpo_losses") > 0 for result in results)
+    check_results(results, GRPO)
+
+
 def test_save_under_layouts_gives_the_original_checkpoint(run_distributed, checkpoints, tmp_path):
     """save_pretrained under tp2 / pp2 / pp2 x vpp2 writes what was loaded (one file, or one per
     virtual stage plus an index); transformers loads it; the adapters round-trip in PEFT names."""

@@ -21,8 +21,8 @@ from mm_train.plan import make_plan, memory, model_config
 from mm_train.recipe import load_recipe
 
 HUB_CONFIGS = json.loads((Path(__file__).parent / "data" / "hub_configs.json").read_text())
-REAL_RECIPES = ["qwen2_5_vl_7b_sft", "qwen2_5_vl_7b_dpo", "wan2_1_t2v_1_3b_dpo", "qwen2_5_vl_32b_sft",
-                "qwen2_5_vl_72b_sft", "qwen3_vl_8b_sft",
+REAL_RECIPES = ["qwen2_5_vl_7b_sft", "qwen2_5_vl_7b_dpo", "qwen2_5_vl_7b_grpo", "wan2_1_t2v_1_3b_dpo",
+                "qwen2_5_vl_32b_sft", "qwen2_5_vl_72b_sft", "qwen3_vl_8b_sft",
                 "qwen3_vl_30b_a3b_sft", "qwen3_vl_30b_a3b_zero3",
                 "qwen2_5_omni_7b_sft", "wan2_1_t2v_1_3b", "wan2_1_t2v_14b", "wan2_1_t2v_14b_zero3", "cogvideox_5b_t2v",
                 "cogvideox1_5_5b_i2v", "cogvideox1_5_5b_t2v_lora"]
@@ -141,9 +141,27 @@ def test_every_shipped_real_size_recipe_fits_on_its_cluster(name):
         assert all(rank[k] >= 0 for k in parts)
         # the step's buffers come after the backward has freed the activations (and ZeRO-3's gathered weight)
         assert rank["total_bytes"] == sum(rank[k] for k in parts[:3]) + max(
-            rank["activations_bytes"] + rank["zero3_gather_bytes"], rank["optimizer_step_buffers_bytes"])
+            rank["activations_bytes"] + rank["zero3_gather_bytes"], rank["optimizer_step_buffers_bytes"],
+            rank["kv_cache_bytes"])  # grpo: the rollouts' cache, while the activations are not there
     assert plan["step_time_s"] > 0 and 0 < plan["mfu"] < 1
     assert plan["samples_per_s"] == pytest.approx(recipe.train.global_batch_size / plan["step_time_s"])
+
+
+def test_grpo_is_planned_with_its_rollouts():
+    """qwen2_5_vl_7b_grpo: each prompt's completions are the sequences trained, the generation's
+    time (prefill and one-token steps, launch-bound) and its key/value cache are counted; more
+    completions or longer ones cost more time, and the same step without generation costs less."""
+    plan = _planned("qwen2_5_vl_7b_grpo")
+    generate = plan["breakdown"]["generate"]
+    assert 0 < generate < plan["step_time_s"] and any("grpo:" in note for note in plan["notes"])
+    assert all(rank["kv_cache_bytes"] > 0 for rank in plan["ranks"])
+    longer = _planned("qwen2_5_vl_7b_grpo", "grpo.max_completion_length=1536", "data.max_length=3072")
+    assert longer["breakdown"]["generate"] > generate
+    reused = _planned("qwen2_5_vl_7b_grpo", "grpo.num_iterations=2")  # a generation serves two steps
+    assert reused["breakdown"]["generate"] < generate
+    more = _planned("qwen2_5_vl_7b_grpo", "grpo.num_generations=16")
+    assert more["step_time_s"] > plan["step_time_s"] and more["ranks"][0]["kv_cache_bytes"] > \
+        plan["ranks"][0]["kv_cache_bytes"]
 
 
 def test_the_old_72b_layout_is_shown_not_to_fit():

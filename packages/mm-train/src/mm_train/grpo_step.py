@@ -22,12 +22,15 @@ before the generation's first update (else the update's own, detached: the ratio
 The metrics (the global batch's, on every rank): ``reward`` and ``reward_std``, each function's
 ``reward/<name>`` and ``reward/<name>_std`` (over the completions it scored), ``kl`` and
 ``clip_ratio`` (the completion tokens whose ratio was clipped), ``completion_length`` and
-``generation_share`` (the step's seconds spent generating, up to its backward).
+``generation_share`` (the step's seconds spent generating, up to its backward). At a sample step
+(eval.sample_every) rank 0 writes the generation's first prompts with their completions and
+rewards as completions.md beside the answers (mm_train.samples).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -140,6 +143,31 @@ class GrpoStep:
         if self.topo.dp.size == 1:
             return values
         return comm.all_reduce(ms.Tensor(values.astype(np.float32)), self.topo.dp).asnumpy().astype(np.float64)
+
+    def write_completions(self, folder: str, out: str, writer: bool, prompts: int = 4) -> List[str]:
+        """completions.md in ``folder`` (``writer``: this rank writes): the current generation's
+        first ``prompts`` prompts of this rank with each completion and its rewards; returns the
+        file relative to ``out``."""
+        if not writer or self.generation is None:
+            return []
+        rollouts, copies = self.generation["rollouts"], self.grpo.num_generations
+        lines = ["# Completions", ""]
+        for p, group in enumerate(rollouts.groups[:prompts]):
+            prompt = self.task.tokenizer.decode(group[0]["input_ids"][group[0]["labels"] == -100].tolist(),
+                                                skip_special_tokens=True)
+            lines += [f"## {p + 1}", "", "```", prompt.strip(), "```", ""]
+            for c, sequence in enumerate(group):
+                row = p * copies + c
+                text = self.task.tokenizer.decode(sequence["input_ids"][sequence["labels"] != -100].tolist(),
+                                                  skip_special_tokens=True)
+                scores = ", ".join(f"{name} {values[row]:.3g}" for name, values in rollouts.per_function.items())
+                lines += [f"- reward {rollouts.rewards[row]:.3g} ({scores}): `{text.strip()}`"]
+            lines.append("")
+        path = os.path.join(folder, "completions.md")
+        os.makedirs(folder, exist_ok=True)
+        with open(path, "w") as f:
+            f.write("\n".join(lines))
+        return [os.path.relpath(path, out)]
 
     # -- the objective -------------------------------------------------------------------------
 

@@ -322,6 +322,9 @@ def _evaluate(recipe, task, chunks, topo, step: int, bar, board, watchdog, objec
         began = time.perf_counter()
         with watchdog.paused():  # the others wait while rank 0 writes the files
             added["samples"] = samples.write(task, chunks, topo, step, board)
+            if hasattr(objective, "write_completions"):  # grpo: some of the step's rollouts beside them
+                added["samples"] += objective.write_completions(samples.folder(recipe, step), recipe.output_dir,
+                                                                topo.rank == 0)
         bar.note(f"step {step}: {len(recipe.eval.prompts)} samples in {samples.folder(recipe, step)} "
                  f"({time.perf_counter() - began:.1f} s)")
     return added

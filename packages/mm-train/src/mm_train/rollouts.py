@@ -38,7 +38,6 @@ class Rollouts:
     rewards: np.ndarray  # (rows,) the weighted total (NaN: no function scored it)
     per_function: Dict[str, np.ndarray]  # (rows,) each reward function's (NaN: not scored)
     lengths: np.ndarray  # (rows,) completion tokens, the stop token included
-    stopped: np.ndarray  # (rows,) ended on a stop token (else cut at max_completion_length)
 
 
 def suppressed_tokens(config) -> List[int]:
@@ -74,7 +73,7 @@ def generate(task, chunks, topo, grpo, rewards, prompts: List[Dict], generation:
     total, per_function = rewards.score(repeat(messages), texts, repeat([dataset.solution(i) for i in indices]),
                                         completions, repeat([dataset.source(i) for i in indices]))
     groups = [[sequence(prompt, completions[p * copies + c]) for c in range(copies)] for p, prompt in enumerate(plain)]
-    return Rollouts(groups, total, per_function, out.lengths.copy(), out.stopped.copy())
+    return Rollouts(groups, total, per_function, out.lengths.copy())
 
 
 def sequence(prompt: Dict, completion: np.ndarray) -> Dict:

@@ -38,9 +38,14 @@ def test_grpo_under_every_layout_equals_one_process_and_resumes(tmp_path, run_di
     data = tmp_path / "data"
     short = [*GRPO, "--set", "train.steps=4", "--set", "checkpoint.every=2"]
     final = os.path.join("checkpoints", "step_4", "model")
+    picture = tmp_path / "data_colours" / "images" / "00000.png"  # the built-in set (MM_TRAIN_DATA + _colours)
     train(run_distributed, *short, "--set", "data.packing=false", "--set", f"output_dir={tmp_path / 'plain'}",
-          data=data)
+          "--set", "eval.sample_every=4", "--set", "eval.prompts=['<image>what colour is the background?']",
+          "--set", f"eval.images=[{picture}]", data=data)
     plain, expected = rows_of(tmp_path / "plain"), parameters(tmp_path / "plain", final)
+    page = (tmp_path / "plain" / "samples" / "step_4" / "completions.md").read_text()
+    assert page.count("- reward ") == 4 * 4 and "what colour is the background?" in page  # 4 prompts x 4
+    assert (tmp_path / "plain" / "samples" / "step_4" / "answers.md").is_file()
     assert 0 < plain[0]["reward"] < 1 and plain[0]["reward_std"] > 0  # the groups have advantages
     assert plain[0]["kl"] == pytest.approx(0.0, abs=1e-6) and plain[-1]["kl"] > 1e-6  # the copy is the start
     zero3 = ["--set", "parallel.zero_stage=3", "--set", "parallel.zero3_min_numel=256"]

@@ -121,19 +121,46 @@ def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] =
         entry["weights_bytes"] += entry["reference_bytes"]
         # the step's buffers come after the backward has freed the activations: the larger counts
         # (a ZeRO-3 layer's gathered weight lives while it runs, beside the activations)
+        # grpo: the rollouts' key/value cache lives while generating, when the training activations do not
+        entry["kv_cache_bytes"] = _kv_cache_bytes(recipe, workload, topo, step.samples)
         entry["total_bytes"] = sum(entry[k] for k in ("weights_bytes", "grads_bytes", "optimizer_bytes")) + max(
-            entry["activations_bytes"] + entry["zero3_gather_bytes"], entry["optimizer_step_buffers_bytes"])
+            entry["activations_bytes"] + entry["zero3_gather_bytes"], entry["optimizer_step_buffers_bytes"],
+            entry["kv_cache_bytes"])
         times = timing.step_time(step.workload, modelled, topo, spec_device, cluster, known["efficiency"],
                                  entry["reduced_numel"], micro_batches, entry["zero3_numel"],
                                  entry["optimizer_host_bytes"])
+        if recipe.train.objective == "grpo":  # the rollouts' share of a step (plan.timing)
+            times["generate_s"] = timing.generation_time(recipe, workload, topo, spec_device, known["efficiency"],
+                                                         step.samples)
+            times["step_time_s"] += times["generate_s"]
         ranks.append(entry)
         peak = max(peak, entry["total_bytes"])
         slowest = times if slowest is None or times["step_time_s"] > slowest["step_time_s"] else slowest
     return _summary(recipe, cluster, spec_device, world, ranks, peak, slowest, workload, step.samples)
 
 
+def _kv_cache_bytes(recipe, workload, topo, prompts: int) -> int:
+    """train.objective grpo: the key/value cache of the rank's rollouts (its prompts x
+    num_generations rows of data.max_length tokens, keys and values of its stage's layers, the kv
+    heads split over tp, in the run's dtype); 0 for the other objectives."""
+    if recipe.train.objective != "grpo":
+        return 0
+    causal = [a for a in workload.attention if a.causal]
+    if not causal:
+        return 0
+    form, stack = causal[-1], workload.pipelined
+    rows = prompts / topo.dp.size * recipe.grpo.num_generations
+    size = 2 if recipe.train.precision in ("bf16", "fp16") else 4
+    layers = memory.stage_layers(stack.layers, topo)
+    return int(rows * workload.tokens_per_sample * layers * 2 * form.kv_heads * form.head_dim / topo.tp.size * size)
+
+
 def _reference_copy(recipe) -> bool:
-    return recipe.train.objective == "dpo" and recipe.dpo.reference == "copy"
+    """A frozen second copy of the weights: dpo.reference copy, or grpo's with beta > 0."""
+    objective = recipe.train.objective
+    if objective == "grpo":
+        return bool(recipe.grpo.beta) and recipe.grpo.reference == "copy"
+    return objective == "dpo" and recipe.dpo.reference == "copy"
 
 
 def machine_device(recipe) -> str:
@@ -190,6 +217,13 @@ def _summary(recipe, cluster, device, world, ranks, peak, times, workload, sampl
     if recipe.train.objective == "dpo":
         notes.append(f"dpo: a sample is a pair of two sequences, each also run forward by the frozen reference "
                      f"({'a second copy of the weights' if _reference_copy(recipe) else 'the adapters switched off'})")
+    if recipe.train.objective == "grpo":
+        grpo = recipe.grpo
+        reference = "no reference (beta 0)" if not grpo.beta else \
+            f"the reference forward ({'a second copy of the weights' if _reference_copy(recipe) else 'adapters off'})"
+        notes.append(f"grpo: a sample is a prompt, {grpo.num_generations} sampled completions of up to "
+                     f"{grpo.max_completion_length} tokens trained; generation counted every {grpo.num_iterations} "
+                     f"step(s) (prefill and one-token steps, launch-bound), {reference}")
     row = workload.packed
     if row is not None:
         notes.append(f"packed rows of {row.samples} samples ({row.tokens} tokens of the {row.budget}-token budget, "

@@ -7,7 +7,8 @@ workload's ``packed`` row of k samples), a micro-batch is one row: ceil(G / (dp 
 multiple of pp under vpp, as mm_data.vl.split_to_multiple makes them), and the memory and time
 models see each row as one sample of `Workload.per_row` in micro-batches of one: the recipe and
 workload of `StepBatches` are what they read. With train.objective dpo a sample is a pair, two
-sequences (answers or clips) as those models see them: twice the samples, packed or not.
+sequences (answers or clips) as those models see them: twice the samples, packed or not; with
+grpo a sample is a prompt, its num_generations completions the sequences trained.
 """
 
 from __future__ import annotations
@@ -28,13 +29,23 @@ class StepBatches:
 
 
 def sequences_per_sample(recipe) -> int:
-    """What a sample is to the models: one sequence, or under train.objective dpo a pair of two."""
-    return 2 if recipe.train.objective == "dpo" else 1
+    """What a sample is to the models: one sequence, under train.objective dpo a pair of two, under
+    grpo a prompt's num_generations completions."""
+    objective = recipe.train.objective
+    return 2 if objective == "dpo" else recipe.grpo.num_generations if objective == "grpo" else 1
 
 
-def reference_passes(recipe) -> int:
-    """Forward passes a step adds for the frozen reference (train.objective dpo): one per sequence."""
-    return 1 if recipe.train.objective == "dpo" else 0
+def reference_passes(recipe) -> float:
+    """Forward passes a step adds per sequence without a backward: dpo's frozen reference; grpo's
+    (beta > 0) and, with num_iterations > 1, the sampling policy's before the generation's first
+    update, both once per generation (a share of each of its num_iterations steps)."""
+    objective = recipe.train.objective
+    if objective == "dpo":
+        return 1
+    if objective == "grpo":
+        grpo = recipe.grpo
+        return ((1 if grpo.beta else 0) + (1 if grpo.num_iterations > 1 else 0)) / grpo.num_iterations
+    return 0
 
 
 def step_batches(recipe, workload, world: int) -> StepBatches:

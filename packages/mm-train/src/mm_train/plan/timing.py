@@ -37,7 +37,15 @@ micro-batches per data-parallel rank and step, and E_c, E_n the compute and link
                 weights: 7 S / 3 at host_gbps (devices.yaml), not overlapped
     reference   train.objective dpo: the frozen reference's forward of every sequence (a pair is
                 two: plan.batches), one more pass of every stack with its launches and its bubble
-                (the VL towers counted for each sequence, though a pair's run once: an upper bound)
+                (the VL towers counted for each sequence, though a pair's run once: an upper bound);
+                grpo: the reference's and the sampling policy's passes, once per generation
+    generate    train.objective grpo: a generation's rollouts on the rank, over num_iterations
+                steps: the prefill of its P = G / dp prompts (their prompt tokens' forward FLOPs)
+                and max_completion_length one-token steps of P x num_generations rows (their
+                tokens' forward FLOPs), over tp alone (cp and sp ranks decode the whole sequence;
+                a token crosses the pipeline's stages in turn); each step runs every layer of the
+                model once, its launches layer_pass_ms each (decoding is launch-bound: a step's
+                matrix work is a few rows)
 """
 
 from __future__ import annotations
@@ -152,3 +160,19 @@ def step_time(workload, recipe, topo, device: dict, cluster: dict, efficiency: d
                 times["dp_s"] += volume / _link_bytes_per_s(topo, "dp_cp_replica", device, cluster, comm_eff)
     times["step_time_s"] = sum(times.values())
     return times
+
+
+def generation_time(recipe, workload, topo, device: dict, efficiency: dict, prompts: int) -> float:
+    """train.objective grpo: the seconds a step spends generating on ``topo``'s rank (module
+    docstring); ``prompts``: the global batch's; 0 for the other objectives."""
+    if recipe.train.objective != "grpo":
+        return 0.0
+    grpo = recipe.grpo
+    per_token = workload.flops_per_sample / workload.tokens_per_sample
+    prompt_tokens = max(workload.tokens_per_sample - grpo.max_completion_length, 1)
+    mine = prompts / topo.dp.size
+    flops = mine * per_token * (prompt_tokens + grpo.num_generations * grpo.max_completion_length)
+    compute = flops / topo.tp.size / (device["peak_tflops"] * 1e12 * efficiency["compute"])
+    layers = sum(stack.layers for stack in workload.stacks if stack.pipelined)
+    launches = (grpo.max_completion_length + 1) * layers * efficiency.get("layer_pass_ms", 0.0) / 1e3
+    return (compute + launches) / grpo.num_iterations

@@ -393,6 +393,9 @@ SPEC = register(FamilySpec(
         BuiltinRecipe("qwen2_5_vl_7b_dpo", "qwen2_5_vl_7b_dpo.yaml",
                       "Qwen2.5-VL-7B-Instruct DPO with LoRA (adapters off as the reference, DP8 ZeRO-1)",
                       "1 x 8 Ascend NPUs"),
+        BuiltinRecipe("qwen2_5_vl_7b_grpo", "qwen2_5_vl_7b_grpo.yaml",
+                      "Qwen2.5-VL-7B-Instruct GRPO with LoRA (8 completions a prompt decoded in place, accuracy and "
+                      "format rewards, adapters off as the KL reference, DP8 ZeRO-1)", "1 x 8 Ascend NPUs"),
         BuiltinRecipe("qwen2_5_vl_32b_sft", "qwen2_5_vl_32b_sft.yaml",
                       "Qwen2.5-VL-32B-Instruct SFT on one node (ZeRO-3, optimizer state offloaded, no TP / PP)",
                       "1 x 8 Ascend NPUs"),
