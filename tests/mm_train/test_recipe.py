@@ -179,3 +179,13 @@ def test_packed_rows_are_made_a_multiple_of_pp_for_the_interleaved_schedule():
     assert rows == [[0], [1], [2, 5], [3, 4]] and split_to_multiple(rows, 4) == rows
     with pytest.raises(ValueError, match="raise train.global_batch_size"):
         split_to_multiple([[0], [1], [2]], 2)
+
+
+def test_a_ranks_rows_are_split_to_the_count_its_peers_run():
+    """GRPO under ZeRO-3 / ep: every data-parallel rank runs as many micro-batches (mm_train.grpo_step)."""
+    from mm_data.vl.packing import split_to_count
+
+    assert split_to_count([[0, 1, 2, 3], [4]], 3) == [[0, 1], [2, 3], [4]]
+    assert split_to_count([[0], [1]], 2) == [[0], [1]]
+    with pytest.raises(ValueError, match="cannot fill the 3 micro-batches"):
+        split_to_count([[0], [1]], 3)

@@ -116,7 +116,7 @@ class GrpoStep:
         """The prompts of each micro-batch: micro_batch_size a micro-batch, or with data.packing rows
         of whole groups under the token budget; as many on every rank where forward passes
         communicate across dp (ZeRO-3's gathers, expert parallelism), a multiple of pp under vpp."""
-        from mm_data.vl.packing import plan_rows, split_to_multiple
+        from mm_data.vl.packing import plan_rows, split_to_count, split_to_multiple
 
         data, par = self.recipe.data, self.topo.config
         if getattr(data, "packing", False):
@@ -125,18 +125,9 @@ class GrpoStep:
             size = self.recipe.train.micro_batch_size
             rows = [list(range(i, min(i + size, len(lengths)))) for i in range(0, len(lengths), size)]
         rows = split_to_multiple(rows, par.pp if par.vpp > 1 else 1)
-        if par.zero_stage == 3 or par.ep > 1:
-            most = int(comm.all_reduce(ms.Tensor(np.array([len(rows)], np.int32)), self.topo.dp, "max").asnumpy()[0]) \
-                if self.topo.dp.size > 1 else len(rows)
-            while len(rows) < most:  # halve the row of most prompts (one prompt's group is never cut)
-                widest = max(rows, key=len)
-                if len(widest) < 2:
-                    raise ValueError(f"data-parallel ranks need {most} micro-batches each (ZeRO-3 / expert parallelism "
-                                     f"run every forward together) and this rank's {len(lengths)} prompts make "
-                                     f"{len(rows)}: lower data.max_tokens or train.micro_batch_size")
-                rows.remove(widest)
-                rows += [widest[:len(widest) // 2], widest[len(widest) // 2:]]
-            rows.sort(key=min)
+        if (par.zero_stage == 3 or par.ep > 1) and self.topo.dp.size > 1:
+            most = comm.all_reduce(ms.Tensor(np.array([len(rows)], np.int32)), self.topo.dp, "max").asnumpy()[0]
+            rows = split_to_count(rows, int(most))
         return rows
 
     def _dp_sum(self, values: np.ndarray) -> np.ndarray:

@@ -80,12 +80,24 @@ def pack(samples: Sequence[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
 def split_to_multiple(rows: List[List[int]], multiple: int) -> List[List[int]]:
     """``rows`` with the row of most samples halved until their number is a multiple of ``multiple``
     (in order of their first sample); a share too small for it is refused."""
+    return _split_until(rows, lambda count: count % multiple == 0,
+                        f"cannot fill a multiple of {multiple} packed rows (the interleaved pipeline schedule needs "
+                        "one); raise train.global_batch_size")
+
+
+def split_to_count(rows: List[List[int]], count: int) -> List[List[int]]:
+    """``rows`` with the row of most samples halved until there are ``count`` (ranks whose forward
+    passes run together need as many micro-batches); a share too small for it is refused."""
+    return _split_until(rows, lambda n: n >= count, f"cannot fill the {count} micro-batches the other data-parallel "
+                                                    "ranks run: lower data.max_tokens or train.micro_batch_size")
+
+
+def _split_until(rows: List[List[int]], done: Callable[[int], bool], refusal: str) -> List[List[int]]:
     rows = [list(row) for row in rows]
-    while len(rows) % multiple:
+    while not done(len(rows)):
         widest = max(rows, key=len)
         if len(widest) < 2:
-            raise ValueError(f"{sum(map(len, rows))} samples cannot fill a multiple of {multiple} packed rows (the "
-                             "interleaved pipeline schedule needs one); raise train.global_batch_size")
+            raise ValueError(f"{sum(map(len, rows))} samples {refusal}")
         rows.remove(widest)
         rows += [widest[:len(widest) // 2], widest[len(widest) // 2:]]
     return sorted(rows, key=min)
