@@ -80,3 +80,25 @@ def test_grpo_recipes_are_checked_before_launch():
             load_recipe("qwen2_5_vl_tiny_colours", overrides)
     recipe = load_recipe("qwen2_5_vl_tiny_grpo")
     assert recipe.train.objective == "grpo" and "grpo" in recipe.to_dict() and "dpo" not in recipe.to_dict()
+
+
+def test_qwen3_vl_moe_grpo_under_ep2_zero3_equals_one_process(tmp_path, run_distributed):
+    """GRPO plugs into Qwen3-VL-MoE (DeepStack, routed experts, the load-balancing loss) as into
+    Qwen2.5-VL: ep2 x dp2 with ZeRO-3 — the ranks exchange experts and gather weights in every
+    decoding step and every forward, so they decode and train in step — equals one process."""
+    data = tmp_path / "data"
+    short = ["qwen3_vl_moe_tiny", "--set", "data.kind=tiny_vl_colours", "--set", "data.max_length=64", *GRPO[1:],
+             "--set", "train.steps=2", "--set", "grpo.num_iterations=1", "--set", "checkpoint.every=2"]
+    train(run_distributed, *short, "--set", f"output_dir={tmp_path / 'single'}", data=data)
+    train(run_distributed, *short, "--set", "parallel.ep=2", "--set", "parallel.zero_stage=3", "--set",
+          "parallel.zero3_min_numel=256", "--set", f"output_dir={tmp_path / 'layout'}", nproc=2, data=data)
+    single = rows_of(tmp_path / "single")
+    assert 0 < single[0]["reward"] < 1
+    for got, want in zip(rows_of(tmp_path / "layout"), single):  # rel 1e-4 as the MoE SFT layouts: the router's
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-4, abs=1e-6)  # statistics summed in another order
+        for key in ("reward", "kl", "completion_length"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+    final = os.path.join("checkpoints", "step_2", "model")
+    errors = parameter_errors(parameters(tmp_path / "layout", final), parameters(tmp_path / "single", final))
+    experts = {k: v for k, v in errors.items() if ".experts." in k}
+    assert experts and max(experts.values()) <= 1e-3, sorted(experts.items(), key=lambda kv: -kv[1])[:3]
