@@ -200,9 +200,9 @@ class GrpoStep:
         totals = self._dp_sum(np.concatenate(moments + [np.array([lengths.sum(), lengths.size])]))
         out = {}
         for i, name in enumerate(names):
-            total, squares, count = totals[3 * i:3 * i + 3]
-            out[name] = total / max(count, 1.0)
-            out["reward_std" if name == "reward" else name + "_std"] = std_of_moments(totals[3 * i:3 * i + 3])
+            summed = totals[3 * i:3 * i + 3]  # (sum, sum of squares, count) over the global batch
+            out[name] = summed[0] / max(summed[2], 1.0)
+            out["reward_std" if name == "reward" else name + "_std"] = std_of_moments(summed)
         out["completion_length"] = totals[-2] / max(totals[-1], 1.0)
         out = {k: ms.Tensor(np.array([v], np.float32)) for k, v in out.items()}
         out.update(self._token_figures())
