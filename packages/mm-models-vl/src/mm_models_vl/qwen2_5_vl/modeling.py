@@ -457,8 +457,8 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
         """(plan.sequence_count,) float32: each sequence's summed log-probabilities of its counted
         next-token targets, the whole sequence's under cp (mm_parallel.preference: the vocabulary
         split over tp, the sequence over cp)."""
-        token = -vocab_parallel_cross_entropy(logits, plan.targets, self.topology.tp, reduction="none")
-        return sequence_log_probs(token, plan.sequences, plan.sequence_count, self.topology.cp)
+        return sequence_log_probs(self.token_log_probs(logits, plan), plan.sequences, plan.sequence_count,
+                                  self.topology.cp)
 
     def prompt_positions(self, ids: np.ndarray, inputs: dict) -> np.ndarray:
         """(3, batch, seq) positions of a prompt given with ``inputs`` (generate's keywords); a
