@@ -87,8 +87,8 @@ def generate(folder: str, samples: int = 256, seed: int = 0, pairs: bool = False
         entries.append({"messages": [{"role": "user", "content": "<image>"},
                                      {"role": "assistant", "content": caption}], "images": [file]})
     (folder / "data.json").write_text(json.dumps(entries, indent=1))
-    train_tokenizer(captions + [QUESTION] * 8 + ["user\n", "assistant\n", "system\n"], folder / "tokenizer.json",
-                    SPECIAL)
+    questions = [QUESTION] * 8 if question else []  # the other sets keep the captions' tokenizer
+    train_tokenizer(captions + questions + ["user\n", "assistant\n", "system\n"], folder / "tokenizer.json", SPECIAL)
     done.write_text(json.dumps(stamp))
     return folder
 
