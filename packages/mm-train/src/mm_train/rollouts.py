@@ -49,6 +49,7 @@ def suppressed_tokens(config) -> List[int]:
 
 
 def stop_tokens(config) -> List[int]:
+    """The end-of-turn ids a completion stops at (the text config's eos, else the config's)."""
     eos = getattr(getattr(config, "text_config", config), "eos_token_id", None) or getattr(config, "eos_token_id", None)
     return [] if eos is None else np.atleast_1d(eos).astype(int).tolist()
 
