@@ -12,38 +12,17 @@ are seeded: the figures repeat; the seconds vary with the shared machine.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
+
+from _recipe_runs import mean, run
+from _recipe_runs import rows as metrics
 
 RUNS = (  # (start recipe, its steps, preference recipe)
     ("qwen2_5_vl_tiny", 60, "qwen2_5_vl_tiny_dpo"),
     ("wan2_1_t2v_tiny", 100, "wan2_1_t2v_tiny_dpo"),
 )
-
-
-def mm_train() -> str:
-    return shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
-
-
-def run(recipe: str, out: Path, data: Path, *sets: str) -> float:
-    began = time.perf_counter()
-    args = [mm_train(), "run", recipe, "--no-progress", "--set", f"output_dir={out}"]
-    for value in sets:
-        args += ["--set", value]
-    done = subprocess.run(args, env={**os.environ, "MM_TRAIN_DATA": str(data)}, capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
-    return time.perf_counter() - began
-
-
-def mean(rows, key) -> float:
-    return sum(r[key] for r in rows) / len(rows)
 
 
 def main() -> None:
@@ -54,7 +33,7 @@ def main() -> None:
             seconds = run(start, root / start, data, f"train.steps={steps}", f"checkpoint.every={steps}")
             model = root / start / "checkpoints" / f"step_{steps}" / "model"
             seconds += run(dpo, root / dpo, data, f"model.path={model}", "model.config={}")
-            rows = [json.loads(line) for line in (root / dpo / "metrics.jsonl").read_text().splitlines()]
+            rows = metrics(root / dpo)
             first, last = rows[:10], rows[-10:]
             print(f"{dpo} from {steps} steps of {start}: loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f} in "
                   f"{len(rows)} steps; margin {mean(first, 'rewards/margins'):.3f} (steps 1-10) -> "

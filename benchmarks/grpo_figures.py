@@ -14,34 +14,12 @@ vary with the shared machine.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-
-def mm_train() -> str:
-    return shutil.which("mm-train", path=os.path.dirname(sys.executable)) or "mm-train"
-
-
-def run(recipe: str, out: Path, data: Path, *sets: str, nproc: int = 1) -> float:
-    began = time.perf_counter()
-    args = [mm_train(), "run", recipe, "--no-progress", "--set", f"output_dir={out}"]
-    for value in sets:
-        args += ["--set", value]
-    args += ["--nproc", str(nproc)] if nproc > 1 else []
-    done = subprocess.run(args, env={**os.environ, "MM_TRAIN_DATA": str(data)}, capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
-    return time.perf_counter() - began
-
-
-def mean(rows, key) -> float:
-    return sum(r[key] for r in rows) / len(rows)
+from _recipe_runs import mean, run
+from _recipe_runs import rows as metrics
 
 
 def main() -> None:
@@ -58,7 +36,7 @@ def main() -> None:
             out = root / f"grpo_{nproc}"
             seconds = run("qwen2_5_vl_tiny_grpo", out, data, f"model.path={model}", f"train.steps={args.steps}",
                           nproc=nproc)
-            rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+            rows = metrics(out)
             first, last = rows[:10], rows[-10:]
             print(f"qwen2_5_vl_tiny_grpo on {nproc} process{'es' if nproc > 1 else ''}: accuracy reward "
                   f"{mean(first, 'reward'):.3f} (steps 1-10) -> {mean(last, 'reward'):.3f} (last 10) in {len(rows)} "

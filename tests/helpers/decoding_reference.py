@@ -14,17 +14,6 @@ import numpy as np
 from mm_parallel.sampling import Sampling
 
 
-def to_left_padding(inputs: dict) -> dict:
-    """A right-padded batch (attention_mask ones then zeros) with each row's pads moved to its front."""
-    mask = np.asarray(inputs["attention_mask"])
-    out = dict(inputs)
-    for key in ("input_ids", "attention_mask", "mm_token_type_ids", "labels"):
-        if key in inputs:
-            rows = [np.roll(row, int((m == 0).sum())) for row, m in zip(np.asarray(inputs[key]), mask)]
-            out[key] = np.stack(rows)
-    return out
-
-
 @dataclass(frozen=True)
 class RecordingSampling(Sampling):
     """Greedy choice that keeps the logits each step chose from (rows, vocab)."""

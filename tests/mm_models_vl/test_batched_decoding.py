@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch  # noqa: F401  (the parity reference: required, see tests/conftest.py)
 from helpers import omni_reference, qwen3_vl_reference, qwen_vl_reference
-from helpers.decoding_reference import assert_decodes_like_reference, to_left_padding
+from helpers.decoding_reference import assert_decodes_like_reference
+
+from mm_data.vl import left_padded
 
 STEPS = 10
 
@@ -16,7 +18,7 @@ STEPS = 10
 def _prompts(case: str):
     rng = np.random.default_rng(3)
     module = {"qwen2_5_vl": qwen_vl_reference, "omni": omni_reference}.get(case, qwen3_vl_reference)
-    inputs = to_left_padding(module.padded_pair(rng))
+    inputs = left_padded(module.padded_pair(rng))  # each row's pads moved to its front
     inputs.pop("labels")
     return inputs
 

@@ -84,6 +84,13 @@ class Completions:
     stopped: np.ndarray  # (rows,) bool: ended on a stop token
 
 
+def end_tokens(config) -> List[int]:
+    """The ids a model's turn ends at: its config's ``eos_token_id`` (a text config's first, as the
+    VL models keep it), one id or several; none when unset."""
+    eos = getattr(getattr(config, "text_config", None), "eos_token_id", None) or getattr(config, "eos_token_id", None)
+    return [] if eos is None else np.atleast_1d(eos).astype(int).tolist()
+
+
 def left_padded(mask: np.ndarray) -> bool:
     """Rows of zeros then ones, ending on a real token."""
     mask = np.asarray(mask).astype(bool)

@@ -21,6 +21,7 @@ runs without tape and with ``set_train(False)`` (no LoRA dropout), then in its e
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Dict, Iterator, List
 
@@ -111,6 +112,19 @@ def forward_losses(chunks, batches: List[Dict], topo) -> List:
         return pipeline.forward_only([c.pipeline_stage for c in chunks], [(b, b) for b in batches],
                                      lambda y, b: last.pipeline_loss(y, b), topo, with_batch=True)
     return [chunks[0](**b).loss for b in batches]
+
+
+def recorded(chunks, batches: List[Dict], recorders: List, topo, adapters_off: bool = False) -> List:
+    """``recorders`` — forward ``preference``s that keep what a loss reads (a reference's or the
+    sampling policy's values: mm_parallel.preference.ReferencePass, mm_parallel.grpo.TokenLogProbs) —
+    filled by a forward-only pass of ``batches`` in inference mode, with ``adapters_off`` the LoRA
+    adapters switched off (the base model as reference, no copy); returns them."""
+    from mm_parallel import lora
+
+    off = lora.adapters_disabled(chunks) if adapters_off else contextlib.nullcontext()
+    with inference(chunks), off:
+        forward_losses(chunks, [{**b, "preference": r} for b, r in zip(batches, recorders)], topo)
+    return recorders
 
 
 def due(every: int, step: int, last: int) -> bool:

@@ -29,7 +29,6 @@ rewards as completions.md beside the answers (mm_train.samples).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from typing import Callable, Dict, List, Optional
@@ -38,7 +37,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import ops
 
-from mm_parallel import comm, lora
+from mm_parallel import comm
 from mm_parallel.grpo import (
     PolicyBatch,
     TokenLogProbs,
@@ -48,9 +47,8 @@ from mm_parallel.grpo import (
     std_of_moments,
 )
 from mm_train import rollouts as rollouts_module
-from mm_train.evaluation import forward_losses
+from mm_train.evaluation import recorded
 from mm_train.rewards import FORMAT_PATTERN, Rewards
-from mm_train.samples import inference
 
 # Deferred imports: mm-data (optional: a missing one is named when a run needs it).
 
@@ -66,9 +64,6 @@ class GrpoStep:
         self.reference = None
         if self.grpo.beta and self.grpo.reference == "copy":
             self.reference = build_reference()
-            for chunk in self.reference:
-                for parameter in chunk.get_parameters():
-                    parameter.requires_grad = False
         self.generation: Optional[Dict] = None  # the current generation's rows, per-token arrays and figures
         self.batches: List[PolicyBatch] = []
         self.began = self.generating = 0.0
@@ -181,10 +176,8 @@ class GrpoStep:
     def _log_probs(self, chunks, batches: List[Dict], which: str) -> List[np.ndarray]:
         """Each micro-batch's (rows, seq) per-target log-probs by ``chunks`` (forward only; the
         last pipeline stage's, zeros elsewhere, which never read them)."""
-        off = lora.adapters_disabled(chunks) if which == "adapters_off" else contextlib.nullcontext()
-        recorders = [TokenLogProbs(self.settings.temperature) for _ in batches]
-        with inference(chunks), off:
-            forward_losses(chunks, [{**b, "preference": r} for b, r in zip(batches, recorders)], self.topo)
+        recorders = recorded(chunks, batches, [TokenLogProbs(self.settings.temperature) for _ in batches], self.topo,
+                             which == "adapters_off")
         return [r.values.asnumpy() if r.values is not None else np.zeros(a["weights"].shape, np.float32)
                 for r, a in zip(recorders, self.generation["arrays"])]
 

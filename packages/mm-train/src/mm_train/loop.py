@@ -94,6 +94,14 @@ def build_model(task: Task, recipe: Recipe, topo, resume_from: Optional[str] = N
     return chunks, lora
 
 
+def _frozen(chunks):
+    """``chunks`` with no parameter trained (a reference model)."""
+    for chunk in chunks:
+        for parameter in chunk.get_parameters():
+            parameter.requires_grad = False
+    return chunks
+
+
 def _shard_weights(chunks, topo) -> None:
     """ZeRO-3: each chunk's linear weights cut into flat slices (mm_parallel.zero3), said once."""
     done = [mm_parallel.zero3.shard_parameters(chunk, topo) for chunk in chunks]
@@ -210,7 +218,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
         first = checkpoint.load_optimizer(resume_from, chunks, optimizer) if resume_from else 0
     params = [p for chunk in chunks for p in chunk.trainable_params()]
     objective = None  # dpo: the reference and the pairs (mm_train.preference_step); grpo: rollouts (grpo_step)
-    reference = lambda: build_model(task, recipe, topo, None, disks)[0]  # noqa: E731 (the starting weights)
+    reference = lambda: _frozen(build_model(task, recipe, topo, None, disks)[0])  # noqa: E731 (the starting weights)
     if recipe.train.objective == "dpo":
         objective = PreferenceStep(recipe, chunks, topo, reference)
         objective.start(task, out, first, disks.folder_writer)

@@ -32,7 +32,6 @@ figures (mm_train.step_rows).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 from typing import Callable, Dict, List
@@ -41,10 +40,9 @@ import mindspore as ms
 import numpy as np
 from mindspore import ops
 
-from mm_parallel import comm, lora
+from mm_parallel import comm
 from mm_parallel.preference import DIFFUSION_BETA, DiffusionPairs, PairedBatch, ReferencePass
-from mm_train.evaluation import forward_losses
-from mm_train.samples import inference
+from mm_train.evaluation import recorded
 
 # Deferred imports: mm-data, safetensors (optional: a missing one is named when a run needs it).
 
@@ -61,7 +59,8 @@ def pairs_of(batch: Dict) -> int:
 
 
 class PreferenceStep:
-    """See the module docstring. ``build_reference()``: the frozen reference's chunks (dpo.reference copy)."""
+    """See the module docstring. ``build_reference()``: the frozen reference's chunks (dpo.reference copy:
+    the starting weights, no parameter trained)."""
 
     def __init__(self, recipe, chunks: List, topo, build_reference: Callable[[], List]):
         self.dpo, self.topo, self.policy = recipe.dpo, topo, chunks
@@ -69,9 +68,6 @@ class PreferenceStep:
         self.reference, self.table = None, None  # the copy's chunks; cached: {pair index: (chosen, rejected)}
         if self.dpo.reference == "copy":
             self.reference = build_reference()
-            for chunk in self.reference:
-                for parameter in chunk.get_parameters():
-                    parameter.requires_grad = False
         self.batches: List = []
 
     @staticmethod
@@ -117,12 +113,8 @@ class PreferenceStep:
     def reference_values(self, batches: List[Dict], pairs: List[int]) -> List[np.ndarray]:
         """Each micro-batch's (2P,) reference values (``pairs``: its P) on the last pipeline stage
         (zeros on the others, which never read them)."""
-        chunks = self.reference or self.policy
-        off = lora.adapters_disabled(chunks) if self.dpo.reference == "adapters_off" else contextlib.nullcontext()
-        recorders = [ReferencePass() for _ in batches]
-        inputs = [{**b, "preference": r} for b, r in zip(batches, recorders)]
-        with inference(chunks), off:
-            forward_losses(chunks, inputs, self.topo)  # the recorders keep the values
+        recorders = recorded(self.reference or self.policy, batches, [ReferencePass() for _ in batches], self.topo,
+                             self.dpo.reference == "adapters_off")
         return [r.values.asnumpy() if r.values is not None else np.zeros(2 * p, np.float32)
                 for r, p in zip(recorders, pairs)]
 

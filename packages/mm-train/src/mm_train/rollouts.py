@@ -21,7 +21,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from mm_parallel.decoding import decode
+from mm_parallel.decoding import decode, end_tokens
 from mm_train.samples import inference
 
 # Deferred imports: mm-data (optional: a missing one is named when a run needs it).
@@ -48,12 +48,6 @@ def suppressed_tokens(config) -> List[int]:
     return sorted(set(ids))
 
 
-def stop_tokens(config) -> List[int]:
-    """The end-of-turn ids a completion stops at (the text config's eos, else the config's)."""
-    eos = getattr(getattr(config, "text_config", config), "eos_token_id", None) or getattr(config, "eos_token_id", None)
-    return [] if eos is None else np.atleast_1d(eos).astype(int).tolist()
-
-
 def generate(task, chunks, topo, grpo, rewards, prompts: List[Dict], generation: int, seed: int) -> Rollouts:
     """The rollouts of ``prompts`` (the data set's prompt samples) for ``generation`` (module docstring)."""
     from mm_data.vl import PROMPT_INDEX, left_padded
@@ -64,7 +58,7 @@ def generate(task, chunks, topo, grpo, rewards, prompts: List[Dict], generation:
     batch = left_padded(dataset.collator()(plain))
     config, pad = chunks[-1].config, tokenizer.pad_token_id or 0
     with inference(chunks):
-        out = decode(chunks, batch, grpo.max_completion_length, grpo.sampling(), stop_tokens(config), pad,
+        out = decode(chunks, batch, grpo.max_completion_length, grpo.sampling(), end_tokens(config), pad,
                      copies=copies, seed=seed, keys=[(generation, i, c) for i in indices for c in range(copies)],
                      topology=topo, suppress_tokens=suppressed_tokens(config))
     completions = [out.tokens[r, :out.lengths[r]] for r in range(len(out.tokens))]

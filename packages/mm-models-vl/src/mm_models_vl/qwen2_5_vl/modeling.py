@@ -487,14 +487,13 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
         """
         self.require_whole_model()
         text = self.config.text_config
-        if eos_token_id is None:
-            eos_token_id = getattr(text, "eos_token_id", None) or getattr(self.config, "eos_token_id", None)
         if pad_token_id is None:
             pad_token_id = getattr(text, "pad_token_id", None) or 0
         ids = host(input_ids, np.int64)
         out = decoding.decode([self], {**inputs, "input_ids": ids}, max_new_tokens,
                               Sampling(do_sample, temperature, top_k, top_p),
-                              [] if eos_token_id is None else np.atleast_1d(eos_token_id).tolist(), pad_token_id,
+                              decoding.end_tokens(self.config) if eos_token_id is None else
+                              np.atleast_1d(eos_token_id).tolist(), pad_token_id,
                               num_return_sequences, seed, topology=self.topology)
         return np.concatenate([np.repeat(ids, num_return_sequences, 0), out.tokens], 1)
 

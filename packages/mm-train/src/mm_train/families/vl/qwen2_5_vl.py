@@ -383,7 +383,7 @@ SPEC = register(FamilySpec(
                       "DPO on the tiny Qwen2.5-VL: right captions of generated pictures against wrong ones",
                       "1-2 CPU processes"),
         BuiltinRecipe("qwen2_5_vl_tiny_colours", "qwen2_5_vl_tiny_colours.yaml",
-                      "the tiny Qwen2.5-VL learns to name the colour of a generated picture's shape (SFT; "
+                      "the tiny Qwen2.5-VL learns to name the background colour of a generated picture (SFT; "
                       "qwen2_5_vl_tiny_grpo starts from it)", "1-2 CPU processes"),
         BuiltinRecipe("qwen2_5_vl_tiny_grpo", "qwen2_5_vl_tiny_grpo.yaml",
                       "GRPO on the tiny Qwen2.5-VL: sampled answers to the colour question, rewarded when right",

@@ -63,12 +63,10 @@ def prompt_inputs(tokenizer, processors, system: Optional[str], prompt: str, med
 def answer(chunks, topo, tokenizer, processors, system: Optional[str], prompt: str, media: Dict[str, Sequence[str]],
            max_new_tokens: int, dataset_class: type) -> str:
     """The model's greedy answer to one prompt (with its pictures / clips / sounds) under this layout."""
-    from mm_parallel.decoding import decode
+    from mm_parallel.decoding import decode, end_tokens
 
     inputs = prompt_inputs(tokenizer, processors, system, prompt, media, dataset_class)
-    config = chunks[-1].config
-    eos = getattr(config.text_config, "eos_token_id", None) or getattr(config, "eos_token_id", None)
-    out = decode(chunks, inputs, max_new_tokens, stop_tokens=[] if eos is None else np.atleast_1d(eos).tolist(),
+    out = decode(chunks, inputs, max_new_tokens, stop_tokens=end_tokens(chunks[-1].config),
                  pad_id=tokenizer.pad_token_id or 0, topology=topo)
     return tokenizer.decode(out.tokens[0, :out.lengths[0]].tolist(), skip_special_tokens=True).strip()
 

@@ -9,7 +9,7 @@ with `tokenizers` (tokenizer.json, with Qwen2-VL's special tokens) — and read 
 mm-data's `VLSFTDataset`, the path of every real SFT recipe. `Pairs` is the same set as
 preference pairs (data.kind tiny_vl_pairs): the right caption chosen, the picture's colours
 swapped ("a blue circle on red") rejected, in LLaMA-Factory's ranking layout; `Colours` the
-question "what colour is the shape?" answered by the shape's colour word (data.kind
+question "what colour is the background?" answered by its colour word (data.kind
 tiny_vl_colours: SFT, and GRPO's prompts with that word as the reference answer).
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -98,27 +99,23 @@ def default_folder() -> str:
     return os.environ.get("MM_TRAIN_DATA", os.path.join(os.path.expanduser("~"), ".cache", "mm-train", "tiny_vl"))
 
 
-class Colours:
-    """The set as the question "what colour is the shape?" answered by the colour word (data.kind
-    tiny_vl_colours): SFT conversations, and for train.objective grpo prompts whose reference
-    answer is that word (mm_data.vl.prompts: the answer ending the turns)."""
+@dataclass(frozen=True)
+class Variant:
+    """The set written another way, in its own folder beside the default one (``options``: `generate`'s)."""
 
-    @staticmethod
-    def generate(folder: str, samples: int = 256, seed: int = 0) -> Path:
-        return generate(folder, samples, seed, question=True)
+    suffix: str
+    options: dict
 
-    @staticmethod
-    def default_folder() -> str:
-        return default_folder() + "_colours"
+    def generate(self, folder: str, samples: int = 256, seed: int = 0) -> Path:
+        return generate(folder, samples, seed, **self.options)
+
+    def default_folder(self) -> str:
+        return default_folder() + self.suffix
 
 
-class Pairs:
-    """The set as preference pairs (data.kind tiny_vl_pairs; module docstring)."""
-
-    @staticmethod
-    def generate(folder: str, samples: int = 256, seed: int = 0) -> Path:
-        return generate(folder, samples, seed, pairs=True)
-
-    @staticmethod
-    def default_folder() -> str:
-        return default_folder() + "_pairs"
+# data.kind tiny_vl_pairs: the set as preference pairs (module docstring)
+Pairs = Variant("_pairs", {"pairs": True})
+# data.kind tiny_vl_colours: "what colour is the background?" answered by the colour word — SFT
+# conversations, and for train.objective grpo prompts whose reference answer is that word
+# (mm_data.vl.prompts: the answer ending the turns)
+Colours = Variant("_colours", {"question": True})
