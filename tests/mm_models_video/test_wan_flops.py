@@ -35,3 +35,26 @@ def test_wan_dit_flops_equal_torch_flop_counter(i2v):
     expected = counter.get_total_flops()
     assert wan_dit_flops(config, frames, height, width, text_len, image_len) == expected
     assert batch_flops(config, {k: v.numpy() for k, v in inputs.items()}) == expected  # model.flops(batch)
+
+
+@pytest.mark.parametrize("version", ["2.1", "2.2"])
+@pytest.mark.parametrize("frames, size", [(1, (32, 48)), (9, (48, 32)), (13, (32, 32))])
+def test_vae_encode_flops_equal_torch_flop_counter(version, frames, size):
+    """vae_encode_flops (what the planner charges online encoding) against FlopCounterMode over
+    diffusers' AutoencoderKLWan.encode: Wan2.1's layout and Wan2.2's (diffusers' encoder fails with
+    attn_scales set: its attention blocks take no feature cache)."""
+    import torch
+    from diffusers import AutoencoderKLWan
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mm_models_video.wan.flops import vae_encode_flops
+
+    config = dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 3], num_res_blocks=2, temperal_downsample=[False, True, True])
+    if version == "2.2":
+        config.update(decoder_base_dim=12, is_residual=True, patch_size=2, in_channels=12, out_channels=12,
+                      scale_factor_spatial=16, dim_mult=[1, 2, 2, 2])
+    vae = AutoencoderKLWan(**config).eval()
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        vae.encode(torch.randn(1, 3, frames, *size))
+    assert vae_encode_flops(config, frames, *size) == counter.get_total_flops()

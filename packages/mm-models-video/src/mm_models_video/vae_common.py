@@ -126,3 +126,30 @@ def moments_to_distribution(moments) -> LatentDistribution:
     """(mean, logvar clamped to [-30, 20]) from the encoder's 2 z channels."""
     mean, logvar = ops.split(moments, moments.shape[1] // 2, 1)
     return LatentDistribution(mean, ops.clip(logvar, -30.0, 20.0))
+
+
+def tiled_spatially(x, tile, stride, blend, keep, run) -> np.ndarray:
+    """diffusers' tiled_encode / tiled_decode: ``run`` on tiles of ``tile`` (h, w) input pixels
+    every ``stride`` pixels; each tile's output blended into its upper and left neighbours' (already
+    blended) outputs over ``blend`` rows / columns (weight y / blend), cropped to ``keep`` and joined."""
+    rows = [[run(x[:, :, :, i:i + tile[0], j:j + tile[1]]).asnumpy().copy() for j in range(0, x.shape[4], stride[1])]
+            for i in range(0, x.shape[3], stride[0])]
+    joined = []
+    for i, row in enumerate(rows):
+        for j, out in enumerate(row):
+            if i > 0:
+                _blend(rows[i - 1][j], out, blend[0], 3)
+            if j > 0:
+                _blend(row[j - 1], out, blend[1], 4)
+        joined.append(np.concatenate([out[:, :, :, :keep[0], :keep[1]] for out in row], 4))
+    return np.concatenate(joined, 3)
+
+
+def _blend(a: np.ndarray, b: np.ndarray, extent: int, axis: int) -> None:
+    """b's first rows (or columns) along ``axis`` blended in place with a's last: weight y / extent."""
+    extent = min(a.shape[axis], b.shape[axis], extent)
+    for y in range(extent):
+        index_b = [slice(None)] * 5
+        index_a = list(index_b)
+        index_b[axis], index_a[axis] = y, -extent + y
+        b[tuple(index_b)] = a[tuple(index_a)] * (1 - y / extent) + b[tuple(index_b)] * (y / extent)

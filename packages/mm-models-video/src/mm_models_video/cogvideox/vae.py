@@ -41,6 +41,7 @@ from mm_models_video.vae_common import (
     LatentDistribution,
     frames_as_batch,
     moments_to_distribution,
+    tiled_spatially,
 )
 
 DEFAULTS = dict(in_channels=3, out_channels=3, down_block_types=["CogVideoXDownBlock3D"] * 4,
@@ -329,31 +330,9 @@ class AutoencoderKLCogVideoX(DiffusersVAE):
 
 
 def tiled(x, tile, out_tile, overlap, run) -> np.ndarray:
-    """diffusers' tiled_encode / tiled_decode: ``run`` on tiles of ``tile`` (h, w) input pixels
-    every tile x (1 - overlap) pixels, each tile's output blended into its upper and left
-    neighbours' (already blended) outputs over out_tile x overlap rows / columns, then cropped to
-    out_tile minus that extent and joined."""
-    steps = [int(t * (1 - f)) for t, f in zip(tile, overlap)]
-    extents = [int(t * f) for t, f in zip(out_tile, overlap)]
-    limits = [t - e for t, e in zip(out_tile, extents)]
-    rows = [[run(x[:, :, :, i:i + tile[0], j:j + tile[1]]).asnumpy().copy() for j in range(0, x.shape[4], steps[1])]
-            for i in range(0, x.shape[3], steps[0])]
-    joined = []
-    for i, row in enumerate(rows):
-        for j, out in enumerate(row):
-            if i > 0:
-                _blend(rows[i - 1][j], out, extents[0], 3)
-            if j > 0:
-                _blend(row[j - 1], out, extents[1], 4)
-        joined.append(np.concatenate([out[:, :, :, :limits[0], :limits[1]] for out in row], 4))
-    return np.concatenate(joined, 3)
-
-
-def _blend(a: np.ndarray, b: np.ndarray, extent: int, axis: int) -> None:
-    """b's first rows (or columns) along ``axis`` blended in place with a's last: weight y / extent."""
-    extent = min(a.shape[axis], b.shape[axis], extent)
-    for y in range(extent):
-        index_b = [slice(None)] * 5
-        index_a = list(index_b)
-        index_b[axis], index_a[axis] = y, -extent + y
-        b[tuple(index_b)] = a[tuple(index_a)] * (1 - y / extent) + b[tuple(index_b)] * (y / extent)
+    """diffusers' CogVideoX tiling: tiles of ``tile`` (h, w) input pixels every tile x (1 - overlap)
+    pixels, each output blended into its upper and left neighbours' over out_tile x overlap rows /
+    columns, then cropped to out_tile minus that extent (mm_models_video.vae_common.tiled_spatially)."""
+    stride = [int(t * (1 - f)) for t, f in zip(tile, overlap)]
+    blend = [int(t * f) for t, f in zip(out_tile, overlap)]
+    return tiled_spatially(x, tile, stride, blend, [t - e for t, e in zip(out_tile, blend)], run)

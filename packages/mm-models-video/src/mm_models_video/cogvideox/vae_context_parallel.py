@@ -27,6 +27,7 @@ from typing import List, Tuple
 import numpy as np
 from mindspore import Tensor, ops
 
+from mm_models_video import vae_frame_split as frame_split
 from mm_models_video.cogvideox.vae import AutoencoderKLCogVideoX, CausalContext
 from mm_models_video.vae_common import LatentDistribution, moments_to_distribution
 from mm_parallel import comm, mappings
@@ -52,49 +53,24 @@ class FrameHalos(CausalContext):
         return norm(x, lambda t: comm.all_reduce(t, self.group))
 
 
-def _latent_shards(sizes: List[int]) -> List[Tuple[int, int]]:
-    bounds = np.cumsum([0] + sizes)
-    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-
-
-def _pixels(start: int, end: int) -> Tuple[int, int]:
-    """The pixel frames of latent frames [start, end): latent 0 is frame 0, latent j >= 1 frames 4j - 3 .. 4j."""
-    return (0 if start == 0 else 4 * start - 3), 4 * end - 3
-
-
-def _too_few(latent_frames: int, n: int):
-    return ValueError(f"{latent_frames} latent frames cannot give each of {n} ranks 2: use fewer ranks or a "
-                      "longer clip")
-
-
-def _encode_latent_sizes(frames: int, n: int) -> List[int]:
-    """The latent frames each rank's share of a clip of ``frames`` pixel frames (1 + 4k) encodes to."""
-    if (frames - 1) % 4:
-        raise ValueError(f"{frames} frames: the CogVideoX VAE encodes 1 + 4k frames")
-    latent = (frames - 1) // 4 + 1
-    if latent < 2 * n:
-        raise _too_few(latent, n)
-    return [latent // n + (i < latent % n) for i in range(n)]
-
-
 def encode_shards(frames: int, n: int) -> List[Tuple[int, int]]:
     """Each rank's [start, end) of a clip's ``frames`` pixel frames (1 + 4k) for `encode`."""
-    return [_pixels(a, b) for a, b in _latent_shards(_encode_latent_sizes(frames, n))]
+    return frame_split.encode_shards(frames, n)
 
 
 def decode_shards(latent_frames: int, n: int) -> List[Tuple[int, int]]:
     """Each rank's [start, end) of ``latent_frames`` latent frames for `decode` (module docstring)."""
     pairs, odd = divmod(latent_frames, 2)
     if pairs < n:
-        raise _too_few(latent_frames, n)
+        raise frame_split.too_few(latent_frames, n)
     sizes = [2 * (pairs // n + (i < pairs % n)) for i in range(n)]
     sizes[0] += odd
-    return _latent_shards(sizes)
+    return frame_split.latent_shards(sizes)
 
 
 def decoded_frames(start: int, end: int) -> Tuple[int, int]:
     """The pixel frames `decode` returns for latent frames [start, end) of a clip."""
-    return _pixels(start, end)
+    return frame_split.pixel_frames(start, end)
 
 
 def _check_untiled(vae: AutoencoderKLCogVideoX, x, tile):
@@ -119,13 +95,5 @@ def decode(vae: AutoencoderKLCogVideoX, latent_shard, group: Group) -> Tensor:
 
 def encode_gathered(vae: AutoencoderKLCogVideoX, video, group: Group) -> LatentDistribution:
     """The whole clip's latent distribution on every rank of ``group``, each having encoded only
-    its frames (`encode_shards`): feature extraction with the activations split, the latents
-    joined (an all-gather of the shards, padded to the longest)."""
-    video = np.asarray(video.asnumpy() if isinstance(video, Tensor) else video, np.float32)
-    latent = _encode_latent_sizes(video.shape[2], group.size)  # latent frames per rank
-    start, end = _pixels(*_latent_shards(latent)[group.rank])
-    moments = vae._encode_part(Tensor(video[:, :, start:end]), FrameHalos(group))
-    longest = max(latent)
-    parts = comm.all_gather(ops.pad(moments, (0, 0, 0, 0, 0, longest - moments.shape[2])), group, dim=2)
-    joined = ops.concat([parts[:, :, i * longest:i * longest + n] for i, n in enumerate(latent)], 2)
-    return moments_to_distribution(joined)
+    its frames (mm_models_video.vae_frame_split.encode_gathered)."""
+    return frame_split.encode_gathered(lambda frames: vae._encode_part(frames, FrameHalos(group)), video, group)

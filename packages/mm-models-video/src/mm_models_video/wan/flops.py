@@ -47,3 +47,55 @@ def batch_flops(config, batch: dict) -> float:
     image = batch.get("encoder_hidden_states_image")
     return wan_dit_flops(config, frames, height, width, batch["encoder_hidden_states"].shape[1],
                          0 if image is None else image.shape[1])
+
+
+def vae_encode_flops(vae_config: dict, frames: int, height: int, width: int) -> int:
+    """FLOPs of AutoencoderKLWan.encode of one clip of ``frames`` (1 + 4k) x ``height`` x ``width``
+    pixels, untiled (``vae_config``: its config.json fields; Wan2.1's or Wan2.2's layout).
+
+    Convolutions count 2 x output elements x input channels x kernel volume; a causal
+    convolution's output has its input's frames, so the chunking leaves the sum alone except at a
+    temporal downsampler, whose stride-2 convolution skips the first chunk's lone frame: t frames
+    become 1 + (t - 1) / 2, (t - 1) / 2 of them convolved. The per-frame attention of the mid block
+    counts its q k^T and weights x v products."""
+    from mm_models_video.wan.vae import AutoencoderKLWan
+
+    cfg = {**AutoencoderKLWan.DEFAULTS, **vae_config}
+    p = cfg["patch_size"] or 1
+    shape = [frames, height // p, width // p]
+
+    def conv(c_in, c_out, kernel_volume, out_shape=None):
+        t, h, w = out_shape or shape
+        return 2 * t * h * w * c_out * c_in * kernel_volume
+
+    def resnet(c_in, c_out):
+        return conv(c_in, c_out, 27) + conv(c_out, c_out, 27) + (conv(c_in, c_out, 1) if c_in != c_out else 0)
+
+    def attention(c):
+        t, h, w = shape
+        return conv(c, 3 * c, 1) + conv(c, c, 1) + 2 * matmul(t * h * w, c, h * w)
+
+    def downsample(c, temporal):
+        t, h, w = shape
+        shape[1:] = [(h - 2) // 2 + 1, (w - 2) // 2 + 1]  # zero row / column, 3 x 3 of stride 2
+        total = conv(c, c, 9)
+        if temporal and t > 1:
+            total += conv(c, c, 3, [(t - 1) // 2] + shape[1:])
+            shape[0] = 1 + (t - 1) // 2
+        return total
+
+    base, mult, blocks = cfg["base_dim"], list(cfg["dim_mult"]), cfg["num_res_blocks"]
+    dims = [base * u for u in [1] + mult]
+    total, scale, last = conv(cfg["in_channels"], dims[0], 27), 1.0, len(mult) - 1
+    for i, (c_in, c_out) in enumerate(zip(dims[:-1], dims[1:])):
+        for _ in range(blocks):
+            total += resnet(c_in, c_out)
+            if not cfg["is_residual"] and scale in cfg["attn_scales"]:
+                total += attention(c_out)
+            c_in = c_out
+        if i != last:
+            total += downsample(c_out, bool(cfg["temperal_downsample"][i]))
+            scale /= 2.0
+    total += 2 * resnet(dims[-1], dims[-1]) + attention(dims[-1])  # the mid block
+    z2 = 2 * cfg["z_dim"]
+    return total + conv(dims[-1], z2, 27) + conv(z2, z2, 1)  # conv_out, quant_conv
