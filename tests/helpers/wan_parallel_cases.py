@@ -14,9 +14,11 @@ import numpy as np
 from helpers.wan_reference import inputs
 
 
-def batch(i2v: bool = False):
-    """Two clips of 4 x 8 x 8 latents: 64 tokens, divisible by 2 x cp x tp for every layout here."""
-    return inputs(np.random.default_rng(1), i2v=i2v, batch=2, frames=4, size=(8, 8), text_len=8, image_len=4)
+def batch(i2v: bool = False, token_timesteps: str = ""):
+    """Two clips of 4 x 8 x 8 latents: 64 tokens, divisible by 2 x cp x tp for every layout here;
+    ``token_timesteps`` "first_frame": Wan2.2 TI2V's per-token timesteps."""
+    return inputs(np.random.default_rng(1), i2v=i2v, batch=2, frames=4, size=(8, 8), text_len=8, image_len=4,
+                  token_timesteps=token_timesteps)
 
 
 def sample_part(batch, index: int, parts: int):
@@ -56,13 +58,16 @@ def save_under_layouts(path, out, layouts):
 
 def run_parallel_cases(path, cases):
     """cases: {name: {"layout": ParallelConfig kwargs, "recompute", "lora", "checkpoint": sub-folder
-    of path ("i2v" for the I2V model)}} -> mm_parallel.testing.equivalence.run_cases' results."""
+    of path ("i2v" for the I2V model), "token_timesteps"}} -> mm_parallel.testing.equivalence.run_cases'
+    results."""
     from mm_parallel.testing.equivalence import run_cases
 
     spec_ = spec()
     results = {}
-    for i2v in (False, True):
-        group = {k: v for k, v in cases.items() if v.get("checkpoint", "").startswith("i2v") == i2v}
-        if group:
-            results.update(run_cases(spec_, path, group, batch(i2v), reference_key=lambda c: (bool(c.get("lora")),)))
+    kinds = sorted({(c.get("checkpoint", "").startswith("i2v"), c.get("token_timesteps", "")) for c in cases.values()})
+    for i2v, timesteps in kinds:
+        group = {k: v for k, v in cases.items()
+                 if (v.get("checkpoint", "").startswith("i2v"), v.get("token_timesteps", "")) == (i2v, timesteps)}
+        results.update(run_cases(spec_, path, group, batch(i2v, timesteps),
+                                 reference_key=lambda c: (bool(c.get("lora")),)))
     return results

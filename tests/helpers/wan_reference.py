@@ -46,9 +46,19 @@ def write_reference(path, seed: int = 0, i2v: bool = False, **overrides):
     return model
 
 
+def first_frame_timesteps(t: np.ndarray, frames: int, size, patch=(1, 2, 2)) -> np.ndarray:
+    """(B, S) per-token timesteps as diffusers' pipelines build them with expand_timesteps (Wan2.2
+    TI2V): each sample's t, 0 on the first latent frame's tokens (kept clean, the image)."""
+    grid = (frames // patch[0], size[0] // patch[1], size[1] // patch[2])
+    mask = np.ones(grid, np.float32)
+    mask[0] = 0
+    return (mask.reshape(1, -1) * np.asarray(t, np.float32).reshape(-1, 1)).astype(np.float32)
+
+
 def inputs(rng: np.random.Generator, i2v: bool = False, batch: int = 2, frames: int = 3, size=(8, 8),
-           text_len: int = 16, image_len: int = 5):
-    """Forward keywords (numpy) and a velocity target of one case."""
+           text_len: int = 16, image_len: int = 5, token_timesteps: str = ""):
+    """Forward keywords (numpy) and a velocity target of one case. ``token_timesteps``: "first_frame"
+    (Wan2.2 TI2V's) or "random" (every token its own) for a (B, S) timestep."""
     channels = 12 if i2v else 4
     out = {
         "hidden_states": rng.standard_normal((batch, channels, frames) + tuple(size)).astype(np.float32),
@@ -58,6 +68,11 @@ def inputs(rng: np.random.Generator, i2v: bool = False, batch: int = 2, frames: 
     }
     if i2v:
         out["encoder_hidden_states_image"] = rng.standard_normal((batch, image_len, 48)).astype(np.float32)
+    if token_timesteps == "first_frame":
+        out["timestep"] = first_frame_timesteps(out["timestep"], frames, size)
+    elif token_timesteps == "random":
+        tokens = frames * (size[0] // 2) * (size[1] // 2)
+        out["timestep"] = rng.uniform(0, 1000, (batch, tokens)).astype(np.float32)
     return out
 
 

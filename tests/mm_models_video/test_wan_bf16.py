@@ -1,5 +1,6 @@
 """WanTransformer3DModel in bf16 against diffusers run in bf16 on torch CPU (its
-``_keep_in_fp32_modules`` in fp32 in both), same weights and inputs (T2V and I2V).
+``_keep_in_fp32_modules`` in fp32 in both), same weights and inputs (T2V, I2V, and Wan2.2 TI2V's
+per-token timesteps).
 
 As for Qwen2.5-VL (tests/mm_models_vl/test_qwen2_5_vl_bf16.py) the tolerance is the bf16
 reference's own distance to the fp32 one: ours within twice that, the loss within 1e-2."""
@@ -29,15 +30,16 @@ def torch_forward(model, batch, dtype):
     return loss.item(), sample.detach().float().numpy(), grads
 
 
-@pytest.mark.parametrize("i2v", [False, True], ids=["t2v", "i2v"])
-def test_bf16_matches_diffusers_bf16(tmp_path, i2v):
+@pytest.mark.parametrize("i2v, token_timesteps", [(False, ""), (True, ""), (False, "first_frame")],
+                         ids=["t2v", "i2v", "ti2v"])
+def test_bf16_matches_diffusers_bf16(tmp_path, i2v, token_timesteps):
     from diffusers import WanTransformer3DModel as Reference
 
     from mm_models_video import WanTransformer3DModel
     from mm_parallel import precision
 
     write_reference(tmp_path, i2v=i2v)
-    batch = inputs(np.random.default_rng(5), i2v=i2v)
+    batch = inputs(np.random.default_rng(5), i2v=i2v, token_timesteps=token_timesteps)
     batch = {k: v if k in ("timestep", "target") else bf16_values(v) for k, v in batch.items()}
     ref32 = torch_forward(Reference.from_pretrained(str(tmp_path)).float(), batch, torch.float32)
     reference = Reference.from_pretrained(str(tmp_path), torch_dtype=torch.bfloat16)
@@ -58,7 +60,8 @@ def test_bf16_matches_diffusers_bf16(tmp_path, i2v):
     loss = abs(ours16[0] - ref16[0]) / abs(ref16[0])
     grads = {n: rms_err(ours16[2][n], g) for n, g in ref16[2].items()}
     grad_noise = {n: rms_err(g, ref32[2][n]) for n, g in ref16[2].items()}
-    print(f"\n{'i2v' if i2v else 't2v'}: loss {loss:.2e}, sample {sample:.2e} (bf16 noise {noise:.2e}, max "
+    kind = "i2v" if i2v else token_timesteps or "t2v"
+    print(f"\n{kind}: loss {loss:.2e}, sample {sample:.2e} (bf16 noise {noise:.2e}, max "
           f"{rel_err(ours16[1], ref16[1]):.2e}), median grad {np.median(list(grads.values())):.2e} (noise "
           f"{np.median(list(grad_noise.values())):.2e}), worst grad {max(grads.values()):.2e} (noise "
           f"{max(grad_noise.values()):.2e}), off fp32 {rms_err(ours16[1], ours32[1]):.2e}")

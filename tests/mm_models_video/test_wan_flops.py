@@ -37,6 +37,36 @@ def test_wan_dit_flops_equal_torch_flop_counter(i2v):
     assert batch_flops(config, {k: v.numpy() for k, v in inputs.items()}) == expected  # model.flops(batch)
 
 
+def test_per_token_timesteps_count_each_distinct_timestep_once():
+    """Wan2.2 TI2V's per-token timesteps: diffusers embeds every token's timestep, ours each
+    distinct value once; the count is FlopCounterMode's over diffusers less the time embedding of
+    the tokens beyond the distinct values (one row's cost measured by FlopCounterMode too)."""
+    import numpy as np
+    import torch
+    from diffusers import WanTransformer3DModel
+    from helpers.wan_reference import first_frame_timesteps, tiny_config
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mm_models_video.wan.flops import batch_flops
+
+    config = tiny_config()
+    torch.manual_seed(0)
+    model = WanTransformer3DModel(**config).eval()
+    model.set_attention_backend("_native_math")
+    frames, size, samples = 3, (8, 12), 2
+    batch = {"hidden_states": np.random.default_rng(0).standard_normal((samples, 4, frames) + size).astype(np.float32),
+             "timestep": first_frame_timesteps(np.array([500.0, 250.0]), frames, size),
+             "encoder_hidden_states": np.zeros((samples, 16, 32), np.float32)}
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(**{k: torch.from_numpy(v) for k, v in batch.items()})
+    with torch.no_grad(), FlopCounterMode(display=False) as one_row:
+        embedder = model.condition_embedder
+        embedder.time_proj(embedder.act_fn(embedder.time_embedder(torch.zeros(1, config["freq_dim"]))))
+    rows, distinct = batch["timestep"].size, 3  # 0, 500, 250
+    expected = (counter.get_total_flops() - (rows - distinct) * one_row.get_total_flops()) / samples
+    assert batch_flops(config, batch) == pytest.approx(expected, rel=1e-12)
+
+
 @pytest.mark.parametrize("version", ["2.1", "2.2"])
 @pytest.mark.parametrize("frames, size", [(1, (32, 48)), (9, (48, 32)), (13, (32, 32))])
 def test_vae_encode_flops_equal_torch_flop_counter(version, frames, size):

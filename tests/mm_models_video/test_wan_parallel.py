@@ -1,7 +1,9 @@
 """Wan's DiT loaded with from_pretrained under a layout trains like one process: two
 DistributedOptimizer steps of the flow-matching loss; losses (rtol 1e-5), first-step gathered
 gradients and final parameters (rel-err <= 1e-4). Pipeline stages compare the parameters they
-hold; together they must cover the whole model. See wan_parallel_cases.py.
+hold; together they must cover the whole model. See wan_parallel_cases.py. The ti2v_* cases take
+Wan2.2 TI2V's per-token timesteps; the A14B experts are Wan2.1's architecture (the t2v and i2v
+checkpoints' cases).
 The bf16_* cases run in bf16 (mm_parallel.precision) against the bf16 single process, within
 mm_parallel.testing.equivalence.BF16_TOLERANCE."""
 
@@ -18,6 +20,7 @@ from mm_parallel.testing.equivalence import BF16_TOLERANCE, check_results
 pytestmark = pytest.mark.distributed
 
 DEEP, I2V = "deep", "i2v"  # a 4-block T2V checkpoint; the I2V checkpoint (image tokens, added k/v)
+TI2V = "first_frame"  # Wan2.2 TI2V's per-token timesteps (wan_reference.first_frame_timesteps)
 HEADS = dict(num_attention_heads=4)  # 4 heads: tp2 x ulysses2 splits them twice
 
 TWO = {
@@ -35,6 +38,12 @@ TWO = {
     "i2v_tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}, "checkpoint": I2V},
     "i2v_ulysses2": {"layout": {"cp": 2}, "checkpoint": I2V},
     "i2v_pp2": {"layout": {"pp": 2}, "checkpoint": I2V},
+    # Wan2.2 TI2V's per-token timesteps (the first frame's at 0): their indices cut with the tokens
+    "ti2v_tp2_sp": {"layout": {"tp": 2, "sequence_parallel": True}, "token_timesteps": TI2V},
+    "ti2v_ring2": {"layout": {"cp": 2, "cp_algo": "ring"}, "token_timesteps": TI2V},
+    "ti2v_ulysses2_recompute_full": {"layout": {"cp": 2}, "recompute": "full", "token_timesteps": TI2V},
+    "ti2v_pp2_vpp2": {"layout": {"pp": 2, "vpp": 2}, "checkpoint": DEEP, "token_timesteps": TI2V},
+    "ti2v_dp2_zero1_lora": {"layout": {"zero_stage": 1}, "lora": True, "token_timesteps": TI2V},
 }
 
 # bf16 (mm_parallel.precision) against the bf16 single process, to bf16's precision
@@ -54,6 +63,8 @@ FOUR = {
     "lora_pp2_tp2": {"layout": {"pp": 2, "tp": 2}, "lora": True},
     "i2v_ring2_tp2_sp": {"layout": {"cp": 2, "cp_algo": "ring", "tp": 2, "sequence_parallel": True},
                          "checkpoint": I2V},
+    "ti2v_hybrid2x2": {"layout": {"cp": 4, "cp_algo": "hybrid", "ulysses_degree": 2}, "token_timesteps": TI2V},
+    "ti2v_tp2_sp_pp2": {"layout": {"tp": 2, "sequence_parallel": True, "pp": 2}, "token_timesteps": TI2V},
 }
 FOUR.update(on_stand_ins(FOUR, ("tp2_ulysses2", "pp2_dp2_zero1")))
 

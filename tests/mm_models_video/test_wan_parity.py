@@ -1,5 +1,6 @@
 """WanTransformer3DModel equals diffusers' on the same safetensors weights: T2V and I2V samples
-(rel-err <= 1e-5), the flow-matching loss and every parameter gradient (<= 1e-4)."""
+(rel-err <= 1e-5), the flow-matching loss and every parameter gradient (<= 1e-4); Wan2.2's
+per-token timesteps (TI2V's first frame at 0, and every token its own)."""
 
 import json
 
@@ -14,6 +15,8 @@ CASES = {
     "i2v": dict(i2v=True),
     "t2v_odd_grid": dict(i2v=False, frames=5, size=(6, 10), batch=1),
     "i2v_one_sample": dict(i2v=True, frames=1, size=(4, 6), batch=1, image_len=3),
+    "ti2v_first_frame": dict(i2v=False, token_timesteps="first_frame"),
+    "t2v_token_timesteps": dict(i2v=False, frames=2, size=(4, 6), token_timesteps="random"),
 }
 
 
@@ -74,3 +77,5 @@ def test_bad_config_and_inputs_get_clear_errors(folders, tmp_path):
         model(**{**batch, "hidden_states": batch["hidden_states"][:, :3]})
     with pytest.raises(ValueError, match="T2V model takes none"):
         model(**batch, encoder_hidden_states_image=np.zeros((2, 3, 48), np.float32))
+    with pytest.raises(ValueError, match=r"per-token timestep must be \(batch, tokens\) = \(2, 48\)"):
+        model(**{**batch, "timestep": np.zeros((2, 47), np.float32)})

@@ -1,4 +1,5 @@
-"""Forward FLOPs of the Wan2.1 DiT (for MFU), from the config and the latents' shapes alone.
+"""Forward FLOPs of the Wan DiT (2.1 and 2.2, for MFU) and of the Wan VAEs' encoder, from the
+configs and the shapes alone.
 
 Only matrix products count (mm_profiling.flops' convention; a training step is 3 forwards):
 patch embedding, time and text (and I2V image) embedders, per block self-attention over the
@@ -7,6 +8,8 @@ video tokens, cross-attention to the text (and image) tokens and the FFN, the ou
 
 from __future__ import annotations
 
+import numpy as np
+
 from mm_profiling.flops import matmul
 
 
@@ -14,10 +17,13 @@ def _get(config, key, default=None):
     return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
 
 
-def wan_dit_flops(config, frames: int, height: int, width: int, text_len: int, image_len: int = 0) -> int:
+def wan_dit_flops(config, frames: int, height: int, width: int, text_len: int, image_len: int = 0,
+                  timesteps: float = 1) -> float:
     """Forward FLOPs of one sample on a latent of (frames, height, width). ``config``: diffusers'
     WanTransformer3DModel config (mapping or object); an I2V model (``image_dim`` set) attends to
-    ``image_len`` image tokens through its added key / value projections."""
+    ``image_len`` image tokens through its added key / value projections; ``timesteps``: how many
+    timesteps the sample embeds (one, or with per-token timesteps its share of the batch's
+    distinct values: the model embeds each once)."""
     pt, ph, pw = _get(config, "patch_size")
     heads, head_dim = _get(config, "num_attention_heads"), _get(config, "attention_head_dim")
     dim, ffn = heads * head_dim, _get(config, "ffn_dim")
@@ -25,7 +31,7 @@ def wan_dit_flops(config, frames: int, height: int, width: int, text_len: int, i
     patch = pt * ph * pw
     total = matmul(tokens, _get(config, "in_channels") * patch, dim)  # patch embedding
     freq = _get(config, "freq_dim")
-    total += matmul(1, freq, dim) + matmul(1, dim, dim) + matmul(1, dim, 6 * dim)  # time embedder + projection
+    total += timesteps * (matmul(1, freq, dim) + matmul(1, dim, dim) + matmul(1, dim, 6 * dim))  # time embedding
     total += matmul(text_len, _get(config, "text_dim"), dim) + matmul(text_len, dim, dim)  # text embedder
     image_dim = _get(config, "image_dim")
     if image_dim and image_len:
@@ -43,10 +49,12 @@ def wan_dit_flops(config, frames: int, height: int, width: int, text_len: int, i
 
 def batch_flops(config, batch: dict) -> float:
     """Forward FLOPs per sample of a micro-batch of forward keywords (all samples one shape)."""
-    _, _, frames, height, width = batch["hidden_states"].shape
+    samples, _, frames, height, width = batch["hidden_states"].shape
     image = batch.get("encoder_hidden_states_image")
+    steps = np.asarray(batch["timestep"])
+    timesteps = len(np.unique(steps)) / samples if steps.ndim == 2 else 1
     return wan_dit_flops(config, frames, height, width, batch["encoder_hidden_states"].shape[1],
-                         0 if image is None else image.shape[1])
+                         0 if image is None else image.shape[1], timesteps)
 
 
 def vae_encode_flops(vae_config: dict, frames: int, height: int, width: int) -> int:

@@ -1,7 +1,8 @@
 """WanTransformer3DModel: the MindSpore twin of diffusers' class of the same name.
 
 Same config (config.json of a diffusers folder), same parameter names, same forward keywords
-(``hidden_states`` (B, C, F, H, W), ``timestep`` (B,), ``encoder_hidden_states`` (B, T, text_dim),
+(``hidden_states`` (B, C, F, H, W), ``timestep`` (B,) or, Wan2.2 TI2V, one per token (B, S),
+``encoder_hidden_states`` (B, T, text_dim),
 ``encoder_hidden_states_image`` (B, I, image_dim) for I2V) and output (``sample``). One keyword
 more: ``target`` (B, C_out, F, H, W), the flow-matching velocity; with it the output holds
 ``loss`` = mean((sample - target)^2) (per-sample ``loss_weights`` optional, see
@@ -11,6 +12,11 @@ are split over context-parallel ranks.
 Layout of the tokens on a rank: context parallelism cuts the video tokens as
 `mm_parallel.split_sequence` does (RoPE tables cut the same way); sequence parallelism then cuts
 each rank's tokens over tp between the blocks and gathers them before the output norm.
+
+Per-token timesteps (diffusers' expand_timesteps) take a few distinct values (the first frame's
+0 and the step's t), so each distinct value is embedded once, (N, 6, D), and every token holds an
+index into them, cut with the tokens: diffusers' (B, S, 6, D) modulation is 1.9 GiB per TI2V-5B
+sample (121 frames of 704 x 1280: 27,280 tokens at width 3072) in float32; the indices are 0.1 MiB.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from mm_models_video.wan.transformer import (
     WanTransformerBlock,
     _modulate,
     _sequence_parallel,
+    per_token,
 )
 from mm_parallel import mappings
 from mm_parallel.blocks import LayerNorm, Linear, PatchConv, patchify
@@ -81,7 +88,7 @@ def unpatchify(tokens, grid, patch):
 
 
 class WanTransformer3DModel(ParallelModel):
-    """Wan2.1 DiT; see the module docstring. Under pipeline parallelism the object holds one
+    """Wan2.1 / Wan2.2 DiT; see the module docstring. Under pipeline parallelism the object holds one
     virtual stage (mm_parallel.model_base): the first holds the patch and condition embeddings,
     the last the output norm and projection."""
 
@@ -142,8 +149,24 @@ class WanTransformer3DModel(ParallelModel):
 
     # -- forward pieces ----------------------------------------------------------------------
 
-    def embed(self, hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image=None):
-        """(tokens of this rank, text, image tokens or None, timestep_proj, temb)."""
+    def token_steps(self, timestep, grid, batch: int):
+        """(the distinct timesteps to embed, and each token's index into them for the blocks (this
+        rank's tokens) and for the head (its context-parallel part)), or (the per-sample
+        timesteps, None, None)."""
+        steps = host(timestep, np.float32)
+        if steps.ndim < 2:
+            return np.broadcast_to(steps.reshape(-1), (batch,)), None, None
+        tokens = int(np.prod(grid))
+        if steps.shape != (batch, tokens):
+            raise ValueError(f"per-token timestep must be (batch, tokens) = {(batch, tokens)}, got {steps.shape}")
+        values, index = np.unique(steps, return_inverse=True)
+        index = index.reshape(batch, tokens).astype(np.int32)
+        return (values, Tensor(index[:, self.local_positions(tokens)]),
+                Tensor(index[:, self.local_positions(tokens, sequence_parallel=False)]))
+
+    def embed(self, hidden_states, steps, encoder_hidden_states, encoder_hidden_states_image=None):
+        """(tokens of this rank, text, image tokens or None, timestep_proj, temb); ``steps``: the
+        timesteps `token_steps` says to embed."""
         cfg = self.config
         latents = ms.Tensor(host(hidden_states, np.float32))
         if latents.shape[1] != cfg.in_channels:
@@ -152,27 +175,25 @@ class WanTransformer3DModel(ParallelModel):
             raise ValueError("an I2V model (image_dim set) needs encoder_hidden_states_image, a T2V model takes none")
         tokens = self.patch_embedding(patchify(latents, cfg.patch_size))
         tokens = tokens.reshape(tokens.shape[0], -1, tokens.shape[-1])
-        batch = tokens.shape[0]
-        steps = np.broadcast_to(host(timestep, np.float32).reshape(-1), (batch,))
         temb, timestep_proj, text, image = self.condition_embedder(
             steps, ms.Tensor(host(encoder_hidden_states, np.float32)),
             None if encoder_hidden_states_image is None else ms.Tensor(host(encoder_hidden_states_image, np.float32)))
         return self.enter_sequence(tokens, 1), text, image, timestep_proj, temb
 
-    def run_blocks(self, x, text, image, timestep_proj, cos, sin):
+    def run_blocks(self, x, text, image, timestep_proj, cos, sin, token_steps=None):
         if _sequence_parallel(self.topology):
             # modulation acts on a sequence shard: sum its gradient over tp (identity forward)
             timestep_proj = mappings.copy_to_region(timestep_proj, self.topology.tp)
         for block in self.blocks:
-            x = block(x, text, image, timestep_proj, cos, sin)
+            x = block(x, text, image, timestep_proj, cos, sin, token_steps)
         return x
 
-    def head(self, x, temb):
+    def head(self, x, temb, token_steps=None):
         """Output norm, modulation and projection: (B, S_local, pt*ph*pw*C_out) tokens."""
         if _sequence_parallel(self.topology):  # the head is replicated over tp: its gradient stays whole
             x = mappings.gather_from_sequence(x, self.topology.tp, 1, grad_reduce_scatter=False)
         table = tiled_to_batch(compute_weight(self.scale_shift_table), temb.shape[0])
-        shift, scale = ops.split(table + temb[:, None, :], 1, 1)
+        shift, scale = (per_token(v, token_steps) for v in ops.split(table + temb[:, None, :], 1, 1))
         return self.proj_out(_modulate(self.norm_out(x), scale, shift))
 
     def loss(self, tokens, target_tokens, total: int, weights=None, preference=None):
@@ -215,9 +236,10 @@ class WanTransformer3DModel(ParallelModel):
         self.require_whole_model()
         grid = self.grid(tuple(hidden_states.shape))
         cos, sin = self.rotary(grid)
-        x, text, image, timestep_proj, temb = self.embed(hidden_states, timestep, encoder_hidden_states,
+        steps, block_steps, head_steps = self.token_steps(timestep, grid, hidden_states.shape[0])
+        x, text, image, timestep_proj, temb = self.embed(hidden_states, steps, encoder_hidden_states,
                                                          encoder_hidden_states_image)
-        tokens = self.head(self.run_blocks(x, text, image, timestep_proj, cos, sin), temb)
+        tokens = self.head(self.run_blocks(x, text, image, timestep_proj, cos, sin, block_steps), temb, head_steps)
         loss = None
         if target is not None:
             loss = self.loss(tokens, self.target_tokens(target, grid), int(np.prod(target.shape)), loss_weights,
@@ -235,17 +257,19 @@ class WanTransformer3DModel(ParallelModel):
         """This virtual stage's forward for mm_parallel.pipeline (``with_batch=True``): ``batch``
         holds the forward keywords of a micro-batch, ``x`` the previous stage's dict. Returns the
         dict for the next stage, or on the last stage the output tokens."""
+        shape = tuple(batch["hidden_states"].shape)
+        grid = self.grid(shape)
+        steps, block_steps, head_steps = self.token_steps(batch["timestep"], grid, shape[0])
         if self.is_first:
             tokens, text, image, timestep_proj, temb = self.embed(
-                batch["hidden_states"], batch["timestep"], batch["encoder_hidden_states"],
-                batch.get("encoder_hidden_states_image"))
+                batch["hidden_states"], steps, batch["encoder_hidden_states"], batch.get("encoder_hidden_states_image"))
         else:
             tokens, text, image, timestep_proj, temb = (x["tokens"], x["text"], x.get("image"), x["timestep_proj"],
                                                         x["temb"])
-        cos, sin = self.rotary(self.grid(tuple(batch["hidden_states"].shape)))
-        tokens = self.run_blocks(tokens, text, image, timestep_proj, cos, sin)
+        cos, sin = self.rotary(grid)
+        tokens = self.run_blocks(tokens, text, image, timestep_proj, cos, sin, block_steps)
         if self.is_last:
-            return self.head(tokens, temb)
+            return self.head(tokens, temb, head_steps)
         out = {"tokens": tokens, "text": text, "timestep_proj": timestep_proj, "temb": temb}
         return out if image is None else {**out, "image": image}
 

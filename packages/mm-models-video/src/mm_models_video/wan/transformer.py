@@ -1,7 +1,9 @@
 """Wan2.1 diffusion transformer (T2V and I2V): the architecture of diffusers' WanTransformer3DModel.
 
     video latents (B, C, F, H, W) -> patches -> tokens (B, S, D),  S = F/pt * H/ph * W/pw
-    condition: timestep -> sinusoid -> temb (B, D) -> 6 modulation vectors per block
+    condition: timestep -> sinusoid -> temb (B, D) -> 6 modulation vectors per block; Wan2.2's
+               TI2V takes a timestep per token (B, S) (diffusers' expand_timesteps: the clean
+               first frame's tokens at 0), embedded once per distinct value and gathered by token
                text embeddings (B, T, text_dim) -> (B, T, D);  I2V: CLIP image tokens -> (B, I, D)
     block:     x += gate * SelfAttn(LN(x) * (1 + scale) + shift)       3-D RoPE, q/k RMSNorm
                x += CrossAttn(LN(x), text)  [+ attention to the image tokens, I2V]
@@ -44,6 +46,15 @@ from mm_parallel.topology import Topology
 def _modulate(x, scale, shift):
     """x * (1 + scale) + shift with (B, 1, D) vectors tiled over the tokens (broadcasting is slow on CPU)."""
     return x * tiled_to(scale + 1.0, x.shape) + tiled_to(shift, x.shape)
+
+
+def per_token(vectors, token_steps):
+    """Modulation vectors (N, 1, D) as they meet the tokens: unchanged (N = the batch, tiled later)
+    without per-token timesteps; with them (N = the distinct timesteps) each token's row, gathered
+    by ``token_steps`` (B, S) into (B, S, D) (its backward sums the tokens' gradients per timestep)."""
+    if token_steps is None:
+        return vectors
+    return ops.gather(vectors.reshape(vectors.shape[0], vectors.shape[2]), token_steps, 0)
 
 
 def _sequence_parallel(topology: Topology) -> bool:
@@ -112,9 +123,9 @@ class WanTransformerBlock(nn.Cell):
             if self.norm2 is not None:
                 mark_sequence_parallel(self.norm2.weight, self.norm2.bias)
 
-    def construct(self, x, context, context_image, timestep_proj, cos, sin):
-        shift, scale, gate, c_shift, c_scale, c_gate = ops.split(
-            tiled_to(compute_weight(self.scale_shift_table), timestep_proj.shape) + timestep_proj, 1, 1)
+    def construct(self, x, context, context_image, timestep_proj, cos, sin, token_steps=None):
+        vectors = ops.split(tiled_to(compute_weight(self.scale_shift_table), timestep_proj.shape) + timestep_proj, 1, 1)
+        shift, scale, gate, c_shift, c_scale, c_gate = (per_token(v, token_steps) for v in vectors)
         x = x + self.attn1(_modulate(self.norm1(x), scale, shift), cos=cos, sin=sin) * tiled_to(gate, x.shape)
         hidden = x if self.norm2 is None else self.norm2(x)
         x = x + self.attn2(hidden, context, context_image)
@@ -153,7 +164,8 @@ class WanTimeTextImageEmbedding(nn.Cell):
             self.image_embedder = WanImageEmbedding(config.image_dim, dim, config.pos_embed_seq_len)
 
     def construct(self, timestep: np.ndarray, text, image=None):
-        """(temb (B, D), timestep_proj (B, 6, D), text (B, T, D), image tokens (B, I, D) or None)."""
+        """(temb (N, D), timestep_proj (N, 6, D), text (B, T, D), image tokens (B, I, D) or None) of
+        N timesteps (one per sample, or the distinct per-token ones)."""
         temb = self.time_embedder(Tensor(timestep_sinusoid(timestep, self.freq_dim)))
         timestep_proj = self.time_proj(ops.silu(temb))
         timestep_proj = timestep_proj.reshape(temb.shape[0], 6, temb.shape[1])
