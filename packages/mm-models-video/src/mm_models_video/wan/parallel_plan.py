@@ -1,4 +1,5 @@
-"""The Wan parallel plan: what a training recipe chooses on top of the layout.
+"""The Wan parallel plan (2.1 and 2.2, a WanExperts' experts alike): what a training recipe
+chooses on top of the layout.
 
 The layout itself (tp, sp, cp, pp — they decide parameter shapes and where the video tokens are
 cut) is fixed when the model is built with a topology; `parallelize` then applies the choices that
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from mm_models_video.plan import parallelize_blocks
+from mm_models_video.wan.experts import WanExperts
 from mm_parallel.lora import LoraConfig as BaseLoraConfig
 from mm_parallel.topology import Topology
 
@@ -32,7 +34,9 @@ class LoraConfig(BaseLoraConfig):
 
 def parallelize(model, topology: Optional[Topology] = None, *, recompute: str = "none",
                 recompute_num_layers: Optional[int] = None, lora: Optional[LoraConfig] = None):
-    """Apply recomputation and LoRA to a WanTransformer3DModel (one pipeline chunk); returns it
-    (mm_models_video.plan.parallelize_blocks)."""
-    return parallelize_blocks(model, model.blocks, topology, recompute=recompute,
-                              recompute_num_layers=recompute_num_layers, lora=lora)
+    """Apply recomputation and LoRA to a WanTransformer3DModel (one pipeline chunk), or to each
+    expert of a WanExperts; returns it (mm_models_video.plan.parallelize_blocks)."""
+    for expert in model.experts if isinstance(model, WanExperts) else [model]:
+        parallelize_blocks(expert, expert.blocks, topology, recompute=recompute,
+                           recompute_num_layers=recompute_num_layers, lora=lora)
+    return model
