@@ -95,3 +95,35 @@ def test_sampler_equals_scheduler_steps(shift, steps):
         v = torch.from_numpy(velocity(x.numpy(), np.full((2,), t.item(), np.float32)))
         x = reference.step(v, t, x).prev_sample
     np.testing.assert_allclose(ours.sample(velocity, noise, steps), x.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("boundary, published", [(875, 0.417), (900, 0.358)])
+def test_expert_ranges_equal_mindspeed_mm_timestep_boundaries(boundary, published):
+    """Wan2.2 A14B's experts split the shifted schedule (shift 5) where MindSpeed-MM's recipes do:
+    examples/wan2.2/A14B/t2v/pretrain_model_{high,low}.json (boundary 0.875: max / min
+    timestep boundary 0.417) and i2v (boundary 0.9: 0.358), its uniform index range."""
+    from mm_models_video.flow_matching import FlowMatchingSchedule
+
+    schedule = FlowMatchingSchedule(1000, 5.0)
+    high, low = schedule.expert_u_ranges(boundary)
+    assert high == (0.0, published) and low == (published, 1.0)
+    t_high, _ = schedule.training_points(np.array([0.0, published - 1e-9]))
+    t_low, _ = schedule.training_points(np.array([published, 1 - 1e-9]))
+    assert t_high.min() >= boundary > t_low.max()
+
+
+@pytest.mark.parametrize("density", ["uniform", "logit_normal", "mode"])
+def test_draws_in_a_range_follow_the_density_conditioned_on_it(density):
+    """draw_u_in against rejection sampling of the unrestricted density: every draw in range, the
+    quantiles equal within sampling error, the range's mass its distribution function's."""
+    from mm_models_video.flow_matching import FlowMatchingSchedule
+
+    schedule = FlowMatchingSchedule(1000, 5.0)
+    for u_range in schedule.expert_u_ranges(875):
+        drawn = schedule.draw_u_in(100_000, np.random.default_rng(0), u_range, density)
+        free = schedule.draw_u(1_000_000, np.random.default_rng(1), density)
+        kept = free[(free >= u_range[0]) & (free < u_range[1])]
+        assert drawn.min() >= u_range[0] and drawn.max() < u_range[1]
+        np.testing.assert_allclose(np.quantile(drawn, [0.1, 0.5, 0.9]), np.quantile(kept, [0.1, 0.5, 0.9]), atol=4e-3)
+        mass = np.diff(schedule.density_cdf(np.array(u_range), density))[0]
+        assert abs(mass - len(kept) / len(free)) < 3e-3

@@ -74,52 +74,23 @@ def _png(path):
     return Image.open(path)
 
 
-def _pipeline_folder(root):
-    """A diffusers Wan2.1 pipeline folder of tiny random parts (transformer, VAE, UMT5, tokenizer,
-    a flow-matching Euler scheduler of shift 3)."""
-    import yaml
-
-    import mm_parallel
-    from mm_models_video import WanTransformer3DModel
-    from mm_train.families.video import tiny as tiny_video
-
-    for name, folder in tiny_video.encoder_folders(str(root / "parts")).items():
-        if name in ("vae", "text_encoder", "tokenizer"):
-            Path(folder).rename(root / name)
-    config = yaml.safe_load((RECIPES / "wan2_1_t2v_tiny.yaml").read_text())["model"]["config"]
-    topo = mm_parallel.initialize(mm_parallel.ParallelConfig())
-    model = WanTransformer3DModel(config, topo)
-    tiny_video._randomise(model, seed=3, scale=2.0)  # no zero-initialised output: the prompt and guidance show
-    model.save_pretrained(str(root / "transformer"))
-    (root / "scheduler").mkdir()
-    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(
-        {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 3.0}))
-    (root / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline"}))
-    return root
-
-
 def test_generate_from_a_diffusers_pipeline_folder_equals_diffusers_wan_pipeline(tmp_path):
     """The sampler behind `generate` and the eval samples — prompt encoding, flow-matching Euler
     with guidance, the VAE's denormalisation and decoding — equals diffusers' WanPipeline on the
     same folder and starting latents."""
     import torch
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
-    from transformers import AutoTokenizer, UMT5EncoderModel
+    from helpers.wan_pipelines import diffusers_pipeline, write_pipeline
 
     from mm_train import samples
 
-    folder = _pipeline_folder(tmp_path / "pipeline")
+    folder = write_pipeline(tmp_path / "pipeline")
     clip = tmp_path / "clip.mp4"
     flags = ["--frames", "9", "--height", "32", "--width", "32", "--steps", "4", "--guidance", "4.0", "--seed", "5"]
     main_on_this_rank(["generate", str(folder), "--prompt", PROMPT, "--out", str(clip), *flags], {})
     ours = np.asarray(_png(clip.with_suffix(".png")))
     # the noise generate starts from: (seed, prompt index), 4 latent channels x 3 frames x 4 x 4
     latents = np.random.default_rng([5, 0]).standard_normal((1, 4, 3, 4, 4)).astype(np.float32)
-    pipe = WanPipeline(tokenizer=AutoTokenizer.from_pretrained(folder / "tokenizer"),
-                       text_encoder=UMT5EncoderModel.from_pretrained(folder / "text_encoder"),
-                       vae=AutoencoderKLWan.from_pretrained(folder / "vae"),
-                       transformer=WanTransformer3DModel.from_pretrained(folder / "transformer"),
-                       scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0))
+    pipe = diffusers_pipeline(folder)
     video = pipe(PROMPT, height=32, width=32, num_frames=9, num_inference_steps=4, guidance_scale=4.0,
                  latents=torch.from_numpy(latents), output_type="np").frames[0]  # (F, H, W, 3) in [0, 1]
     sheet = samples.contact_sheet(samples.to_frames(video.transpose(3, 0, 1, 2) * 2.0 - 1.0), scale=4)

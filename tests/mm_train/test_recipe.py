@@ -131,7 +131,7 @@ def test_a_file_may_write_exponents_and_a_saved_recipe_json_loads_back(tmp_path)
 SHIPPED = {"qwen2_5_vl_tiny.yaml": [1, 2], "qwen2_5_vl_tiny_lora.yaml": [1, 2], "qwen2_5_vl_tiny_dpo.yaml": [1, 2],
            "qwen2_5_vl_tiny_colours.yaml": [1, 2], "qwen2_5_vl_tiny_grpo.yaml": [1, 2],
            "wan2_1_t2v_tiny.yaml": [1, 2], "wan2_1_t2v_tiny_dpo.yaml": [1, 2],
-           "wan2_1_i2v_tiny.yaml": [1, 2],
+           "wan2_1_i2v_tiny.yaml": [1, 2], "wan2_2_ti2v_tiny.yaml": [1, 2], "wan2_2_a14b_tiny.yaml": [1, 2],
            "qwen2_5_vl_7b_sft.yaml": [8, 16], "qwen2_5_vl_7b_dpo.yaml": [8, 16],
            "qwen2_5_vl_7b_grpo.yaml": [8, 16], "wan2_1_t2v_1_3b_dpo.yaml": [8, 16],
            "qwen2_5_vl_72b_sft.yaml": [16, 32],

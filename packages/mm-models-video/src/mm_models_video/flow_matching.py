@@ -12,12 +12,16 @@ that data and trainer code can use them without a framework:
 Training draws u in [0, 1) per sample ("uniform", "logit_normal" or "mode" density), picks the
 training schedule's entry int(u * num_train_timesteps), and weights the loss by "none", "sigma_sqrt"
 or "cosmap" (diffusers' compute_density_for_timestep_sampling / compute_loss_weighting_for_sd3).
+Restricted to a range of u (``u_range``: a Wan2.2 expert's timesteps, `expert_u_ranges`), u is
+drawn from the density conditioned on the range, by the inverse of its distribution function
+(for the uniform density MindSpeed-MM's uniform index in the expert's part of the schedule).
 Sampling walks the inference schedule with x <- x + (sigma_next - sigma) v.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Callable, Optional, Tuple
 
 import numpy as np
@@ -61,6 +65,50 @@ class FlowMatchingSchedule:
             return rng.random(batch)
         raise ValueError(f"timestep density {density!r} is unknown; use one of {DENSITIES}")
 
+    def expert_u_ranges(self, boundary: float) -> Tuple[Tuple[float, float], Tuple[float, float]]:
+        """The u ranges of the high-noise expert's timesteps (t >= ``boundary``) and the low-noise
+        one's (t < boundary): the training schedule runs from t = 1000 down, so its first entries."""
+        split = int(np.count_nonzero(self.train_timesteps >= boundary)) / self.num_train_timesteps
+        if not 0 < split < 1:
+            raise ValueError(f"the boundary timestep {boundary:g} leaves one expert no training timestep")
+        return (0.0, split), (split, 1.0)
+
+    @staticmethod
+    def density_cdf(u, density: str = "uniform", logit_mean: float = 0.0, logit_std: float = 1.0,
+                    mode_scale: float = 1.29) -> np.ndarray:
+        """P(U < u) under the density `draw_u` draws from."""
+        u = np.clip(np.asarray(u, np.float64), 0.0, 1.0)
+        if density == "uniform":
+            return u
+        if density == "logit_normal":
+            with np.errstate(divide="ignore"):
+                z = (np.log(u) - np.log1p(-u) - logit_mean) / logit_std
+            return np.vectorize(lambda v: NormalDist().cdf(v) if np.isfinite(v) else float(v > 0))(z)
+        if density == "mode":  # u = G(r) falls from 1 to 0 as r rises: P(U < u) = 1 - G^-1(u)
+            return 1.0 - _invert_decreasing(lambda r: _mode_u(r, mode_scale), u)
+        raise ValueError(f"timestep density {density!r} is unknown; use one of {DENSITIES}")
+
+    @staticmethod
+    def density_quantile(q, density: str = "uniform", logit_mean: float = 0.0, logit_std: float = 1.0,
+                         mode_scale: float = 1.29) -> np.ndarray:
+        """The u with P(U < u) = q (inverse of `density_cdf`)."""
+        q = np.clip(np.asarray(q, np.float64), 1e-12, 1 - 1e-12)
+        if density == "uniform":
+            return q
+        if density == "logit_normal":
+            z = np.vectorize(NormalDist(logit_mean, logit_std).inv_cdf)(q)
+            return 1.0 / (1.0 + np.exp(-z))
+        if density == "mode":
+            return _mode_u(1.0 - q, mode_scale)
+        raise ValueError(f"timestep density {density!r} is unknown; use one of {DENSITIES}")
+
+    def draw_u_in(self, batch: int, rng: np.random.Generator, u_range: Tuple[float, float], density: str = "uniform",
+                  **density_args) -> np.ndarray:
+        """u in [u_range) per sample from the density conditioned on the range."""
+        low, high = (self.density_cdf(v, density, **density_args) for v in u_range)
+        u = self.density_quantile(low + (high - low) * rng.random(batch), density, **density_args)
+        return np.clip(u, u_range[0], np.nextafter(u_range[1], 0.0))
+
     def training_points(self, u) -> Tuple[np.ndarray, np.ndarray]:
         """(timesteps, sigmas) of the training schedule at int(u * num_train_timesteps)."""
         index = (np.asarray(u, np.float64) * self.num_train_timesteps).astype(np.int64)
@@ -86,11 +134,14 @@ class FlowMatchingSchedule:
         raise ValueError(f"loss weighting {weighting!r} is unknown; use one of {WEIGHTINGS}")
 
     def training_batch(self, x0: np.ndarray, rng: np.random.Generator, density: str = "uniform",
-                       weighting: str = "none", **density_args) -> dict:
+                       weighting: str = "none", u_range: Optional[Tuple[float, float]] = None, **density_args) -> dict:
         """Everything a train step needs beside the conditions: noisy latents, timesteps, target
-        and loss weights (the model's ``hidden_states``, ``timestep``, ``target``, ``loss_weights``)."""
+        and loss weights (the model's ``hidden_states``, ``timestep``, ``target``, ``loss_weights``);
+        ``u_range``: draw the timesteps within it (`draw_u_in`)."""
         noise = rng.standard_normal(x0.shape).astype(np.float32)
-        timesteps, sigmas = self.training_points(self.draw_u(x0.shape[0], rng, density, **density_args))
+        u = self.draw_u(x0.shape[0], rng, density, **density_args) if u_range is None else \
+            self.draw_u_in(x0.shape[0], rng, u_range, density, **density_args)
+        timesteps, sigmas = self.training_points(u)
         noisy, target = self.noisy_and_target(x0, noise, sigmas)
         return {"hidden_states": noisy, "timestep": timesteps, "target": target,
                 "loss_weights": self.loss_weights(sigmas, weighting)}
@@ -122,3 +173,18 @@ class FlowMatchingSchedule:
                 v = v_u + guidance_scale * (v - v_u)
             x = (x + (sigmas[i + 1] - sigmas[i]) * v).astype(np.float32)
         return x
+
+
+def _mode_u(r, scale: float):
+    """The "mode" density's u of a uniform r (diffusers' compute_density_for_timestep_sampling)."""
+    return 1 - r - scale * (np.cos(np.pi * r / 2) ** 2 - 1 + r)
+
+
+def _invert_decreasing(fn, values, iterations: int = 60) -> np.ndarray:
+    """r in [0, 1] with fn(r) = value for a decreasing fn, by bisection (elementwise)."""
+    low, high = np.zeros_like(values), np.ones_like(values)
+    for _ in range(iterations):
+        middle = (low + high) / 2
+        above = fn(middle) > values
+        low, high = np.where(above, middle, low), np.where(above, high, middle)
+    return (low + high) / 2

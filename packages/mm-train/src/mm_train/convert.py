@@ -35,11 +35,15 @@ WEIGHT_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth"
 
 
 def merge_lora(base: str, adapters: str, out: str) -> str:
-    """Write ``base`` with the PEFT ``adapters`` merged into ``out``; returns ``out``."""
+    """Write ``base`` with the PEFT ``adapters`` merged into ``out``; returns ``out``. A diffusers
+    pipeline folder (Wan2.2's experts) has each denoiser's adapters in a sub-folder of its name."""
     import mm_parallel
     from mm_parallel.lora import apply_lora
     from mm_parallel.lora import merge_lora as fold
 
+    if not os.path.isfile(os.path.join(adapters, "adapter_config.json")) and \
+            os.path.isfile(os.path.join(base, "model_index.json")):
+        return _merge_pipeline(base, adapters, out)
     with open(os.path.join(adapters, "adapter_config.json")) as f:
         config = json.load(f)
     if config.get("peft_type", "LORA") != "LORA":
@@ -53,6 +57,23 @@ def merge_lora(base: str, adapters: str, out: str) -> str:
     fold(model)
     model.save_pretrained(out)
     _copy_side_files(base, out)
+    return out
+
+
+def _merge_pipeline(base: str, adapters: str, out: str) -> str:
+    """A pipeline folder's denoisers each merged with the adapters of its sub-folder; its other
+    files and folders copied."""
+    adapted = [name for name in sorted(os.listdir(adapters))
+               if os.path.isfile(os.path.join(adapters, name, "adapter_config.json"))]
+    if not adapted:
+        raise FileNotFoundError(f"{adapters} holds no adapter_config.json, nor sub-folders with one (a pipeline's "
+                                "denoisers' adapters)")
+    for name in adapted:
+        merge_lora(os.path.join(base, name), os.path.join(adapters, name), os.path.join(out, name))
+    for name in os.listdir(base):
+        source, target = os.path.join(base, name), os.path.join(out, name)
+        if name not in adapted and not os.path.exists(target):
+            (shutil.copytree if os.path.isdir(source) else shutil.copy2)(source, target)
     return out
 
 

@@ -78,8 +78,11 @@ def resolve_source(source: str, overrides) -> Tuple[registry.FamilySpec, str, Op
         recipe = _checkpoint_recipe(source, overrides)
         return recipe.family, os.path.join(source, "model"), recipe
     if os.path.isfile(os.path.join(source, "model_index.json")):
-        folder = os.path.join(source, "transformer")
-        return registry.family_of(folder), folder, None
+        path, config = registry.read_model_config(source)
+        spec = registry.family_of(source)
+        # a family whose model reads pipeline folders (Wan2.2's experts) takes it whole, else its denoiser's
+        whole = config[registry.PIPELINE_KEY].get("_class_name") in spec.models
+        return spec, source if whole else os.path.dirname(path), None
     if os.path.isfile(os.path.join(source, "config.json")):
         return registry.family_of(source), source, None
     raise FileNotFoundError(f"{source} is neither a training checkpoint (recipe.json, model/), a diffusers pipeline "
@@ -100,7 +103,8 @@ def _layout(overrides) -> dict:
 def load_model(spec, folder: str, topo, recipe=None, checkpoint: Optional[str] = None):
     """The model chunks this rank holds (one per virtual pipeline stage), with the checkpoint's
     LoRA adapters when its run trained some."""
-    chunks = [spec.model_class(_config(folder)).from_pretrained(folder, topo, chunk=c) for c in range(topo.config.vpp)]
+    model_class = spec.model_class(registry.read_model_config(folder)[1])
+    chunks = [model_class.from_pretrained(folder, topo, chunk=c) for c in range(topo.config.vpp)]
     lora = recipe.model.lora if recipe is not None else None
     if lora:
         config = spec.lora_config_class()(**lora.options())
@@ -109,11 +113,6 @@ def load_model(spec, folder: str, topo, recipe=None, checkpoint: Optional[str] =
             parallelize(chunk, **{**plan_options(recipe, config), "recompute": "none"})
             chunk.load_adapter(os.path.join(checkpoint, "adapters"))
     return chunks
-
-
-def _config(folder: str) -> dict:
-    with open(os.path.join(folder, "config.json")) as f:
-        return json.load(f)
 
 
 # -- the command ------------------------------------------------------------------------------

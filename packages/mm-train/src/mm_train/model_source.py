@@ -7,9 +7,9 @@ keeps it, so a launch reads a model folder's config.json once.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Optional
+
+from mm_train.registry import read_model_config
 
 
 class ModelSource:
@@ -21,15 +21,14 @@ class ModelSource:
         self._config_json: Optional[dict] = None
 
     def config_json(self) -> dict:
-        """The config.json mapping: model.path's (read now, once), else the inline config as written
-        (a copy each time: callers may complete it)."""
+        """The config.json mapping: model.path's (read now, once; a diffusers pipeline folder's
+        denoiser's, its model_index.json under registry.PIPELINE_KEY), else the inline config as
+        written (a copy each time: callers may complete it)."""
         if not self.path:
             return dict(self._inline)
         if self._config_json is None:
-            file = os.path.join(self.path, "config.json")
-            if not os.path.isfile(file):
-                raise FileNotFoundError(f"model.path {self.path} has no config.json; point it at a Hugging Face / "
-                                        "diffusers model folder")
-            with open(file) as f:
-                self._config_json = json.load(f)
+            try:
+                self._config_json = read_model_config(self.path)[1]
+            except FileNotFoundError as error:
+                raise FileNotFoundError(f"model.path: {error}") from None
         return dict(self._config_json)

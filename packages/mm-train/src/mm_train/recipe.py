@@ -89,6 +89,9 @@ class ModelSection:
     recompute_num_layers: Optional[int] = None
     lora: Optional[LoraSection] = None
     freeze: List[str] = field(default_factory=list)
+    # which experts of a pipeline of several to train (Wan2.2 A14B: high_noise | low_noise | both;
+    # the family checks it, a family without experts refuses it)
+    expert: Optional[str] = None
 
     def __post_init__(self):
         if self.path is None and not self.config:
@@ -464,6 +467,10 @@ def build_recipe(values: Optional[dict] = None, overrides: Sequence[str] = ()) -
     output_dir = str(values.get("output_dir", "runs/default"))
     own = {name: built.pop(name) for name in spec.sections}
     check_objective(spec, built, {name for name in OBJECTIVE_SECTIONS if values.get(name)})
+    expert = built["model"].expert
+    if expert is not None and expert not in spec.experts:
+        raise ValueError(f"model.expert {expert!r}: family {spec.name} " + (
+            f"trains the experts {', '.join(spec.experts)}" if spec.experts else "has no experts to choose; drop it"))
     if built["train"].global_batch_tokens is not None and not getattr(built["data"], "packing", False):
         raise ValueError(f"train.global_batch_tokens counts the tokens of packed rows, and data.kind "
                          f"{built['data'].kind} of family {spec.name} does not pack: set data.packing: true where "

@@ -86,11 +86,16 @@ class FamilySpec:
     generate: Optional[Callable] = None
     # train.objective values the family trains (mm_train.recipe.TrainSection); the first is the default
     objectives: Tuple[str, ...] = ("sft",)
+    # model.expert values (a pipeline of several denoisers, e.g. Wan2.2 A14B's); empty: none
+    experts: Tuple[str, ...] = ()
 
     def model_class(self, config: Optional[dict] = None):
-        """The model class of a config.json mapping (its model_type / _class_name), else the default."""
+        """The model class of a config.json mapping (the pipeline's _class_name when it came from a
+        diffusers pipeline folder and the family names it, else its model_type / _class_name), else
+        the default."""
         config = config or {}
-        key = config.get("model_type") or config.get("_class_name")
+        pipeline = (config.get(PIPELINE_KEY) or {}).get("_class_name")
+        key = pipeline if pipeline in self.models else config.get("model_type") or config.get("_class_name")
         return resolve(self.models.get(key, next(iter(self.models.values()))), self.extra)
 
     def plan_function(self) -> Callable:
@@ -103,6 +108,8 @@ class FamilySpec:
 
 
 _REGISTRY: Dict[str, FamilySpec] = {}
+PIPELINE_KEY = "_pipeline"  # a pipeline folder's model_index.json, beside its denoiser's config
+DENOISERS = ("transformer", "transformer_2")  # diffusers' names of a pipeline's denoisers
 _discovered = False
 
 
@@ -166,12 +173,27 @@ def default_recipe() -> Path:
     return found[0].path
 
 
-def _config_json(folder: str) -> Tuple[str, dict]:
+def read_model_config(folder: str) -> Tuple[str, dict]:
+    """(the file, its mapping) of a model folder's config.json; for a diffusers pipeline folder
+    (model_index.json) its denoiser's — the first of DENOISERS it holds — with model_index.json's
+    mapping under PIPELINE_KEY (the pipeline's settings and components)."""
     path = os.path.join(folder, "config.json")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{folder} has no config.json: give a Hugging Face / diffusers model folder")
-    with open(path) as f:
-        return path, json.load(f)
+    if os.path.isfile(path):
+        with open(path) as f:
+            return path, json.load(f)
+    index = os.path.join(folder, "model_index.json")
+    if not os.path.isfile(index):
+        raise FileNotFoundError(f"{folder} has no config.json: give a Hugging Face / diffusers model folder (or a "
+                                "diffusers pipeline folder with its model_index.json)")
+    with open(index) as f:
+        pipeline = json.load(f)
+    for name in DENOISERS:  # listed as [null, null]: absent; else there if its folder is
+        path = os.path.join(folder, name, "config.json")
+        if (pipeline.get(name) or ["unlisted"])[0] is not None and os.path.isfile(path):
+            with open(path) as f:
+                return path, {**json.load(f), PIPELINE_KEY: pipeline}
+    raise FileNotFoundError(f"the pipeline folder {folder} holds none of {DENOISERS} with a config.json")
+
 
 
 def _family_of(path: str, config: dict) -> FamilySpec:
@@ -185,10 +207,10 @@ def _family_of(path: str, config: dict) -> FamilySpec:
 
 def model_class_of(folder: str):
     """The model class that loads a Hugging Face / diffusers folder."""
-    path, config = _config_json(folder)
+    path, config = read_model_config(folder)
     return _family_of(path, config).model_class(config)
 
 
 def family_of(folder: str) -> FamilySpec:
     """The family whose model a Hugging Face / diffusers folder holds."""
-    return _family_of(*_config_json(folder))
+    return _family_of(*read_model_config(folder))

@@ -44,9 +44,16 @@ def read_pipeline(path) -> dict:
         return json.load(f)
 
 
-def pipeline_experts(pipeline: dict) -> List[str]:
-    """The expert components a pipeline folder holds (a component listed as [null, null] is absent)."""
-    return [name for name in (HIGH, LOW) if (pipeline.get(name) or [None])[0] is not None]
+def pipeline_experts(pipeline: dict, path=None) -> List[str]:
+    """The expert components a pipeline holds: those model_index.json lists (not as [null, null]);
+    with the folder's ``path``, those it leaves unlisted whose sub-folder is there too."""
+    def held(name):
+        listed = pipeline.get(name)
+        if listed is not None:
+            return listed[0] is not None
+        return path is not None and os.path.isfile(os.path.join(str(path), name, "config.json"))
+
+    return [name for name in (HIGH, LOW) if held(name)]
 
 
 class WanExperts(nn.Cell):
@@ -105,6 +112,22 @@ class WanExperts(nn.Cell):
     def experts(self) -> List[WanTransformer3DModel]:
         return [getattr(self, name) for name in self.names]
 
+    def missing(self) -> List[str]:
+        """The pipeline's experts this model neither holds nor borrowed (`borrow`)."""
+        if self.boundary is None:
+            return []
+        return [name for name in (HIGH, LOW) if name not in self.names and getattr(self, name, None) is None]
+
+    def borrow(self, name: str, model: WanTransformer3DModel) -> None:
+        """Sample with ``model`` as the expert ``name`` this model does not train (a one-expert
+        run's validation samples and generation): frozen, neither planned, saved nor counted as
+        this model's (``names`` keeps the trained ones)."""
+        if name in self.names:
+            raise ValueError(f"{name} is one of this model's own experts")
+        for parameter in model.get_parameters():
+            parameter.requires_grad = False
+        setattr(self, name, model)
+
     # -- the expert of a micro-batch -------------------------------------------------------------
 
     def expert_name(self, timestep) -> str:
@@ -117,7 +140,7 @@ class WanExperts(nn.Cell):
             raise ValueError(f"a micro-batch's timesteps straddle the experts' boundary {self.boundary:g}: "
                              f"{sorted(set(t.tolist()))}; draw each micro-batch's timesteps on one side")
         name = HIGH if high.all() else LOW
-        if name not in self.names:
+        if getattr(self, name, None) is None:
             side = "at or above" if name == HIGH else "below"
             raise ValueError(f"timesteps {side} the boundary {self.boundary:g} need the {name} expert, which this "
                              f"model does not hold (it holds {self.names})")
@@ -139,8 +162,12 @@ class WanExperts(nn.Cell):
         return self.experts[0].flops(batch)
 
     def global_name(self, name: str) -> str:
+        """A parameter path with the expert's layers numbered as in its whole model."""
         component, _, rest = name.partition(".")
         return f"{component}.{getattr(self, component).global_name(rest)}" if component in self.names else name
+
+    def adapter_name(self, model, name: str) -> str:
+        return self.global_name(name)
 
     # -- folders ---------------------------------------------------------------------------------
 
@@ -150,7 +177,7 @@ class WanExperts(nn.Cell):
         """The experts ``cls.expert`` names (None: every one the folder has) from a pipeline folder
         or a checkpoint of one; other keywords override the experts' config values."""
         pipeline = read_pipeline(path)
-        present = pipeline_experts(pipeline)
+        present = pipeline_experts(pipeline, path)
         wanted = list(EXPERTS[cls.expert]) if cls.expert else present
         missing = [name for name in wanted if name not in present]
         if missing:

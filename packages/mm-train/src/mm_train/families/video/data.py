@@ -28,7 +28,7 @@ of a pair get the same noise and timestep (and the same caption dropout), as Dif
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
@@ -36,6 +36,7 @@ from safetensors.numpy import load_file, save_file
 from mm_train.evaluation import VALIDATION_STEP, training_split
 from mm_train.families.video import tiny as tiny_video
 from mm_train.families.video.encoders import encoder_sources, wan_feature_encoders, wan_folder_encoders
+from mm_train.families.video.wan_pipeline import first_frame_clean, token_timesteps
 from mm_train.recipe import Recipe
 from mm_train.task import load_tokenizer, once_on_rank_zero
 
@@ -102,7 +103,7 @@ class _Source:
                                                            if family.cache_name else f"features-{kind}")
             self.fps = tiny_video.FPS
         else:
-            self.folders = encoder_sources(data, topo, family.cache_name or "wan")
+            self.folders = encoder_sources(data, topo, family.cache_name or "wan", recipe.model.path)
             self.annotations = data.path
             self.tokenizer = load_tokenizer(self.folders["tokenizer"], pad_token="<pad>", eos_token="</s>")
             self.cache = data.features_dir or os.path.join(recipe.output_dir, "features")
@@ -128,16 +129,22 @@ class WanTrainData:
     own: `tiny_encoders` / `folder_encoders` (the feature encoders), `make_schedule` and
     `flow_inputs` (features to the model's keywords), ``cache_name`` (the tiny set's cache folder)."""
 
-    cache_name = ""  # Wan's tiny caches keep their names: features-t2v / features-i2v
+    cache_name = ""  # Wan's tiny caches keep their names: features-t2v / features-i2v (TI2V: wan2_2-...)
     shared_inputs: Tuple[str, ...] = ()  # forward keywords the same for every row (not per clip)
-    splits_vae_frames = False  # whether data.vae_context_parallel > 1 is supported (CogVideoX's VAE)
+    splits_vae_frames = True  # whether data.vae_context_parallel > 1 is supported (a context-parallel VAE)
     i2v_features = ("image_embeds", "condition")  # what an I2V model's cache must hold
 
-    @staticmethod
-    def tiny_encoders(i2v: bool):
-        return wan_feature_encoders(*tiny_video.encoders(image=i2v))
+    @property
+    def wan2_2_vae(self) -> bool:
+        """The tiny set encodes a TI2V model's clips with Wan2.2's VAE layout (the real TI2V-5B's own)."""
+        return self.pipeline is not None and self.pipeline.expand_timesteps
 
-    folder_encoders = staticmethod(wan_folder_encoders)
+    def tiny_encoders(self, i2v: bool):
+        vae, text, image, processor = tiny_video.encoders(image=self.clip, wan2_2=self.wan2_2_vae)
+        return wan_feature_encoders(vae, text, image, processor, condition=i2v, frame_group=self.frame_group)
+
+    def folder_encoders(self, folders, i2v: bool):
+        return wan_folder_encoders(folders, i2v, self.clip, self.frame_group)
 
     def make_schedule(self):
         from mm_models_video.flow_matching import FlowMatchingSchedule
@@ -145,12 +152,18 @@ class WanTrainData:
         d = self.recipe.section("diffusion")
         return FlowMatchingSchedule(d.num_train_timesteps, d.shift)
 
-    def __init__(self, recipe: Recipe, topo, i2v: bool):
+    def __init__(self, recipe: Recipe, topo, i2v: bool, clip: Optional[bool] = None, pipeline=None,
+                 patch=(1, 2, 2)):
         from mm_data import BucketBatchSampler, FeatureDataset, FeaturePairs
 
         self.recipe, self.topo = recipe, topo
         data, train = recipe.data, recipe.train
-        self.i2v = i2v  # an I2V DiT (its config has an image_dim)
+        self.i2v = i2v  # an I2V DiT: the image's latents and a mask beside the noise
+        self.clip = i2v if clip is None else clip  # its CLIP image features too (Wan2.1 I2V; not I2V-A14B)
+        # Wan2.2 (mm_train.families.video.wan_pipeline.WanPipelineSettings): TI2V, experts; and the patches
+        self.pipeline, self.patch = pipeline, tuple(patch)
+        if self.wan2_2_vae:
+            self.cache_name = "wan2_2"
         self.online = data.online and data.kind != "video_features"
         self.pairs = train.objective == "dpo"
         if self.pairs and self.online:
@@ -167,7 +180,8 @@ class WanTrainData:
                                                                                   topo)
             features, self.cache_folder = FeatureDataset(folder), folder
             self.dataset = FeaturePairs(folder, features, data.max_bad_fraction) if self.pairs else features
-            missing = [n for n in self.i2v_features if n not in features.entries[0]["features"]] if self.i2v else []
+            wanted = [n for n in self.i2v_features if n != "image_embeds" or self.clip] if self.i2v else []
+            missing = [n for n in wanted if n not in features.entries[0]["features"]]
             if missing:
                 raise ValueError(f"the feature cache {folder} has no I2V features ({', '.join(missing)}); build it "
                                  "for an I2V model")
@@ -184,7 +198,7 @@ class WanTrainData:
 
     def for_recipe(self, recipe):
         """The data of another recipe of this family (the validation split at eval.path)."""
-        return type(self)(recipe, self.topo, self.i2v)
+        return type(self)(recipe, self.topo, self.i2v, self.clip, self.pipeline, self.patch)
 
     def _vae_group(self, data, topo):
         """The ranks this one encodes each clip with (data.vae_context_parallel consecutive ranks), or None."""
@@ -192,7 +206,7 @@ class WanTrainData:
         if n == 1:
             return None
         if not self.splits_vae_frames:
-            raise ValueError("data.vae_context_parallel splits the CogVideoX VAE's frames; this family's VAE encodes "
+            raise ValueError("data.vae_context_parallel splits a VAE's frames over ranks; this family's VAE encodes "
                              "whole clips on each rank: leave it 1")
         if self.online or data.kind == "video_features":
             raise ValueError("data.vae_context_parallel applies while the feature cache is built (data.kind video or "
@@ -248,22 +262,35 @@ class WanTrainData:
 
     def flow_inputs(self, step: int, batch: Dict) -> Dict[str, np.ndarray]:
         """The model's keywords for a micro-batch of features at ``step`` (cached, or just encoded:
-        then the data set already dropped captions)."""
-        d = self.recipe.section("diffusion")
+        then the data set already dropped captions); a Wan2.2 model's experts and TI2V as
+        mm_train.families.video.wan_pipeline says."""
+        d, seed, settings = self.recipe.section("diffusion"), self.recipe.train.seed, self.pipeline
         dropout = self.caption_dropout(step)
-        rows, texts = [], []
+        u_range = None if settings is None else \
+            settings.micro_batch_range(self.schedule, d.density, seed, step, int(batch["index"][0]))
+        ti2v = settings is not None and settings.expand_timesteps
+        share = settings.image_to_video_share(self.recipe.data) if ti2v else 0.0
+        rows, texts, first_frames = [], [], []
         for row, index in enumerate(batch["index"]):
-            rng = np.random.default_rng([self.recipe.train.seed, step, int(index)])
-            rows.append(self.schedule.training_batch(batch["latents"][row:row + 1], rng, d.density, d.weighting))
+            rng = np.random.default_rng([seed, step, int(index)])
+            x0 = batch["latents"][row:row + 1]
+            rows.append(self.schedule.training_batch(x0, rng, d.density, d.weighting, u_range=u_range))
             dropped = dropout and rng.random() < dropout
             texts.append(self.null_embeds if dropped else batch["prompt_embeds"][row])
+            if ti2v:
+                first_frames.append(bool(rng.random() < share))
+                if first_frames[-1]:
+                    first_frame_clean(rows[-1], x0)
         out = {key: np.concatenate([r[key] for r in rows]) for key in ("hidden_states", "timestep", "target")}
         out["encoder_hidden_states"] = np.stack(texts).astype(np.float32)
+        if ti2v:
+            out["timestep"] = token_timesteps(out["timestep"], out["hidden_states"].shape, self.patch, first_frames)
         if self.i2v:  # [noisy latents | mask: the first latent frame is given | the image's latents]
             condition = batch["condition"]
             mask = np.zeros((len(condition), 4) + condition.shape[2:], np.float32)
             mask[:, :, 0] = 1.0
             out["hidden_states"] = np.concatenate([out["hidden_states"], mask, condition], 1)
+        if self.clip:
             out["encoder_hidden_states_image"] = batch["image_embeds"].astype(np.float32)
         if d.weighting != "none":
             out["loss_weights"] = np.concatenate([r["loss_weights"] for r in rows])

@@ -21,13 +21,24 @@ from mm_train.task import once_on_rank_zero
 # transformers (optional: a missing one is named when a run needs it).
 
 
-def wan_feature_encoders(vae, text, image_encoder=None, image_processor=None):
-    """Feature-cache encoders from a MindSpore VAE and UMT5 (numpy in, numpy out); for I2V also
-    the first frame's CLIP features and the VAE latents of [first frame, black frames...]."""
+def wan_feature_encoders(vae, text, image_encoder=None, image_processor=None, condition: Optional[bool] = None,
+                         frame_group=None):
+    """Feature-cache encoders from a MindSpore VAE and UMT5 (numpy in, numpy out); for I2V
+    (``condition``, default: with an image encoder) also the VAE latents of [first frame, black
+    frames...], and with ``image_encoder`` the first frame's CLIP features. ``frame_group``
+    (data.vae_context_parallel) splits each clip's frames over its ranks
+    (mm_models_video.wan.vae_context_parallel.encode_gathered)."""
     import mindspore as ms
 
+    from mm_models_video.wan import vae_context_parallel
+
+    def latent_means(video):
+        if frame_group is not None:
+            return vae_context_parallel.encode_gathered(vae, video, frame_group).mean
+        return vae.encode(ms.Tensor(video)).mean
+
     def latents(batch):
-        return vae.normalize_latents(vae.encode(ms.Tensor(batch["video"])).mean).asnumpy()
+        return vae.normalize_latents(latent_means(batch["video"])).asnumpy()
 
     def prompt_embeds(batch):
         mask = batch["attention_mask"]
@@ -35,6 +46,8 @@ def wan_feature_encoders(vae, text, image_encoder=None, image_processor=None):
         return hidden * mask[..., None]  # as the Wan pipelines: nothing past the caption
 
     encoders = {"latents": latents, "prompt_embeds": prompt_embeds}
+    if condition if condition is not None else image_encoder is not None:
+        encoders["condition"] = lambda batch: _first_frame_latents(vae, batch["video"])
     if image_encoder is None:
         return encoders
 
@@ -43,21 +56,31 @@ def wan_feature_encoders(vae, text, image_encoder=None, image_processor=None):
         pixels = image_processor(images=list(first), return_tensors="np")["pixel_values"]
         return image_encoder(ms.Tensor(pixels), output_hidden_states=True).hidden_states[-2].asnumpy()
 
-    def condition(batch):  # what the I2V DiT sees beside the noise: the image, then nothing
-        video = np.zeros_like(batch["video"])
-        video[:, :, 0] = batch["video"][:, :, 0]
-        return vae.normalize_latents(vae.encode(ms.Tensor(video)).mean).asnumpy()
-
-    encoders.update(image_embeds=image_embeds, condition=condition)
+    encoders["image_embeds"] = image_embeds
     return encoders
 
 
-def encoder_sources(data, topo, family: str = "wan") -> Dict[str, str]:
+def _first_frame_latents(vae, video: np.ndarray) -> np.ndarray:
+    """What an I2V DiT sees beside the noise: the latents of the first frame, then black frames."""
+    import mindspore as ms
+
+    given = np.zeros_like(video)
+    given[:, :, 0] = video[:, :, 0]
+    return vae.normalize_latents(vae.encode(ms.Tensor(given)).mean).asnumpy()
+
+
+def encoder_sources(data, topo, family: str = "wan", model_path: Optional[str] = None) -> Dict[str, str]:
     """{vae, text_encoder, tokenizer, image_encoder, image_processor: folder} of a ``video`` data
     section: its own folders, and for each set to ``tiny`` the ``family``'s tiny random encoders'
-    (written once under the tiny set's folder, `tiny_video.encoder_folders`). The tokenizer
-    defaults to the text encoder's folder, the image processor to the image encoder's."""
+    (written once under the tiny set's folder, `tiny_video.encoder_folders`); those it leaves
+    unset, when ``model_path`` is a diffusers pipeline folder (model_index.json), its sub-folders of
+    those names (a Wan2.2 folder's own VAE: TI2V-5B's of Wan2.2's layout, A14B's Wan2.1's). The
+    tokenizer defaults to the text encoder's folder, the image processor to the image encoder's."""
     given = {field: getattr(data, field) for field in tiny_video.ENCODER_FIELDS}
+    if model_path and os.path.isfile(os.path.join(model_path, "model_index.json")):
+        for field, value in given.items():
+            if value is None and os.path.isdir(os.path.join(model_path, field)):
+                given[field] = os.path.join(model_path, field)
     if tiny_video.TINY in given.values():
         folder = "tiny_encoders" if family == "wan" else f"tiny_encoders-{family}"
         root = os.path.join(tiny_video.default_folder(), folder)
@@ -72,14 +95,15 @@ def encoder_sources(data, topo, family: str = "wan") -> Dict[str, str]:
     return given
 
 
-def wan_folder_encoders(folders, i2v: bool):
-    """The feature encoders of a Wan recipe's encoder folders (AutoencoderKLWan, UMT5; I2V: CLIP)."""
+def wan_folder_encoders(folders, i2v: bool, clip: Optional[bool] = None, frame_group=None):
+    """The feature encoders of a Wan recipe's encoder folders (AutoencoderKLWan, UMT5; I2V: the
+    first frame's latents, and with ``clip`` (default: I2V) its CLIP features)."""
     from mm_models_video import AutoencoderKLWan, UMT5EncoderModel
 
     vae = AutoencoderKLWan.from_pretrained(folders["vae"])
     text = UMT5EncoderModel.from_pretrained(folders["text_encoder"])
-    if not i2v:
-        return wan_feature_encoders(vae, text)
+    if not (i2v if clip is None else clip):
+        return wan_feature_encoders(vae, text, condition=i2v, frame_group=frame_group)
     if not folders["image_encoder"]:
         raise ValueError("an I2V model needs data.image_encoder: a CLIP vision folder (with its "
                          "preprocessor_config.json, or data.image_processor), or tiny")
@@ -88,7 +112,8 @@ def wan_folder_encoders(folders, i2v: bool):
     from mm_models_video import CLIPVisionModel
 
     return wan_feature_encoders(vae, text, CLIPVisionModel.from_pretrained(folders["image_encoder"]),
-                                CLIPImageProcessorPil.from_pretrained(folders["image_processor"]))
+                                CLIPImageProcessorPil.from_pretrained(folders["image_processor"]),
+                                frame_group=frame_group)
 
 
 def cogvideox_feature_encoders(vae, text, image_noise: Optional[dict] = None, frame_group=None):

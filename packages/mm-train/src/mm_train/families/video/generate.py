@@ -4,6 +4,7 @@ clip equals the run's sample of the same prompt, seed and settings."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Dict
@@ -21,15 +22,27 @@ def video_settings(args, sampler_class, recipe):
     return video_samples.Settings(**values)
 
 
+def _expand_timesteps(folder: str, recipe) -> bool:
+    """Whether a checkpoint's model takes per-token timesteps (TI2V): the recipe's diffusion
+    section says, else its model_index.json."""
+    given = getattr(recipe.section("diffusion"), "expand_timesteps", None)
+    index = os.path.join(folder, "model_index.json")
+    if given is None and os.path.isfile(index):
+        with open(index) as f:
+            given = json.load(f).get("expand_timesteps")
+    return bool(given)
+
+
 def generate_video(args, spec, folder, recipe, topo, chunks) -> Dict:
     """Write the clip as an mp4 at --out and a contact sheet beside it (rank 0); returns {"frames": ...}."""
     sampler_class = spec.task.clip_sampler
     config = chunks[0].config
     if recipe is not None:
-        sampler = video_samples.recipe_sampler(sampler_class, recipe, topo, config)
-    else:
-        sampler = video_samples.pipeline_sampler(sampler_class, os.path.dirname(folder), config,
-                                                 spec.sections["diffusion"])
+        spec.task.prepare_sampling(chunks, recipe)
+        sampler = video_samples.recipe_sampler(sampler_class, recipe, topo, config, _expand_timesteps(folder, recipe))
+    else:  # the pipeline folder itself (a model that reads it whole) or its denoiser's sub-folder
+        root = folder if os.path.isfile(os.path.join(folder, "model_index.json")) else os.path.dirname(folder)
+        sampler = video_samples.pipeline_sampler(sampler_class, root, config, spec.sections["diffusion"])
     settings = video_settings(args, sampler_class, recipe)
     if not args.out:
         raise ValueError("a video model writes an mp4: give --out FILE.mp4")

@@ -2,10 +2,14 @@
 
 What the diffusers pipelines do, with the trained DiT behind ``predict`` (mm_train.samples):
 
-    Wan2.1     noise (1, z, 1 + (F - 1) / 4, H / 8, W / 8) from (seed, prompt index); flow-matching Euler
-               over ``steps`` of the recipe's shift (FlowMatchingSchedule.sample); I2V adds the
-               4 mask channels and the VAE latents of [image, black frames] to the input and the
-               image's CLIP features (WanImageToVideoPipeline); latents denormalised, decoded.
+    Wan        noise (1, z, 1 + (F - 1) / 4, H / s, W / s) (s the VAE's spatial compression) from
+               (seed, prompt index); flow-matching Euler over ``steps`` of the recipe's shift
+               (FlowMatchingSchedule.sample); I2V adds the 4 mask channels and the VAE latents of
+               [image, black frames] to the input and the image's CLIP features if the model takes
+               them (WanImageToVideoPipeline; Wan2.2 I2V-A14B takes none); TI2V (expand_timesteps)
+               a timestep per token and, from an image, the first latent frame replaced by the
+               image's latents before every step and at the end, its tokens at timestep 0; a pair
+               of experts switches at the boundary (WanExperts); latents denormalised, decoded.
     CogVideoX  noise (1, F_lat, z, H / 8, W / 8), 1.5 padded in front to a multiple of patch_size_t
                (dropped again before decoding); DDIM or DPM (CogVideoXSchedule.sample) with rotary
                tables of the latent grid; I2V adds the image's VAE latents padded with zeros on the
@@ -33,6 +37,7 @@ from mm_train import samples
 from mm_train.families.video import tiny as tiny_video
 from mm_train.families.video.data import clip_shape
 from mm_train.families.video.encoders import cogvideox_feature_encoders, encoder_sources, wan_feature_encoders
+from mm_train.families.video.wan_pipeline import token_timesteps
 from mm_train.task import load_tokenizer
 
 # Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore); Pillow,
@@ -85,18 +90,19 @@ class WanSampler:
     defaults = dict(num_frames=81, height=480, width=832, steps=50, guidance=5.0, fps=16.0)
 
     @staticmethod
-    def tiny_modules(i2v: bool) -> Dict:
+    def tiny_modules(clip: bool, wan2_2: bool = False) -> Dict:
         """The tiny set's random encoders (the ones its feature cache was built with)."""
-        return dict(zip(("vae", "text_encoder", "image_encoder", "image_processor"), tiny_video.encoders(image=i2v)))
+        return dict(zip(("vae", "text_encoder", "image_encoder", "image_processor"),
+                        tiny_video.encoders(image=clip, wan2_2=wan2_2)))
 
     @staticmethod
-    def folder_modules(folders: Dict, i2v: bool) -> Dict:
+    def folder_modules(folders: Dict, clip: bool) -> Dict:
         """The encoders of diffusers / transformers folders {vae, text_encoder, image_encoder, image_processor}."""
         from mm_models_video import AutoencoderKLWan, UMT5EncoderModel
 
         modules = {"vae": AutoencoderKLWan.from_pretrained(folders["vae"]),
                    "text_encoder": UMT5EncoderModel.from_pretrained(folders["text_encoder"])}
-        if i2v:
+        if clip:
             from transformers import CLIPImageProcessorPil
 
             from mm_models_video import CLIPVisionModel
@@ -117,14 +123,16 @@ class WanSampler:
             values.setdefault("shift", values["flow_shift"])
         return section(**{k: v for k, v in values.items() if k in section.__dataclass_fields__})
 
-    def __init__(self, config, modules: Dict, text_length: int, diffusion):
+    def __init__(self, config, modules: Dict, text_length: int, diffusion, expand_timesteps: bool = False):
         from mm_models_video.flow_matching import FlowMatchingSchedule
 
         self.config, self.modules, self.text_length = config, modules, text_length
-        self.i2v = bool(getattr(config, "image_dim", None))
+        self.i2v = is_i2v(config)  # the image's latents and a mask beside the noise
+        self.expand_timesteps = expand_timesteps  # TI2V: a timestep per token, an image optional
         self.encoders = wan_feature_encoders(modules["vae"], modules["text_encoder"], modules.get("image_encoder"),
-                                             modules.get("image_processor"))
+                                             modules.get("image_processor"), condition=self.i2v or expand_timesteps)
         self.schedule = FlowMatchingSchedule(diffusion.num_train_timesteps, diffusion.shift)
+        self.spatial = int(modules["vae"].config.get("scale_factor_spatial") or 8)
 
     def sampler_of(self, settings: Settings) -> str:
         chosen = self.samplers[0] if settings.sampler == "default" else settings.sampler
@@ -139,8 +147,12 @@ class WanSampler:
                                                for k in ("input_ids", "attention_mask")}).astype(np.float32)
 
     def noise_shape(self, settings: Settings) -> tuple:
-        return (1, self.config.out_channels, (settings.num_frames - 1) // 4 + 1, settings.height // 8,
-                settings.width // 8)
+        patch = self.spatial * self.config.patch_size[1]
+        if settings.height % patch or settings.width % patch:
+            raise ValueError(f"height and width must be multiples of {patch} (VAE x {self.spatial}, patches x "
+                             f"{self.config.patch_size[1]}), got {settings.height} x {settings.width}")
+        return (1, self.config.out_channels, (settings.num_frames - 1) // 4 + 1, settings.height // self.spatial,
+                settings.width // self.spatial)
 
     def noise(self, settings: Settings, index: int) -> np.ndarray:
         """The starting latents of prompt ``index``: standard normal from (seed, index)."""
@@ -148,7 +160,9 @@ class WanSampler:
         return rng.standard_normal(self.noise_shape(settings)).astype(np.float32)
 
     def conditions(self, image: Optional[np.ndarray], settings: Settings) -> Dict:
-        """The first frame's inputs of an I2V model (none for T2V)."""
+        """The first frame's inputs of an I2V model (none for T2V; TI2V: the image's latents if given)."""
+        if self.expand_timesteps:
+            return {} if image is None else {"first_frame": self.encoders["condition"]({"video": image[None, :, None]})}
         if not self.i2v:
             return {}
         if image is None:
@@ -162,25 +176,34 @@ class WanSampler:
         condition = self.encoders["condition"]({"video": video})
         mask = np.zeros((1, 4) + condition.shape[2:], np.float32)
         mask[:, :, 0] = 1.0
-        return {"extra": np.concatenate([mask, condition], 1),
-                "encoder_hidden_states_image": self.encoders["image_embeds"]({"video": video}).astype(np.float32)}
+        out = {"extra": np.concatenate([mask, condition], 1)}
+        if "image_embeds" in self.encoders:
+            out["encoder_hidden_states_image"] = self.encoders["image_embeds"]({"video": video}).astype(np.float32)
+        return out
 
     def latents(self, predict: Predict, prompt: str, image, settings: Settings, index: int) -> np.ndarray:
         self.sampler_of(settings)
         conditioned, unconditioned = self.prompt_embeds(prompt), self.prompt_embeds(settings.negative_prompt)
         extra = self.conditions(image, settings)
+        first = extra.get("first_frame")  # TI2V from an image: its latents replace the first frame
+
+        def inputs(x, t, text):
+            if first is not None:
+                x = np.concatenate([first, x[:, :, 1:]], 2)
+            if self.expand_timesteps:
+                t = token_timesteps(t, x.shape, self.config.patch_size, [first is not None] * len(x))
+            out = {"hidden_states": np.concatenate([x, extra["extra"]], 1) if "extra" in extra else x,
+                   "timestep": t, "encoder_hidden_states": text}
+            if "encoder_hidden_states_image" in extra:
+                out["encoder_hidden_states_image"] = extra["encoder_hidden_states_image"]
+            return out
 
         def velocity(text):
-            def run(x, t):
-                inputs = {"hidden_states": np.concatenate([x, extra["extra"]], 1) if extra else x, "timestep": t,
-                          "encoder_hidden_states": text}
-                if extra:
-                    inputs["encoder_hidden_states_image"] = extra["encoder_hidden_states_image"]
-                return predict(inputs, x.shape)
-            return run
+            return lambda x, t: predict(inputs(x, t, text), x.shape)
 
-        return self.schedule.sample(velocity(conditioned), self.noise(settings, index), settings.steps,
-                                    settings.guidance, velocity(unconditioned))
+        latents = self.schedule.sample(velocity(conditioned), self.noise(settings, index), settings.steps,
+                                       settings.guidance, velocity(unconditioned))
+        return latents if first is None else np.concatenate([first, latents[:, :, 1:]], 2)
 
     def decode(self, latents: np.ndarray, settings: Settings) -> np.ndarray:
         import mindspore as ms
@@ -198,7 +221,7 @@ class CogVideoXSampler(WanSampler):
     defaults = dict(num_frames=49, height=480, width=720, steps=50, guidance=6.0, fps=8.0)
 
     @staticmethod
-    def tiny_modules(i2v: bool) -> Dict:
+    def tiny_modules(i2v: bool, wan2_2: bool = False) -> Dict:
         return dict(zip(("vae", "text_encoder"), tiny_video.cogvideox_encoders()))
 
     @staticmethod
@@ -208,9 +231,12 @@ class CogVideoXSampler(WanSampler):
         return {"vae": AutoencoderKLCogVideoX.from_pretrained(folders["vae"]),
                 "text_encoder": T5EncoderModel.from_pretrained(folders["text_encoder"])}
 
-    def __init__(self, config, modules: Dict, text_length: int, diffusion):
+    def __init__(self, config, modules: Dict, text_length: int, diffusion, expand_timesteps: bool = False):
         from mm_models_video.cogvideox import CogVideoXSchedule
 
+        if expand_timesteps:
+            raise ValueError("CogVideoX takes one timestep per sample (no expand_timesteps)")
+        self.expand_timesteps = False
         self.config, self.modules, self.text_length = config, modules, text_length
         self.i2v = config.in_channels != config.out_channels
         self.encoders = cogvideox_feature_encoders(modules["vae"], modules["text_encoder"])
@@ -274,39 +300,49 @@ class CogVideoXSampler(WanSampler):
 
 
 def is_i2v(config) -> bool:
-    """An image-to-video DiT: Wan's has an image_dim, CogVideoX's takes twice its output channels."""
+    """An image-to-video DiT: it takes more channels than it gives (the image's latents and, Wan, a
+    mask beside the noise), or Wan's CLIP image features (an image_dim)."""
     return bool(getattr(config, "image_dim", None)) or config.in_channels != config.out_channels
 
 
-def recipe_sampler(sampler_class, recipe, topo, config) -> WanSampler:
+def recipe_sampler(sampler_class, recipe, topo, config, expand_timesteps: bool = False) -> WanSampler:
     """The sampler of a training run: the tiny set's encoders for data.kind tiny_video, else the
     folders of data.vae / data.text_encoder / data.tokenizer (and the image encoder for I2V)."""
-    data, i2v = recipe.data, is_i2v(config)
+    data, i2v = recipe.data, bool(getattr(config, "image_dim", None)) or is_i2v(config)
+    clip = bool(getattr(config, "image_dim", None)) if sampler_class.family == "wan" else i2v
     if data.kind == "tiny_video":
-        modules = sampler_class.tiny_modules(i2v)
+        modules = sampler_class.tiny_modules(clip, wan2_2=expand_timesteps)
         modules["tokenizer"] = tiny_video.tokenizer(data.path or tiny_video.default_folder())
     else:
-        folders = encoder_sources(data, topo, sampler_class.family)
+        folders = encoder_sources(data, topo, sampler_class.family, recipe.model.path)
         if not (folders["vae"] and folders["text_encoder"]):
             raise ValueError("samples decode with the VAE and encode prompts with the text encoder: set data.vae and "
                              "data.text_encoder (their folders, or tiny)")
-        modules = sampler_class.folder_modules(folders, i2v)
+        modules = sampler_class.folder_modules(folders, clip)
         modules["tokenizer"] = load_tokenizer(folders["tokenizer"], pad_token="<pad>", eos_token="</s>")
-    return sampler_class(config, modules, clip_shape(data)["text_length"], recipe.section("diffusion"))
+    return sampler_class(config, modules, clip_shape(data)["text_length"], recipe.section("diffusion"),
+                         expand_timesteps=expand_timesteps)
 
 
 def pipeline_sampler(sampler_class, folder: str, config, diffusion_section):
-    """A video sampler from a diffusers pipeline folder's encoders and scheduler config."""
+    """A video sampler from a diffusers pipeline folder's encoders, scheduler config and
+    model_index.json (expand_timesteps)."""
     folders = {f: os.path.join(folder, f) if os.path.isdir(os.path.join(folder, f)) else None
                for f in tiny_video.ENCODER_FIELDS}
-    modules = sampler_class.folder_modules(folders, is_i2v(config))
+    clip = bool(getattr(config, "image_dim", None)) if sampler_class.family == "wan" else is_i2v(config)
+    modules = sampler_class.folder_modules(folders, clip)
     modules["tokenizer"] = load_tokenizer(folders["tokenizer"] or folders["text_encoder"])
     scheduler, path = {}, os.path.join(folder, "scheduler", "scheduler_config.json")
     if os.path.isfile(path):
         with open(path) as f:
             scheduler = json.load(f)
     diffusion = sampler_class.pipeline_diffusion(scheduler, diffusion_section)
-    return sampler_class(config, modules, sampler_class.pipeline_text_length, diffusion)
+    index, path = {}, os.path.join(folder, "model_index.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            index = json.load(f)
+    return sampler_class(config, modules, sampler_class.pipeline_text_length, diffusion,
+                         expand_timesteps=bool(index.get("expand_timesteps")))
 
 
 def recipe_settings(recipe) -> Settings:
@@ -342,7 +378,7 @@ def write_clips(sampler: WanSampler, predict: Predict, prompts: List[str], image
         files += [samples.write_mp4(os.path.join(out, f"{name}.mp4"), frames, settings.fps),
                   samples.write_png(os.path.join(out, f"{name}.png"), sheet)]
         sheets[name] = sheet
-        lines.append(f"{name}: {prompt}" + (f" (first frame {images[index]})" if images else ""))
+        lines.append(f"{name}: {prompt}" + (f" (first frame {images[index]})" if images and images[index] else ""))
     if writer:
         with open(os.path.join(out, "prompts.txt"), "w") as f:
             f.write("\n".join(lines) + "\n")

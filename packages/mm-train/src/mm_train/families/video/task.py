@@ -29,11 +29,18 @@ class VideoTask(FamilyTask):
 
     clip_sampler = video_samples.WanSampler  # how samples are drawn (mm_train.families.video.samples)
 
+    @staticmethod
+    def prepare_sampling(chunks, recipe) -> None:
+        """What the model needs beside its trained weights to sample (a family may lend it more)."""
+
     def write_samples(self, chunks, out: str, writer: bool):
         """One clip per eval prompt (mm_train.samples / video_samples)."""
+        self.prepare_sampling(chunks, self.recipe)
         if getattr(self, "_clip_sampler", None) is None:
+            settings = getattr(self, "settings", None)  # Wan2.2's (wan_pipeline.WanPipelineSettings)
             self._clip_sampler = video_samples.recipe_sampler(self.clip_sampler, self.recipe, self.topo,
-                                                              chunks[0].config)
+                                                              chunks[0].config, settings is not None and
+                                                              settings.expand_timesteps)
         e = self.recipe.eval
         return video_samples.write_clips(self._clip_sampler, lambda inputs, shape: samples.predict(
             chunks, self.topo, inputs, shape), e.prompts, e.images, video_samples.recipe_settings(self.recipe), out,

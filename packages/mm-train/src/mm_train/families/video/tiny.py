@@ -6,8 +6,9 @@ The set is written as the reference suite's data.json (path, cap, num_frames, fp
 beside a byte-level BPE tokenizer (tokenizer.json), and as clip pairs for Diffusion-DPO
 (data_pairs.json: each caption with its clip chosen and a clip of the square moving the other way
 rejected; mm_data.video.pairs). The encoders are a tiny Wan2.1 VAE (z 4,
-8 x spatial and 4 x temporal compression: a clip is 3 x 4 x 4 latents) and a tiny UMT5 (width
-32) — and for I2V a tiny CLIP vision tower (width 48, 32 px); for CogVideoX a tiny CogVideoX VAE
+8 x spatial and 4 x temporal compression: a clip is 3 x 4 x 4 latents; for TI2V one of Wan2.2's
+layout, z 8, the same compression) and a tiny UMT5 (width 32) — and for I2V a tiny CLIP vision
+tower (width 48, 32 px); for CogVideoX a tiny CogVideoX VAE
 (the same compression) and a tiny T5 — their weights drawn with numpy from a fixed seed so that
 every process builds the same ones.
 """
@@ -32,6 +33,11 @@ PAIRS = "data_pairs.json"  # the clip pairs (train.objective dpo)
 SPECIAL = ["<pad>", "</s>", "<unk>"]
 VAE_CONFIG = dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True],
                   latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
+# TI2V's (Wan2.2's VAE layout: residual blocks, 2 x 2 patchified frames) at the same compression,
+# 8 x spatial (patches x encoder's 4) and 4 x temporal: a clip is 3 x 4 x 4 latents of z 8
+VAE22_CONFIG = dict(base_dim=8, decoder_base_dim=12, z_dim=8, dim_mult=[1, 2, 2], num_res_blocks=1,
+                    temperal_downsample=[True, True], is_residual=True, patch_size=2, in_channels=12, out_channels=12,
+                    scale_factor_spatial=8, latents_mean=[0.0] * 8, latents_std=[1.0] * 8)
 TEXT_CONFIG = dict(vocab_size=320, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
                    relative_attention_num_buckets=16, relative_attention_max_distance=20,
                    feed_forward_proj="gated-gelu", dropout_rate=0.0)
@@ -122,12 +128,13 @@ def _randomise(model, seed: int, scale: float = 0.5) -> None:
         param.set_data(Tensor(value.astype(np.float32)))
 
 
-def encoders(seed: int = 0, image: bool = False):
+def encoders(seed: int = 0, image: bool = False, wan2_2: bool = False):
     """(VAE, UMT5 text encoder, CLIP image encoder or None, its image processor or None): the
-    tiny set's random encoders; the image pair only for I2V (``image``)."""
+    tiny set's random encoders; the image pair only for I2V (``image``); the VAE Wan2.2's layout
+    for TI2V (``wan2_2``), else Wan2.1's (which Wan2.2 A14B keeps)."""
     from mm_models_video import AutoencoderKLWan, CLIPVisionModel, UMT5EncoderModel
 
-    vae, text = AutoencoderKLWan(VAE_CONFIG), UMT5EncoderModel(dict(TEXT_CONFIG))
+    vae, text = AutoencoderKLWan(VAE22_CONFIG if wan2_2 else VAE_CONFIG), UMT5EncoderModel(dict(TEXT_CONFIG))
     _randomise(vae, seed, scale=1.5)  # latents of about unit spread, as latents_mean / std give real ones
     _randomise(text, seed + 1)
     if not image:
@@ -158,9 +165,10 @@ ENCODER_FIELDS = ("vae", "text_encoder", "tokenizer", "image_encoder", "image_pr
 
 def encoder_folders(root: str, seed: int = 0, family: str = "wan") -> Dict[str, str]:
     """The tiny random encoders written once under ``root`` as the folders users point real
-    recipes at, in the diffusers layouts: for Wan2.1 (`encoders`) vae/ (diffusers
-    AutoencoderKLWan), text_encoder/ (transformers UMT5EncoderModel), image_encoder/
-    (CLIPVisionModel) and image_processor/ (its CLIPImageProcessor); for CogVideoX
+    recipes at, in the diffusers layouts: for Wan (`encoders`) vae/ (diffusers AutoencoderKLWan;
+    ``family`` "wan2_2": of Wan2.2's layout, TI2V's), text_encoder/ (transformers
+    UMT5EncoderModel), image_encoder/ (CLIPVisionModel) and image_processor/ (its
+    CLIPImageProcessor); for CogVideoX
     (`cogvideox_encoders`, ``family`` "cogvideox") vae/ (AutoencoderKLCogVideoX) and text_encoder/
     (T5EncoderModel); for both tokenizer/ (trained on every caption the tiny set can have).
     ``data.vae: tiny`` (and text_encoder / image_encoder) name them, so one's own clips train
@@ -169,13 +177,15 @@ def encoder_folders(root: str, seed: int = 0, family: str = "wan") -> Dict[str, 
 
 
     root = Path(root)
-    fields = ENCODER_FIELDS if family == "wan" else ("vae", "text_encoder", "tokenizer")
+    wan = family in ("wan", "wan2_2")  # wan2_2: TI2V's, the VAE of Wan2.2's layout
+    fields = ENCODER_FIELDS if wan else ("vae", "text_encoder", "tokenizer")
     folders = {field: str(root / field) for field in fields}
     done = root / ".complete"
     if done.exists() and json.loads(done.read_text()) == {"seed": seed, "family": family}:
         return folders
-    if family == "wan":
-        modules = dict(zip(("vae", "text_encoder", "image_encoder", "image_processor"), encoders(seed, image=True)))
+    if wan:
+        modules = dict(zip(("vae", "text_encoder", "image_encoder", "image_processor"),
+                           encoders(seed, image=True, wan2_2=family == "wan2_2")))
     else:
         modules = dict(zip(("vae", "text_encoder"), cogvideox_encoders(seed)))
     for field, module in modules.items():

@@ -1,14 +1,16 @@
-"""The Wan2.1 family: video DiT pre-training (T2V, I2V) on flow matching.
+"""The Wan family (2.1 and 2.2): video DiT pre-training (T2V, I2V, TI2V) on flow matching.
 
-`WanTask` supplies the model (WanTransformer3DModel from a diffusers folder or an inline config;
-the plan's recompute and LoRA) and the data (`video_data.WanTrainData`: a feature cache of VAE
-latents and UMT5 embeddings — or clips encoded every step — turned into flow-matching
-micro-batches). The model's ``loss`` is diffusers' flow-matching objective:
+`WanTask` supplies the model (WanTransformer3DModel from a diffusers transformer folder or an
+inline config; a Wan2.2 pipeline folder's experts as a WanExperts; the plan's recompute and LoRA)
+and the data (`video_data.WanTrainData`: a feature cache of VAE latents and UMT5 embeddings — or
+clips encoded every step — turned into flow-matching micro-batches; Wan2.2's TI2V first frames and
+A14B experts as `wan_pipeline` says). The model's ``loss`` is diffusers' flow-matching objective:
 mean((v_pred - (noise - x0))^2), optionally weighted per sample.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -16,6 +18,7 @@ from mm_train.families.video.data import WanTrainData, clip_shape, latent_tokens
 from mm_train.families.video.generate import generate_video
 from mm_train.families.video.task import VideoTask
 from mm_train.families.video.tiny import ENCODER_FIELDS, TINY
+from mm_train.families.video.wan_pipeline import EXPERTS, WanPipelineSettings, borrow_missing_experts
 from mm_train.plan.workload import AttentionForm, LayerStack, Workload
 from mm_train.preflight import attention_rules, layer_rules, require_divisible, require_exists
 from mm_train.recipe import DataSection
@@ -53,21 +56,38 @@ class VideoDataSection(DataSection):
             raise ValueError(f"data.vae_context_parallel is a number of ranks (>= 1), got {self.vae_context_parallel}")
         if self.kind == "video":
             self.require_path("video annotations")
-            if not (self.vae and self.text_encoder):
-                raise ValueError("data.kind video needs data.vae and data.text_encoder (the encoders of the "
-                                 "feature cache)")
+            self.require_encoders()
         if self.kind == "video_features":
             self.require_path("a feature cache folder")
+
+    def require_encoders(self) -> None:
+        if not (self.vae and self.text_encoder):
+            raise ValueError("data.kind video needs data.vae and data.text_encoder (the encoders of the feature cache)")
+
+
+@dataclass
+class WanVideoDataSection(VideoDataSection):
+    """The Wan family's video data: VideoDataSection's (the encoders default to model.path's
+    sub-folders when it is a diffusers pipeline folder: the preflight checks they are there), and
+    for TI2V models the share of samples trained as image-to-video (wan_pipeline; unset: 0.5)."""
+
+    image_to_video: Optional[float] = None
+
+    def require_encoders(self) -> None:
+        """Checked with model.path by the preflight (`video_source_problems`)."""
 
 
 @dataclass
 class DiffusionSection:
-    """Flow matching for the video DiTs (mm_models_video.flow_matching)."""
+    """Flow matching for the video DiTs (mm_models_video.flow_matching); Wan2.2's boundary between
+    its experts and TI2V's per-token timesteps default to the model folder's model_index.json."""
 
     shift: float = 3.0
     num_train_timesteps: int = 1000
     density: str = "uniform"  # uniform | logit_normal | mode
     weighting: str = "none"  # none | sigma_sqrt | cosmap
+    boundary_ratio: Optional[float] = None  # A14B: the high-noise expert takes t >= boundary_ratio x 1000
+    expand_timesteps: Optional[bool] = None  # TI2V: a timestep per token, the clean first frame's at 0
 
     def __post_init__(self):
         from_choices = {"density": ("uniform", "logit_normal", "mode"), "weighting": ("none", "sigma_sqrt", "cosmap")}
@@ -76,24 +96,34 @@ class DiffusionSection:
                 raise ValueError(f"diffusion.{name} {getattr(self, name)!r} is not one of {choices}")
 
 
-def video_source_problems(data) -> List[str]:
-    """A video data section's annotations or feature cache and its encoder folders (or tiny) exist."""
+def video_source_problems(data, model_path: Optional[str] = None) -> List[str]:
+    """A video data section's annotations or feature cache and its encoder folders (or tiny) exist;
+    unset ones default to a pipeline folder's at ``model_path`` (`encoders.encoder_sources`)."""
     problems = []
     if data.kind == "video":
         require_exists(problems, "data.path", data.path, "video annotations (data.json / .jsonl / .txt or a folder)")
+        pipeline = bool(model_path) and os.path.isfile(os.path.join(model_path, "model_index.json"))
         for field in ENCODER_FIELDS:
-            if getattr(data, field) != TINY:
-                require_exists(problems, f"data.{field}", getattr(data, field), "its model folder (or tiny)", True)
+            value = getattr(data, field)
+            if value is None and pipeline and os.path.isdir(os.path.join(model_path, field)):
+                continue
+            if value is None and field in ("vae", "text_encoder"):
+                problems.append(f"data.{field}: data.kind video encodes the clips with it; give its folder (or tiny), "
+                                "or set model.path to a diffusers pipeline folder that has one")
+            elif value != TINY:
+                require_exists(problems, f"data.{field}", value, "its model folder (or tiny)", True)
     elif data.kind == "video_features":
         require_exists(problems, "data.path", data.path, "a feature cache folder", True)
     return problems
 
 
 def preflight(recipe, config: dict) -> List[str]:
-    """Wan2.1: the annotations or the feature cache and the encoders' folders (or tiny) are there;
+    """Wan: the annotations or the feature cache and the encoders' folders (or tiny) are there;
     the DiT's heads and FFN against tp and Ulysses, its blocks against the pipeline stages
-    (`mm_train.preflight`)."""
-    par, problems = recipe.parallel, video_source_problems(recipe.data) + objective_problems(recipe)
+    (`mm_train.preflight`); Wan2.2's experts and TI2V settings (`wan_pipeline`)."""
+    par = recipe.parallel
+    problems = video_source_problems(recipe.data, recipe.model.path) + objective_problems(recipe)
+    problems += WanPipelineSettings.of(recipe, config).problems(recipe)
     attention_rules(problems, "", config.get("num_attention_heads"), None, par)
     require_divisible(problems, "ffn_dim", config.get("ffn_dim"), "parallel.tp", par.tp)
     layer_rules(problems, "num_layers", config.get("num_layers"), par)
@@ -107,12 +137,24 @@ class WanTask(VideoTask):
         from mm_data import Collator
 
         super().__init__(recipe, topo)
-        self.data = WanTrainData(recipe, topo, i2v=self.model_json.get("image_dim") is not None)
+        config = self.model_json
+        self.settings = WanPipelineSettings.of(recipe, config)
+        self.model_class = self.settings.model_class()
+        image = config.get("image_dim") is not None  # CLIP features of the first frame (Wan2.1 I2V)
+        # the first frame's latents beside the noise (I2V: Wan2.1's and A14B's, which has no CLIP)
+        i2v = image or config.get("in_channels", 16) > (config.get("out_channels") or config.get("in_channels", 16))
+        self.data = WanTrainData(recipe, topo, i2v=i2v, clip=image, pipeline=self.settings,
+                                 patch=config.get("patch_size", (1, 2, 2)))
         self.dataset, self.sampler, self.collate = self.data.dataset, self.data.sampler, Collator()
 
     def plan(self, model, lora) -> None:
         super().plan(model, lora)
         self.patch_size = tuple(model.config.patch_size)
+
+    @staticmethod
+    def prepare_sampling(chunks, recipe) -> None:
+        """A one-expert Wan2.2 run samples with the other expert from model.path (wan_pipeline)."""
+        borrow_missing_experts(chunks, recipe.model.path)
 
     def tokens(self, batch: Dict) -> int:
         return latent_tokens(batch, self.patch_size)
@@ -150,11 +192,15 @@ _TINY, _ASCEND = "1-2 CPU processes", "Ascend NPUs"
 
 SPEC = register(FamilySpec(
     objectives=("pretrain", "dpo"),
+    experts=EXPERTS,
     name="wan",
-    description="Wan2.1 (1.3B, 14B): text- and image-to-video DiT pre-training and LoRA on flow matching",
-    models={"WanTransformer3DModel": "mm_models_video:WanTransformer3DModel"},
+    description="Wan2.1 (1.3B, 14B) and Wan2.2 (TI2V-5B, A14B experts): text- and image-to-video DiT pre-training "
+                "and LoRA on flow matching",
+    models={"WanTransformer3DModel": "mm_models_video:WanTransformer3DModel",
+            "WanPipeline": "mm_models_video:WanExperts", "WanImageToVideoPipeline": "mm_models_video:WanExperts"},
     task=WanTask,
-    data_sections={"tiny_video": VideoDataSection, "video": VideoDataSection, "video_features": VideoDataSection},
+    data_sections={"tiny_video": WanVideoDataSection, "video": WanVideoDataSection,
+                   "video_features": WanVideoDataSection},
     sections={"diffusion": DiffusionSection},
     plan="mm_models_video.wan.parallel_plan:parallelize",
     lora_config="mm_models_video.wan.parallel_plan:LoraConfig",
@@ -170,6 +216,11 @@ SPEC = register(FamilySpec(
                       _TINY),
         BuiltinRecipe("wan2_1_i2v_tiny", "wan2_1_i2v_tiny.yaml",
                       "a tiny random Wan2.1 I2V DiT on the built-in clips and their first frames", _TINY),
+        BuiltinRecipe("wan2_2_ti2v_tiny", "wan2_2_ti2v_tiny.yaml",
+                      "a tiny random Wan2.2 TI2V DiT: text- and text+image-to-video in one run (Wan2.2's VAE layout)",
+                      _TINY),
+        BuiltinRecipe("wan2_2_a14b_tiny", "wan2_2_a14b_tiny.yaml",
+                      "two tiny random Wan2.2 A14B-style experts switched by noise level, trained together", _TINY),
         BuiltinRecipe("wan2_1_t2v_1_3b", "wan2_1_t2v_1_3b.yaml",
                       "Wan2.1-T2V-1.3B pre-training (CP4 Ulysses, DP2, ZeRO-1)", f"1 x 8 {_ASCEND}"),
         BuiltinRecipe("wan2_1_t2v_1_3b_dpo", "wan2_1_t2v_1_3b_dpo.yaml",
