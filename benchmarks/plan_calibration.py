@@ -38,6 +38,19 @@ planned here as ZeRO-2, which moves the same gradient volume), and our pipeline 
 stage's forward in its backward where MindSpeed-MM does not (a fourth pass in the plan of the
 Qwen run: ours would be slower by it).
 
+Compared, not fitted (planned with devices.yaml's constants as they are, on our real-size recipes,
+which take MindSpeed-MM's layouts and shapes): its Wan2.2 figures on Atlas A3 (docs/zh/pytorch/
+supported_models.md at commit 26adc742, column "NPU性能" (NPU performance), cluster throughput;
+the table left that file in the next commit, d3e3485a), on our ascend-910c entry (one die of a
+910C, devices.yaml says where its figures come from):
+
+    Wan2.2-TI2V-5B pre-training   3.18 SPS   1 x 4 (A3) = 8 dies: examples/wan2.2/5B/ti2v/pretrain.sh,
+                                             DP8 (FSDP2), micro-batch 1, every block recomputed,
+                                             49 frames of 480 x 832, 512 text tokens
+    Wan2.2-T2V-A14B pre-training  0.710 SPS  1 x 8 (A3) = 16 dies: examples/wan2.2/A14B/t2v/
+                                             pretrain_high.sh, DP16 (FSDP2), one expert, the same
+                                             recompute and shapes
+
 Each plan's step is compute and bubble (both over the compute efficiency E), plus online
 encoding (over its own efficiency E_e: the VAE's 3-D convolutions are not the matrix products E
 measures), plus launch time (layer passes x P, the per-layer-pass cost beyond FLOPs), plus
@@ -75,6 +88,34 @@ RUNS = [
       "train.global_batch_size=192", "train.micro_batch_size=1", "model.recompute=none", "model.freeze=[vision]",
       "data.max_length=563", "data.max_pixels=262144", "data.packing=false"], 12.67),  # the published run: unpacked
 ]
+
+
+# Wan2.2 on Atlas A3, compared with the plan of our recipe of the same layout and shapes (not fitted)
+COMPARED = [
+    ("Wan2.2-TI2V-5B pre-training", "wan2_2_ti2v_5b", "Wan2.2-TI2V-5B-Diffusers", [], 3.18),
+    ("Wan2.2-T2V-A14B pre-training", "wan2_2_t2v_a14b", "Wan2.2-T2V-A14B-Diffusers", [], 0.710),
+]
+
+
+def _pipeline_folder(key: str) -> str:
+    """A diffusers pipeline folder of hub_configs.json's ``key``: its model_index.json and its
+    components' config.json (tests/helpers/hub_folders.py writes them alike for the tests)."""
+    folder = os.path.join(tempfile.mkdtemp(prefix="calibration_"), key)
+    for name, content in [("model_index.json", HUB[key]["model_index.json"])] + [
+            (f"{part}/config.json", HUB[f"{key}/{part}"]) for part in HUB[key]["model_index.json"]
+            if f"{key}/{part}" in HUB]:
+        os.makedirs(os.path.dirname(os.path.join(folder, name)), exist_ok=True)
+        with open(os.path.join(folder, name), "w") as f:
+            json.dump(content, f)
+    return folder
+
+
+def compared(recipe_name: str, key: str, sets) -> dict:
+    """The plan of a real-size recipe on its own cluster with the shipped constants."""
+    from mm_train.plan import make_plan
+    from mm_train.recipe import load_recipe
+
+    return make_plan(load_recipe(recipe_name, [f"model.path={_pipeline_folder(key)}", *sets]))
 
 
 def _folder(config: dict) -> str:
@@ -129,6 +170,8 @@ def fit(parts, published):
 
 
 def main():
+    from mm_train.recipe import load_recipe
+
     parts = [step_parts(recipe, config, sets) for _, recipe, config, sets, _ in RUNS]
     published = [run[4] for run in RUNS]
     efficiency, layer_pass, encode = fit(parts, published)
@@ -146,6 +189,13 @@ def main():
     print(f"fitted: compute efficiency {efficiency:.3f}, {layer_pass:.2f} ms per layer pass, online encoding "
           f"{encode:.3f} (devices.yaml efficiency.compute, layer_pass_ms, encode); worst error {worst:.1%}, worst "
           f"leave-one-out {worst_out:.1%} (goal <= 25%)")
+    print(f"\n{'compared, not fitted (Atlas A3)':<32} {'NPUs':>5} {'published':>9} {'planned':>9} {'error':>7} "
+          f"{'ZeRO':>4} {'peak GiB':>8}")
+    for name, recipe, key, sets, sps in COMPARED:
+        plan = compared(recipe, key, sets)
+        zero = load_recipe(recipe).parallel.zero_stage
+        print(f"{name:<32} {plan['devices']:>5} {sps:>9.3g} {plan['samples_per_s']:>9.3g} "
+              f"{plan['samples_per_s'] / sps - 1:>+7.1%} {zero:>4} {plan['peak_bytes'] / 2 ** 30:>8.1f}")
 
 
 if __name__ == "__main__":

@@ -13,12 +13,9 @@ Dense MLPs are MLP wide: swiglu's one restriction is an even width, and at the p
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
+from helpers.hub_folders import HUB_CONFIGS
 
-HUB_CONFIGS = json.loads((Path(__file__).parents[1] / "mm_train" / "data" / "hub_configs.json").read_text())
 VOCAB, EXPERTS, TOP_K, MLP = 4096, 8, 2, 512
 
 

@@ -5,21 +5,16 @@ shapes, and the probes of the forms MindSpore's page forbids (refused by the sta
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
+from helpers.hub_folders import write_hub_folder
 from helpers.mm_train_cli import mm_train_command
-
-HUB_CONFIGS = json.loads((Path(__file__).parent / "data" / "hub_configs.json").read_text())
 
 pytestmark = pytest.mark.distributed
 
 
 def _hub_folder(tmp_path, key):
-    folder = tmp_path / key
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps(HUB_CONFIGS[key]))
-    return folder
+    return write_hub_folder(tmp_path / key, key)
 
 
 def test_the_doctor_passes_on_two_cpu_processes(tmp_path):

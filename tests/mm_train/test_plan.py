@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers.hub_folders import write_hub_folder
 
 from mm_train.plan import make_plan, memory, model_config
 from mm_train.recipe import load_recipe
@@ -25,7 +26,7 @@ REAL_RECIPES = ["qwen2_5_vl_7b_sft", "qwen2_5_vl_7b_dpo", "qwen2_5_vl_7b_grpo", 
                 "qwen2_5_vl_32b_sft", "qwen2_5_vl_72b_sft", "qwen3_vl_8b_sft",
                 "qwen3_vl_30b_a3b_sft", "qwen3_vl_30b_a3b_zero3",
                 "qwen2_5_omni_7b_sft", "wan2_1_t2v_1_3b", "wan2_1_t2v_14b", "wan2_1_t2v_14b_zero3", "cogvideox_5b_t2v",
-                "cogvideox1_5_5b_i2v", "cogvideox1_5_5b_t2v_lora"]
+                "cogvideox1_5_5b_i2v", "cogvideox1_5_5b_t2v_lora", "wan2_2_ti2v_5b", "wan2_2_t2v_a14b"]
 
 CASES = {
     "vl_tp2_pp2_bf16": ("qwen2_5_vl_tiny", 8, ["parallel.tp=2", "parallel.pp=2", "parallel.zero_stage=1",
@@ -110,21 +111,17 @@ _FOLDERS = {}
 
 
 def _hub_folder(key: str) -> str:
-    """A model folder holding only the published config.json of ``key``."""
+    """A model folder holding only the published config.json of ``key`` (helpers/hub_folders.py)."""
     if key not in _FOLDERS:
         import tempfile
 
-        folder = os.path.join(tempfile.mkdtemp(prefix="hub_"), key)
-        os.makedirs(folder)
-        with open(os.path.join(folder, "config.json"), "w") as f:
-            json.dump(HUB_CONFIGS[key], f)
-        _FOLDERS[key] = folder
+        _FOLDERS[key] = write_hub_folder(os.path.join(tempfile.mkdtemp(prefix="hub_"), key), key)
     return _FOLDERS[key]
 
 
 def _planned(name: str, *sets: str) -> dict:
     recipe = load_recipe(name)
-    key = next(k for k in HUB_CONFIGS if k != "_comment" and recipe.model.path.endswith(k))
+    key = next(k for k in HUB_CONFIGS if k != "_comment" and recipe.model.path.rstrip("/").endswith(k))
     return make_plan(load_recipe(name, [f"model.path={_hub_folder(key)}", *sets]))
 
 

@@ -88,6 +88,8 @@ class FamilySpec:
     objectives: Tuple[str, ...] = ("sft",)
     # model.expert values (a pipeline of several denoisers, e.g. Wan2.2 A14B's); empty: none
     experts: Tuple[str, ...] = ()
+    # (recipe, config.json mapping) -> the model class, where the recipe decides it (Wan2.2's experts)
+    choose_model: Optional[Callable] = None
 
     def model_class(self, config: Optional[dict] = None):
         """The model class of a config.json mapping (the pipeline's _class_name when it came from a
@@ -97,6 +99,10 @@ class FamilySpec:
         pipeline = (config.get(PIPELINE_KEY) or {}).get("_class_name")
         key = pipeline if pipeline in self.models else config.get("model_type") or config.get("_class_name")
         return resolve(self.models.get(key, next(iter(self.models.values()))), self.extra)
+
+    def recipe_model_class(self, recipe, config: Optional[dict] = None):
+        """The model class a recipe trains: the family's choice (``choose_model``), else `model_class`."""
+        return self.choose_model(recipe, config or {}) if self.choose_model else self.model_class(config)
 
     def plan_function(self) -> Callable:
         """The model package's ``parallelize`` (imported now)."""

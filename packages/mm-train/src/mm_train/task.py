@@ -101,7 +101,7 @@ class FamilyTask:
         self.validation_skips: List[Tuple[str, str]] = []  # bad samples met by validation
         self.validation_described = False  # the log has named the validation split's size
         self.model_json = recipe.model_source.config_json()  # the model class and the family's task use it
-        self.model_class = self.spec.model_class(self.model_json)
+        self.model_class = self.spec.recipe_model_class(recipe, self.model_json)
         self.parallelize = self.spec.plan_function()
         if recipe.model.freeze and "freeze" not in inspect.signature(self.parallelize).parameters:
             raise ValueError(f"model.freeze is not available for family {self.spec.name}: its plan freezes nothing "

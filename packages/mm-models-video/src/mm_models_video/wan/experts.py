@@ -63,7 +63,8 @@ class WanExperts(nn.Cell):
     ``pipeline``: model_index.json's fields (boundary_ratio, expand_timesteps, _class_name ...)."""
 
     _keep_in_fp32_modules = WanTransformer3DModel._keep_in_fp32_modules
-    expert: Optional[str] = None  # what a folder or a config gives (`choosing` sets it; None: all / both)
+    expert: Optional[str] = None  # what a folder gives (`choosing` sets it; None: all it has)
+    components: tuple = (HIGH, LOW)  # what a model built from a config holds (`choosing` sets it)
     pipeline_fields: dict = {}  # model_index.json's fields for a model built from a config (`choosing`)
     num_train_timesteps = 1000  # the boundary is boundary_ratio x this (the scheduler's)
 
@@ -73,8 +74,7 @@ class WanExperts(nn.Cell):
         if experts is None:
             config = self.load_config(config)
             stage = dict(chunk=chunk, pipeline_num_layers=pipeline_num_layers)
-            names = EXPERTS[self.expert or "both"]
-            experts = {name: WanTransformer3DModel(config, topology, **stage) for name in names}
+            experts = {name: WanTransformer3DModel(config, topology, **stage) for name in self.components}
         pipeline = dict(self.pipeline_fields if pipeline is None else pipeline)
         if not experts or set(experts) - {HIGH, LOW}:
             raise ValueError(f"WanExperts holds {HIGH} and / or {LOW}, got {sorted(experts)}")
@@ -95,14 +95,16 @@ class WanExperts(nn.Cell):
         self.is_first, self.is_last = first.is_first, first.is_last
 
     @classmethod
-    def choosing(cls, expert: Optional[str], pipeline: Optional[dict] = None,
-                 num_train_timesteps: int = 1000) -> type:
-        """This class holding only the experts ``expert`` names (high_noise | low_noise | both);
-        ``pipeline``: model_index.json's fields for models built from a config."""
+    def choosing(cls, expert: Optional[str], pipeline: Optional[dict] = None, num_train_timesteps: int = 1000,
+                 components: Optional[tuple] = None) -> type:
+        """This class holding only the experts ``expert`` names (high_noise | low_noise | both;
+        None: a folder's all); ``pipeline``: model_index.json's fields and ``components`` (default
+        the expert's, or both) the experts of models built from a config."""
         if expert is not None and expert not in EXPERTS:
             raise ValueError(f"model.expert {expert!r} is not one of {sorted(EXPERTS)}")
+        built = tuple(components or EXPERTS[expert or "both"])
         return type(cls.__name__, (cls,), {"expert": expert, "pipeline_fields": dict(pipeline or {}),
-                                           "num_train_timesteps": num_train_timesteps})
+                                           "num_train_timesteps": num_train_timesteps, "components": built})
 
     @classmethod
     def load_config(cls, config, overrides=None):

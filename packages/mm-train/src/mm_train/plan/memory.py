@@ -91,7 +91,7 @@ def build_chunks(spec, recipe, raw_config: dict, model_config, topo, values: boo
     import mm_parallel.precision
     from mm_parallel import census
 
-    model_class = spec.model_class(raw_config)
+    model_class = spec.recipe_model_class(recipe, raw_config)
     parallelize = spec.plan_function()
     lora = spec.lora_config_class()(**recipe.model.lora.options()) if recipe.model.lora else None
     options = plan_options(recipe, lora)

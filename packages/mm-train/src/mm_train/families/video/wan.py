@@ -10,6 +10,7 @@ mean((v_pred - (noise - x0))^2), optionally weighted per sample.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional
@@ -138,8 +139,7 @@ class WanTask(VideoTask):
 
         super().__init__(recipe, topo)
         config = self.model_json
-        self.settings = WanPipelineSettings.of(recipe, config)
-        self.model_class = self.settings.model_class()
+        self.settings = WanPipelineSettings.of(recipe, config)  # the model class is its (choose_model)
         image = config.get("image_dim") is not None  # CLIP features of the first frame (Wan2.1 I2V)
         # the first frame's latents beside the noise (I2V: Wan2.1's and A14B's, which has no CLIP)
         i2v = image or config.get("in_channels", 16) > (config.get("out_channels") or config.get("in_channels", 16))
@@ -160,16 +160,33 @@ class WanTask(VideoTask):
         return latent_tokens(batch, self.patch_size)
 
 
+def vae_compression(recipe, settings: WanPipelineSettings) -> int:
+    """The VAE's spatial compression: its config.json's (data.vae, or model.path's vae/ in a
+    pipeline folder), else Wan2.2's 16 for a TI2V model and 8 otherwise (the tiny set's VAEs: 8)."""
+    if recipe.data.kind == "tiny_video":
+        return 8
+    folder = recipe.data.vae if recipe.data.vae not in (None, TINY) else \
+        os.path.join(recipe.model.path, "vae") if settings.pipeline is not None else None
+    config = os.path.join(folder or "", "config.json")
+    if folder and os.path.isfile(config):
+        with open(config) as f:
+            return int(json.load(f).get("scale_factor_spatial") or 8)
+    return 16 if settings.expand_timesteps else 8
+
+
 def workload(recipe, config):
     """The planner's shapes (mm_train.plan.workload) of the largest clip (`data.clip_shape`):
-    num_frames frames of max_area pixels, through the VAE's 4 x 8 x 8 compression and the DiT's
-    patches; each block keeps its self-attention, cross-attention to the text tokens and GELU FFN."""
+    num_frames frames of max_area pixels, through the VAE's 4 x s x s compression (s 8, 16 for
+    Wan2.2's VAE: `vae_compression`) and the DiT's patches; each block keeps its self-attention,
+    cross-attention to the text tokens and GELU FFN. A Wan2.2 pair of experts runs one expert per
+    micro-batch: a sample's FLOPs are one expert's (the memory of both is the model's build)."""
     from mm_models_video.wan.flops import wan_dit_flops
 
+    settings = WanPipelineSettings.of(recipe, recipe.model_source.config_json())
     shape = clip_shape(recipe.data, read_cache=True)
     pt, ph, pw = config.patch_size
     frames = (shape["num_frames"] - 1) // 4 + 1
-    side = int((shape["max_area"] / 64) ** 0.5)  # latent pixels a side of a square frame of max_area
+    side = int((shape["max_area"] / vae_compression(recipe, settings) ** 2) ** 0.5)  # latent pixels a side
     tokens = (frames // pt) * (side // ph) * (side // pw)
     h = config.num_attention_heads * config.attention_head_dim
     text = shape["text_length"]
@@ -193,6 +210,7 @@ _TINY, _ASCEND = "1-2 CPU processes", "Ascend NPUs"
 SPEC = register(FamilySpec(
     objectives=("pretrain", "dpo"),
     experts=EXPERTS,
+    choose_model=lambda recipe, config: WanPipelineSettings.of(recipe, config).model_class(),
     name="wan",
     description="Wan2.1 (1.3B, 14B) and Wan2.2 (TI2V-5B, A14B experts): text- and image-to-video DiT pre-training "
                 "and LoRA on flow matching",
@@ -227,6 +245,11 @@ SPEC = register(FamilySpec(
                       "Wan2.1-T2V-1.3B Diffusion-DPO on clip pairs (CP4 Ulysses, DP2, ZeRO-1)", f"1 x 8 {_ASCEND}"),
         BuiltinRecipe("wan2_1_t2v_14b", "wan2_1_t2v_14b.yaml",
                       "Wan2.1-T2V-14B pre-training (TP4-SP CP2 Ulysses, DP2)", f"2 x 8 {_ASCEND}"),
+        BuiltinRecipe("wan2_2_ti2v_5b", "wan2_2_ti2v_5b.yaml",
+                      "Wan2.2-TI2V-5B pre-training, text- and text+image-to-video (DP8, ZeRO-1)",
+                      "1 x 8 Ascend A3 NPUs"),
+        BuiltinRecipe("wan2_2_t2v_a14b", "wan2_2_t2v_a14b.yaml",
+                      "Wan2.2-T2V-A14B pre-training of one expert (DP16, ZeRO-3)", "1 x 16 Ascend A3 NPUs"),
         BuiltinRecipe("wan2_1_t2v_14b_zero3", "wan2_1_t2v_14b_zero3.yaml",
                       "Wan2.1-T2V-14B pre-training on one node (ZeRO-3, CP8 Ulysses, no TP)", f"1 x 8 {_ASCEND}"),
     ),

@@ -68,7 +68,7 @@ class WanPipelineSettings:
             return WanTransformer3DModel
         fields = {k: v for k, v in (("boundary_ratio", self.boundary_ratio),
                                     ("expand_timesteps", self.expand_timesteps)) if v is not None}
-        return WanExperts.choosing(self.expert, fields, self.num_train_timesteps)
+        return WanExperts.choosing(self.expert, fields, self.num_train_timesteps, self.trained_experts() or None)
 
     def problems(self, recipe) -> List[str]:
         """What the recipe cannot mean with these settings (before launch)."""
