@@ -90,12 +90,44 @@ def test_a14b_both_experts_equal_one_process_under_dp2_and_resume_under_pp2(tmp_
     assert index["boundary_ratio"] == 0.875 and (model / "transformer_2" / "config.json").is_file()
     resumed = run(run_distributed, A14B, tmp_path / "resumed", *six, *every, "--resume", data=data)
     assert resumed == pytest.approx(single, rel=1e-4)
+    _generate_equals_diffusers(tmp_path / "resumed" / "checkpoints" / "step_6", data, tmp_path)
+
+
+def _generate_equals_diffusers(step, data, tmp_path):
+    """`mm-train generate` on an A14B checkpoint and diffusers' WanPipeline of its two experts,
+    the run's tiny encoders (as folders) and tokenizer, the recipe's shift and prompt length, on
+    the same starting latents: within one grey level."""
+    import torch
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+    from PIL import Image
+    from transformers import UMT5EncoderModel
+
+    from mm_train import samples
+    from mm_train.families.video import tiny as tiny_video
+
+    clip = tmp_path / "clip.mp4"
+    main_on_this_rank(["generate", str(step), "--prompt", PROMPT, "--out", str(clip), "--frames", "9", "--height", "32",
+                       "--width", "32", "--steps", "3", "--guidance", "4.0", "--seed", "2"], {})
+    folders = tiny_video.encoder_folders(str(tmp_path / "encoders"))  # the same seeded weights as the run's
+    model = step / "model"
+    pipe = WanPipeline(tokenizer=tiny_video.tokenizer(str(data)),
+                       text_encoder=UMT5EncoderModel.from_pretrained(folders["text_encoder"]),
+                       vae=AutoencoderKLWan.from_pretrained(folders["vae"]),
+                       transformer=WanTransformer3DModel.from_pretrained(model / "transformer"),
+                       transformer_2=WanTransformer3DModel.from_pretrained(model / "transformer_2"),
+                       boundary_ratio=0.875, scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0))
+    latents = np.random.default_rng([2, 0]).standard_normal((1, 4, 3, 4, 4)).astype(np.float32)
+    video = pipe(PROMPT, height=32, width=32, num_frames=9, num_inference_steps=3, guidance_scale=4.0,
+                 max_sequence_length=16, latents=torch.from_numpy(latents), output_type="np").frames[0]
+    sheet = samples.contact_sheet(samples.to_frames(video.transpose(3, 0, 1, 2) * 2.0 - 1.0), scale=4)
+    assert np.abs(np.asarray(Image.open(clip.with_suffix(".png")), int) - sheet.astype(int)).max() <= 1
 
 
 def test_one_expert_trains_on_its_timesteps_and_refuses_what_cannot_work(tmp_path, run_distributed):
     """model.expert high_noise holds only transformer/ and draws every timestep at or above the
-    boundary (checked on the micro-batches the data makes); both under ZeRO-3 is refused before
-    launch with what to do."""
+    boundary (checked on the micro-batches the data makes); an I2V-A14B-style pair (the image's
+    latents and mask beside the noise, no CLIP) caches and trains without image features; both
+    under ZeRO-3 is refused before launch with what to do."""
     from mm_train.recipe import load_recipe
 
     data = tmp_path / "tiny_video"
@@ -111,6 +143,10 @@ def test_one_expert_trains_on_its_timesteps_and_refuses_what_cannot_work(tmp_pat
     task = WanTask(recipe, mm_parallel.initialize(mm_parallel.ParallelConfig()))
     batches = next(task.stream(0))
     assert all(np.min(b["timestep"]) >= 875 for b in batches)
+    run(run_distributed, A14B, tmp_path / "i2v", "--set", "model.config.in_channels=12", "--set", "train.steps=2",
+        data=data)
+    entry = json.loads((data / "features-i2v-latents" / "index-r000.jsonl").read_text().splitlines()[0])
+    assert set(entry["features"]) == {"latents", "prompt_embeds", "condition"}
     with pytest.raises(RuntimeError, match="model.expert both with parallel.zero_stage 3: .* train one expert per run"):
         main_on_this_rank(["run", A14B, "--set", f"data.path={data}", "--set", "parallel.zero_stage=3", "--set",
                            f"output_dir={tmp_path / 'zero3'}", "--nproc", "2"], {})

@@ -98,7 +98,8 @@ class _Source:
             once_on_rank_zero(topo, lambda: tiny_video.generate(source, data.samples))
             annotations = tiny_video.PAIRS if self.pairs else "data.json"
             self.annotations, self.tokenizer = os.path.join(source, annotations), tiny_video.tokenizer(source)
-            kind = ("i2v" if i2v else "t2v") + ("-pairs" if self.pairs else "")
+            image = ("i2v" if family.clip else "i2v-latents") if i2v else "t2v"  # i2v-latents: no CLIP (I2V-A14B)
+            kind = image + ("-pairs" if self.pairs else "")
             self.cache = data.features_dir or os.path.join(source, f"features-{family.cache_name}-{kind}"
                                                            if family.cache_name else f"features-{kind}")
             self.fps = tiny_video.FPS
