@@ -62,6 +62,22 @@ def test_bad_micro_batches_and_missing_experts_are_refused(pipeline):
         WanExperts.choosing("middle")
 
 
+def test_a_one_expert_model_samples_with_a_borrowed_expert(pipeline):
+    """A high-noise-only model lends transformer_2 for the low timesteps (a one-expert run's
+    samples): equal to diffusers' transformer_2 there, frozen, not one of the model's own."""
+    from mm_models_video import WanExperts, WanTransformer3DModel
+
+    root, references = pipeline
+    high = WanExperts.choosing("high_noise").from_pretrained(root)
+    assert high.missing() == ["transformer_2"]
+    high.borrow("transformer_2", WanTransformer3DModel.from_pretrained(root / "transformer_2"))
+    assert high.names == ["transformer"] and not high.missing()
+    assert not any(p.requires_grad for p in high.transformer_2.get_parameters())
+    batch = {**inputs(np.random.default_rng(0)), "timestep": np.array([100.0, 300.0], np.float32)}
+    _, ref_sample, _ = reference_forward(references["transformer_2"], batch, backward=False)
+    assert rel_err(high(**batch).sample.asnumpy(), ref_sample) <= 1e-5
+
+
 def test_save_pretrained_writes_the_hub_layout_diffusers_loads(pipeline, tmp_path):
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel

@@ -36,7 +36,7 @@ WEIGHT_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth"
 
 def merge_lora(base: str, adapters: str, out: str) -> str:
     """Write ``base`` with the PEFT ``adapters`` merged into ``out``; returns ``out``. A diffusers
-    pipeline folder (Wan2.2's experts) has each denoiser's adapters in a sub-folder of its name."""
+    pipeline folder of several denoisers has each denoiser's adapters in a sub-folder of its name."""
     import mm_parallel
     from mm_parallel.lora import apply_lora
     from mm_parallel.lora import merge_lora as fold

@@ -80,7 +80,7 @@ def resolve_source(source: str, overrides) -> Tuple[registry.FamilySpec, str, Op
     if os.path.isfile(os.path.join(source, "model_index.json")):
         path, config = registry.read_model_config(source)
         spec = registry.family_of(source)
-        # a family whose model reads pipeline folders (Wan2.2's experts) takes it whole, else its denoiser's
+        # a family whose model reads pipeline folders (experts) takes it whole, else its denoiser's
         whole = config[registry.PIPELINE_KEY].get("_class_name") in spec.models
         return spec, source if whole else os.path.dirname(path), None
     if os.path.isfile(os.path.join(source, "config.json")):

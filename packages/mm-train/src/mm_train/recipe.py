@@ -89,7 +89,7 @@ class ModelSection:
     recompute_num_layers: Optional[int] = None
     lora: Optional[LoraSection] = None
     freeze: List[str] = field(default_factory=list)
-    # which experts of a pipeline of several to train (Wan2.2 A14B: high_noise | low_noise | both;
+    # which experts of a pipeline of several to train (e.g. high_noise | low_noise | both;
     # the family checks it, a family without experts refuses it)
     expert: Optional[str] = None
 

@@ -86,9 +86,9 @@ class FamilySpec:
     generate: Optional[Callable] = None
     # train.objective values the family trains (mm_train.recipe.TrainSection); the first is the default
     objectives: Tuple[str, ...] = ("sft",)
-    # model.expert values (a pipeline of several denoisers, e.g. Wan2.2 A14B's); empty: none
+    # model.expert values (a pipeline of several denoisers switched by noise level); empty: none
     experts: Tuple[str, ...] = ()
-    # (recipe, config.json mapping) -> the model class, where the recipe decides it (Wan2.2's experts)
+    # (recipe, config.json mapping) -> the model class, where the recipe decides it (a pipeline's experts)
     choose_model: Optional[Callable] = None
 
     def model_class(self, config: Optional[dict] = None):

@@ -147,6 +147,10 @@ def test_one_expert_trains_on_its_timesteps_and_refuses_what_cannot_work(tmp_pat
         data=data)
     entry = json.loads((data / "features-i2v-latents" / "index-r000.jsonl").read_text().splitlines()[0])
     assert set(entry["features"]) == {"latents", "prompt_embeds", "condition"}
+    with pytest.raises(RuntimeError, match="eval.prompts: samples cross the experts' boundary and this run trains "
+                                           "transformer alone; set model.path to the Wan2.2 folder that also holds"):
+        main_on_this_rank(["run", A14B, "--set", f"data.path={data}", "--set", "model.expert=high_noise", "--set",
+                           "eval.prompts=[a square]", "--set", f"output_dir={tmp_path / 'samples'}"], {})
     with pytest.raises(RuntimeError, match="model.expert both with parallel.zero_stage 3: .* train one expert per run"):
         main_on_this_rank(["run", A14B, "--set", f"data.path={data}", "--set", "parallel.zero_stage=3", "--set",
                            f"output_dir={tmp_path / 'zero3'}", "--nproc", "2"], {})
