@@ -20,15 +20,22 @@ def frame_pattern(index: int, height: int, width: int) -> np.ndarray:
 
 
 def write_video(path: str, frames: int = 30, height: int = 48, width: int = 64, fps=24, codec: str = "libx264",
-                gop: int = 10) -> str:
+                gop: int = 10, options=None, stamps=None, format=None) -> str:
+    """``stamps``: each frame's pts in frames (default 0, 1, 2, ...); ``options``: the encoder's."""
     import av
 
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    container = av.open(path, "w")
-    stream = container.add_stream(codec, rate=Fraction(fps).limit_denominator(100000))
+    container = av.open(path, "w", format=format)
+    rate = Fraction(fps).limit_denominator(100000)
+    stream = container.add_stream(codec, rate=rate, options=options or {})
     stream.width, stream.height, stream.pix_fmt, stream.gop_size = width, height, "yuv420p", gop
+    if stamps is not None:
+        stream.codec_context.time_base = 1 / rate
     for i in range(frames):
-        for packet in stream.encode(av.VideoFrame.from_ndarray(frame_pattern(i, height, width), format="rgb24")):
+        frame = av.VideoFrame.from_ndarray(frame_pattern(i, height, width), format="rgb24")
+        if stamps is not None:
+            frame.pts, frame.time_base = int(stamps[i]), 1 / rate
+        for packet in stream.encode(frame):
             container.mux(packet)
     for packet in stream.encode():
         container.mux(packet)
@@ -37,13 +44,52 @@ def write_video(path: str, frames: int = 30, height: int = 48, width: int = 64, 
 
 
 def decode_all(path: str, size=None) -> np.ndarray:
-    """Every frame, decoded one by one (the slow reference that clip reading must equal)."""
+    """Every frame, decoded one by one (the slow reference that clip reading must equal); like
+    ``ffmpeg -i``, packets that fail before the first picture are passed over."""
     import av
 
     kwargs = {"format": "rgb24"} if size is None else {"format": "rgb24", "height": size[0], "width": size[1],
                                                         "interpolation": "BICUBIC"}
+    pictures = []
     with av.open(path) as container:
-        return np.stack([frame.to_ndarray(**kwargs) for frame in container.decode(video=0)])
+        for packet in container.demux(video=0):
+            try:
+                pictures += [frame.to_ndarray(**kwargs) for frame in packet.decode()]
+            except av.error.InvalidDataError:
+                assert not pictures, f"{path}: a packet after the first picture failed to decode"
+    return np.stack(pictures)
+
+
+def cut_before_keyframe(path: str, out: str, drop: int = 3, format=None) -> str:
+    """A stream copy of ``path`` without its first ``drop`` packets: the copy starts on packets
+    that cannot be decoded, so its first picture comes after the stream's start_time."""
+    import av
+
+    with av.open(path) as source, av.open(out, "w", format=format) as copy:
+        stream = copy.add_stream_from_template(source.streams.video[0])
+        for n, packet in enumerate(source.demux(video=0)):
+            if packet.dts is not None and n >= drop:
+                packet.stream = stream
+                copy.mux(packet)
+    return out
+
+
+def write_awkward_videos(root) -> dict:
+    """Files every player plays whose first frame is not at the stream's start, whose timestamps
+    are frame counters, reordered or missing: {name: path}."""
+    root = str(root)
+    no_b = {"bf": "0"}
+    paths = {
+        "avi_h264_pts1": write_video(f"{root}/pts1.avi", 40, 48, 64, 12, options=no_b),   # first pts 1, start 0
+        "avi_h264_bframes": write_video(f"{root}/packed.avi", 40, 48, 64, 12, options={"bf": "2"}),
+        "avi_mpeg4": write_video(f"{root}/counter.avi", 33, 48, 64, 25, codec="mpeg4", gop=8),
+        "mkv_offset": write_video(f"{root}/offset.mkv", 30, 48, 64, 12, stamps=range(5, 35)),
+        "h264_raw": write_video(f"{root}/raw.h264", 25, 48, 64, 24, format="h264", options=no_b),
+    }
+    for ext, codec in (("mkv", "libx264"), ("mov", "libx264"), ("webm", "libvpx-vp9")):
+        source = write_video(f"{root}/whole.{ext}", 40, 48, 64, 24, codec=codec, gop=10)
+        paths[f"{ext}_cut"] = cut_before_keyframe(source, f"{root}/cut.{ext}")
+    return paths
 
 
 def truncate(path: str, out: str, fraction: float = 0.5) -> str:

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from helpers.media import decode_all, truncate, write_video
+from helpers.media import decode_all, truncate, write_awkward_videos, write_video
 
 from mm_data.errors import BadInputLog, BadSample, DataError
 from mm_data.video import AspectBuckets, FrameBuckets, clip_indices, frames_available, load_records, probe, read_frames
@@ -40,6 +40,48 @@ def test_clip_frames_equal_decoding_every_frame(videos, name):
     resized = decode_all(path, (20, 30))  # swscale resize while converting, as in a full decode
     assert np.array_equal(read_frames(path, [1, info.num_frames - 2], size=(20, 30)),
                           resized[[1, info.num_frames - 2]])
+
+
+AWKWARD = ["avi_h264_pts1", "avi_h264_bframes", "avi_mpeg4", "mkv_offset", "h264_raw", "mkv_cut", "mov_cut", "webm_cut"]
+
+
+@pytest.fixture(scope="module")
+def awkward(tmp_path_factory):
+    return write_awkward_videos(tmp_path_factory.mktemp("awkward"))
+
+
+@pytest.mark.parametrize("name", AWKWARD)
+def test_every_frame_of_files_players_play_equals_a_plain_decode(awkward, name):
+    """LLaMA-Factory's 2.avi case (H.264 in AVI, first pts 1, start_time 0), AVI's reordered
+    B-frame timestamps, frame-counter timestamps, a late start, a raw stream without timestamps and
+    stream copies cut before a keyframe (MKV, MOV, WebM): the probe counts the frames a plain decode
+    yields, every frame and clips from any start equal it, from the file and from its bytes."""
+    path = awkward[name]
+    full = decode_all(path)
+    assert probe(path).num_frames == len(full)
+    n = len(full)
+    assert np.array_equal(read_frames(path, range(n)), full)
+    rng = np.random.default_rng(1)
+    cases = [[n - 1], [n // 2, n // 2 + 1], list(range(5, n, 4))]
+    cases += [clip_indices(n, int(rng.integers(2, 12)), float(rng.uniform(0.5, 2.5)), rng).tolist() for _ in range(4)]
+    for indices in cases:
+        assert np.array_equal(read_frames(path, indices), full[indices]), indices
+    with open(path, "rb") as f:
+        data = f.read()
+    assert probe(data).num_frames == n  # bytes are never cached: each read looks at the first frames, rewinds
+    assert np.array_equal(read_frames(data, range(n)), full)
+    assert np.array_equal(read_frames(data, cases[-1]), full[cases[-1]])
+
+
+def test_a_gap_in_the_timestamps_holds_the_frame_before(tmp_path):
+    """Timestamps 0, 1, 2, 5, 6, ...: a player shows picture 2 until time 5, so frames 3 and 4
+    are picture 2, read from the start or after a seek."""
+    path = write_video(str(tmp_path / "gap.mkv"), 10, 48, 64, 12, stamps=[0, 1, 2, 5, 6, 7, 8, 9, 10, 11])
+    pictures = decode_all(path)
+    shown = pictures[[0, 1, 2, 2, 2, 3, 4, 5, 6, 7, 8, 9]]
+    assert probe(path).num_frames == len(shown)
+    assert np.array_equal(read_frames(path, range(len(shown))), shown)
+    assert np.array_equal(read_frames(path, [3, 4, 5]), shown[[3, 4, 5]])
 
 
 def test_bad_videos_raise_bad_sample(videos, tmp_path):
