@@ -18,6 +18,16 @@ many samples as fit (LLaMA-Factory's and VeOmni's token-budget batches, cut the 
 layout). The number of batches then differs between epochs and `state_at` walks the epochs; the
 first epoch reads every sample's cost (headers and probes, once).
 
+With ``blocks`` (the rows of each block of a sharded set, in order: `mm_data.shards.ShardSet`)
+an epoch reads the shards in order rather than jumping between them: the blocks are shuffled,
+taken ``window`` at a time, and the samples shuffled within each window; a key's samples are cut
+into batches in that order (its remainder joins the next window's), and each batch goes out with
+the window it completes in, the batches of a window shuffled. A rank then reads at most about
+``window`` blocks at a time, each once. The epoch's batches are still a function of (seed, epoch,
+blocks, keys) alone — the same on every layout, and a resume at any step computes its position
+without reading a sample (measured: `state_at(100_000)` and the batch there on 40,000 samples in
+the third epoch take 0.1 s here).
+
 With ``indices`` the sampler draws from those samples only (a held-out split's complement, or the
 split itself): `held_out_split` fixes which by the seed alone, so every layout and every resumed
 run holds out the same samples, and a bad sample is replaced from within the same part.
@@ -63,7 +73,8 @@ class BucketBatchSampler:
     def __init__(self, num_samples: int, global_batch_size: Optional[int], dp_rank: int = 0, dp_size: int = 1,
                  keys: Optional[Sequence[Hashable]] = None, seed: int = 0, shuffle: bool = True,
                  drop_last: bool = True, indices: Optional[Sequence[int]] = None,
-                 costs: Optional[Callable[[int], Sequence[float]]] = None, global_batch_tokens: Optional[int] = None):
+                 costs: Optional[Callable[[int], Sequence[float]]] = None, global_batch_tokens: Optional[int] = None,
+                 blocks: Optional[Sequence[int]] = None, window: int = 8):
         if (global_batch_size is None) == (global_batch_tokens is None):
             raise ValueError("set exactly one of global_batch_size (samples) and global_batch_tokens (tokens)")
         if global_batch_tokens is not None and (global_batch_tokens < 1 or costs is None):
@@ -79,6 +90,10 @@ class BucketBatchSampler:
                              f"{dp_size} data-parallel ranks; use drop_last=True (short batches are for one rank)")
         if keys is not None and len(keys) != num_samples:
             raise ValueError(f"{len(keys)} keys for {num_samples} samples")
+        if blocks is not None and (sum(blocks) != num_samples or window < 1):
+            raise ValueError(f"blocks of {sum(blocks)} rows for {num_samples} samples, window {window}: the blocks "
+                             "must hold every sample once and the window be >= 1")
+        self.blocks, self.window = (None if blocks is None else np.asarray(blocks, np.int64)), window
         self.num_samples, self.global_batch_size, self.global_batch_tokens = (num_samples, global_batch_size,
                                                                               global_batch_tokens)
         self.dp_rank, self.dp_size, self.seed, self.shuffle, self.drop_last = dp_rank, dp_size, seed, shuffle, drop_last
@@ -123,6 +138,8 @@ class BucketBatchSampler:
 
     def epoch_batches(self, epoch: int) -> List[np.ndarray]:
         """The global batches of ``epoch``, in order."""
+        if epoch != self._cached_epoch and self.blocks is not None:
+            self._cached_epoch, self._cached = epoch, self._block_order_batches(epoch)
         if epoch != self._cached_epoch:
             rng = np.random.default_rng([self.seed, epoch])
             batches = []
@@ -137,6 +154,30 @@ class BucketBatchSampler:
                 batches = [batches[i] for i in rng.permutation(len(batches))]
             self._cached_epoch, self._cached = epoch, batches
         return self._cached
+
+    def _block_order_batches(self, epoch: int) -> List[np.ndarray]:
+        """The module docstring's block order: (samples in window order, each one's window), cut per key."""
+        rng = np.random.default_rng([self.seed, epoch])
+        starts = np.concatenate([[0], np.cumsum(self.blocks)])
+        order = rng.permutation(len(self.blocks)) if self.shuffle else np.arange(len(self.blocks))
+        sequence, windows = [], []
+        for number, first in enumerate(range(0, len(order), self.window)):
+            members = np.concatenate([np.arange(starts[b], starts[b + 1]) for b in order[first:first + self.window]])
+            sequence.append(rng.permutation(members) if self.shuffle else members)
+            windows.append(np.full(len(members), number))
+        sequence, windows = np.concatenate(sequence), np.concatenate(windows)
+        window_of = np.empty(self.num_samples, np.int64)
+        window_of[sequence] = windows
+        rank_of = np.empty(self.num_samples, np.int64)
+        rank_of[sequence] = np.arange(self.num_samples)
+        batches = []
+        for key in sorted(self.groups, key=repr):
+            members = self.groups[key][np.argsort(rank_of[self.groups[key]], kind="stable")]
+            full, rest = self._cut(members)
+            batches += full + ([rest] if len(rest) and not self.drop_last else [])
+        ties = rng.permutation(len(batches)) if self.shuffle else np.arange(len(batches))
+        done = np.array([window_of[batch].max() for batch in batches], np.int64)
+        return [batches[i] for i in np.lexsort((ties, done))]
 
     def local(self, batch: np.ndarray) -> np.ndarray:
         """This rank's share of a global batch: contiguous, or with ``costs`` the share

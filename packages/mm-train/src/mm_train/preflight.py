@@ -19,6 +19,8 @@ from typing import List, Optional
 
 from mm_train import tensorboard_log
 
+# Deferred imports: mm-data (an optional package; only sharded data is opened before launch).
+
 
 def divisors(n: int, limit: int = 64) -> str:
     """n's divisors up to ``limit`` (the sizes a parallel group takes), as a list to choose from."""
@@ -63,6 +65,20 @@ def require_exists(problems: List[str], field: str, path: Optional[str], what: s
     """Note a problem when ``path`` (the recipe's ``field``) is set but is not there."""
     if path and not (os.path.isdir(path) if folder else os.path.exists(path)):
         problems.append(f"{field} {path} does not exist; point it at {what}")
+
+
+def shard_rules(problems: List[str], data) -> None:
+    """Sharded data (data.format other than json): every shard there, whole (sizes, footers), before
+    any process starts (`mm_data.shards.ShardSet.open`)."""
+    if data.format == "json" or not data.path:
+        return
+    from mm_data import DataError
+    from mm_data.shards import ShardSet
+
+    try:
+        ShardSet.open(data.path, data.format)
+    except DataError as error:
+        problems.append(f"data.path: {error}")
 
 
 def check_before_launch(recipe) -> None:

@@ -118,6 +118,9 @@ class DataSection:
     path: Optional[str] = None  # the data file / folder (built-in sets: where they are generated)
     num_workers: int = 0  # data worker processes
     max_bad_fraction: float = 0.01  # skipped bad samples beyond this share of the data set stop the run
+    # how data.path holds the samples: json (annotation files beside media files), or shards read a
+    # block at a time — parquet | webdataset | arrow (mm_data.shards: a folder, a glob or a manifest.json)
+    format: str = "json"
 
     def require_path(self, what: str) -> None:
         """For kinds that read the user's data: data.path must say where it is."""
@@ -125,6 +128,7 @@ class DataSection:
             raise ValueError(f"data.kind {self.kind} needs data.path: {what}")
 
 
+DATA_FORMATS = ("json", "parquet", "webdataset", "arrow")
 BATCH_COUNTS = ("global_batch_size", "global_batch_tokens")  # a step counts one of them
 
 
@@ -457,6 +461,9 @@ def build_recipe(values: Optional[dict] = None, overrides: Sequence[str] = ()) -
         if section == "train" and leaf in BATCH_COUNTS and value is not None:  # the command line's count wins
             target.pop(next(k for k in BATCH_COUNTS if k != leaf), None)
     built = {}
+    data_format = (values.get("data") or {}).get("format", "json")
+    if data_format not in DATA_FORMATS:
+        raise ValueError(f"data.format {data_format!r}: use one of {', '.join(DATA_FORMATS)}")
     for name, cls in sections.items():
         given = dict(values.get(name) or {})
         if name == "optim" and "betas" in given:

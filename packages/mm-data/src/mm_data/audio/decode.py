@@ -14,15 +14,17 @@ size is checked instead) is a `BadSample`.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import numpy as np
 
 from mm_data.errors import BadSample
 
 
-def load_audio(path: str, sampling_rate: int = 16000, max_seconds: float = None,
+def load_audio(path: Union[str, bytes], sampling_rate: int = 16000, max_seconds: float = None,
                on_cut: Optional[Callable[[str, float], None]] = None) -> np.ndarray:
     """The first audio stream of ``path`` as a (samples,) float32 array at ``sampling_rate`` Hz, mono;
     with ``max_seconds`` decoding stops once that much is read (the rest would be cut anyway), and
@@ -30,16 +32,22 @@ def load_audio(path: str, sampling_rate: int = 16000, max_seconds: float = None,
     or at least what was read when the header gives none)."""
     import av
 
-    if not os.path.isfile(path):
-        raise BadSample(path, "file not found")
-    if os.path.getsize(path) == 0:
-        raise BadSample(path, "empty file")
-    missing = _wav_bytes_missing(path)
+    if isinstance(path, bytes):  # a sample inside a shard: the file's bytes
+        data, path = path, f"<audio of {len(path)} bytes>"
+        if not data:
+            raise BadSample(path, "empty file")
+    else:
+        if not os.path.isfile(path):
+            raise BadSample(path, "file not found")
+        if os.path.getsize(path) == 0:
+            raise BadSample(path, "empty file")
+        data = None
+    missing = _wav_bytes_missing(path if data is None else io.BytesIO(data))
     if missing:
         raise BadSample(path, f"truncated: its WAV data chunk lacks {missing} of the bytes its header declares")
     limit = None if max_seconds is None else int(max_seconds * sampling_rate)
     try:
-        container = av.open(path, metadata_errors="ignore")
+        container = av.open(path if data is None else io.BytesIO(data), metadata_errors="ignore")
     except Exception as error:  # PyAV raises many FFmpeg error classes; all mean "unreadable"
         raise BadSample(path, f"cannot open: {error}") from None
     try:
@@ -83,12 +91,14 @@ def _declared_seconds(container, stream):
     return container.duration / 1_000_000 if container.duration else None
 
 
-def _wav_bytes_missing(path: str) -> int:
-    """For a RIFF / WAVE file, how many bytes of its data chunk are missing (0 if whole or not WAV)."""
+def _wav_bytes_missing(path) -> int:
+    """For a RIFF / WAVE file (a path or a file object), how many bytes of its data chunk are
+    missing (0 if whole or not WAV)."""
     import struct
 
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    with (open(path, "rb") if isinstance(path, str) else contextlib.nullcontext(path)) as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(0)
         header = f.read(12)
         if header[:4] != b"RIFF" or header[8:12] != b"WAVE":
             return 0

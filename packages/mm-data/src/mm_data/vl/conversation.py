@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from mm_data.entries import json_entries, parse_all
 from mm_data.errors import BadInputLog, BadSample
+from mm_data.shards import ShardEntries, ShardSet, media_info
 from mm_data.vl.dataset_info import SHAREGPT_COLUMNS, TAGS, DatasetFormat
 
+Medium = Union[str, bytes]  # a path, or the file's bytes (a sample inside a shard)
 PLACEHOLDERS = {"images": "<image>", "videos": "<video>", "audios": "<audio>"}
 ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system"}
 
@@ -43,12 +45,15 @@ class Conversation:
 
     turns: Tuple[Tuple[str, str], ...]
     system: Optional[str] = None
-    images: Tuple[str, ...] = field(default_factory=tuple)
-    videos: Tuple[str, ...] = field(default_factory=tuple)
-    audios: Tuple[str, ...] = field(default_factory=tuple)
+    images: Tuple[Medium, ...] = field(default_factory=tuple)
+    videos: Tuple[Medium, ...] = field(default_factory=tuple)
+    audios: Tuple[Medium, ...] = field(default_factory=tuple)
     source: str = ""
     rejected: Optional[str] = None
     solution: Optional[str] = None  # a prompt's reference answer (mm_data.vl.prompts)
+    # each medium's size without opening it, from a shard's media_info (mm_data.shards): {"images":
+    # [[height, width]], "videos": [[frames, fps, height, width]]}
+    media_info: Optional[dict] = None
 
 
 def _text(value, source: str, what: str) -> str:
@@ -187,15 +192,16 @@ def _with_media(entry: dict, fmt: DatasetFormat, source: str, media_dir: str, sy
     for key, placeholder in PLACEHOLDERS.items():
         column = fmt.columns.get(key) or key
         paths = entry.get(column) or []
-        paths = [paths] if isinstance(paths, str) else paths
-        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-            raise BadSample(source, f"'{column}' must be a list of paths")
+        paths = [paths] if isinstance(paths, (str, bytes)) else paths
+        if not isinstance(paths, list) or not all(isinstance(p, (str, bytes)) for p in paths):
+            raise BadSample(source, f"'{column}' must be a list of paths (or of the files' bytes, in a shard)")
         count = sum(text.count(placeholder) for _, text in turns) + (system or "").count(placeholder)
         if count != len(paths):
             raise BadSample(source, f"{count} {placeholder} placeholders but {len(paths)} {key}")
-        media[key] = tuple(p if os.path.isabs(p) or "://" in p else os.path.join(media_dir, p) for p in paths)
+        media[key] = tuple(p if isinstance(p, bytes) or os.path.isabs(p) or "://" in p else os.path.join(media_dir, p)
+                           for p in paths)
     return Conversation(tuple(turns), system, media["images"], media["videos"], media["audios"], source, rejected,
-                        solution)
+                        solution, media_info(entry, source))
 
 
 def read_conversations(path: str, media_dir: Optional[str] = None, log: Optional[BadInputLog] = None,
@@ -212,6 +218,14 @@ def read_conversations(path: str, media_dir: Optional[str] = None, log: Optional
     log.total = (log.total or 0) + len(entries) + malformed
     log.check()
     return conversations
+
+
+def shard_conversations(shards: ShardSet, media_dir: Optional[str] = None, fmt: Optional[DatasetFormat] = None,
+                        prompts: bool = False) -> ShardEntries:
+    """The conversations of a set of shards, each parsed when its sample is read (a bad row is a
+    `BadSample` then); media paths start at ``media_dir`` or the row's shard folder."""
+    return ShardEntries(shards, lambda entry, source, folder: parse_entry(entry, source, media_dir or folder, fmt,
+                                                                          prompts))
 
 
 def read_datasets(formats: Sequence[DatasetFormat], media_dir: Optional[str] = None,

@@ -14,13 +14,15 @@ without it pair data is refused, and with it an entry that is no pair is a `BadS
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+import io
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from mm_data.errors import BadInputLog, BadSample
-from mm_data.video.decode import probe, read_frames
-from mm_data.vl.conversation import Conversation, read_conversations, read_datasets
+from mm_data.shards import ShardEntries, ShardSet
+from mm_data.video.decode import VideoInfo, probe, read_frames
+from mm_data.vl.conversation import Conversation, Medium, read_conversations, read_datasets, shard_conversations
 from mm_data.vl.image_processor import Qwen2VLImageProcessor, smart_resize
 from mm_data.vl.pairs import PAIR_INDEX, encode_pair, pair_length
 from mm_data.vl.prompts import PROMPT_INDEX, encode_prompt
@@ -31,16 +33,33 @@ from mm_data.vl.video_processor import Qwen2VLVideoProcessor
 MEDIA_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 
 
-def load_image(path: str):
+def load_image(source: Medium):
+    """An image file (a path or its bytes) as an RGB PIL image."""
     from PIL import Image
 
     try:
-        with Image.open(path) as image:
+        with Image.open(source if isinstance(source, str) else io.BytesIO(source)) as image:
             return image.convert("RGB")
     except FileNotFoundError:
-        raise BadSample(path, "file not found") from None
+        raise BadSample(source, "file not found") from None
     except Exception as error:  # PIL raises several error classes for broken files
-        raise BadSample(path, f"unreadable image: {error}") from None
+        raise BadSample(_named(source), f"unreadable image: {error}") from None
+
+
+def image_size(source: Medium) -> Tuple[int, int]:
+    """(height, width) from the image's header."""
+    from PIL import Image
+
+    try:
+        with Image.open(source if isinstance(source, str) else io.BytesIO(source)) as image:
+            width, height = image.size
+    except Exception as error:
+        raise BadSample(_named(source), f"unreadable image: {error}") from None
+    return height, width
+
+
+def _named(source: Medium) -> str:
+    return source if isinstance(source, str) else f"<image of {len(source)} bytes>"
 
 
 class VLSFTDataset:
@@ -55,8 +74,9 @@ class VLSFTDataset:
                  bad_input: Optional[BadInputLog] = None, pairs: bool = False, prompts: bool = False):
         if pairs and prompts:
             raise ValueError("a data set holds preference pairs (dpo) or prompts (grpo), not both")
-        self.conversations, self.pairs, self.prompts = list(conversations), pairs, prompts
-        found = sum(c.rejected is not None for c in self.conversations)
+        lazy = isinstance(conversations, ShardEntries)  # parsed when read: the first block tells the kind
+        self.conversations, self.pairs, self.prompts = conversations if lazy else list(conversations), pairs, prompts
+        found = sum(c.rejected is not None for c in (self._first_block() if lazy else self.conversations))
         if found and not pairs:
             raise ValueError(f"the data holds {found} preference pairs (chosen / rejected answers): train on them with "
                              "a preference objective (mm-train: train.objective dpo), or give SFT conversations")
@@ -72,28 +92,49 @@ class VLSFTDataset:
 
     @classmethod
     def from_file(cls, path, tokenizer, media_dir: Optional[str] = None, max_bad_fraction: float = 0.05,
-                  **kwargs):
-        """The data set of a LLaMA-Factory file, or of data sets of a dataset_info.json (``path``:
-        a list of `mm_data.vl.dataset_info.DatasetFormat`, read in order)."""
+                  data_format: str = "json", **kwargs):
+        """The data set of a LLaMA-Factory file, of data sets of a dataset_info.json (``path``: a
+        list of `mm_data.vl.dataset_info.DatasetFormat`, read in order), or with ``data_format``
+        parquet | webdataset | arrow of shards (`mm_data.shards.ShardSet.open`: a folder, glob or
+        manifest), each row read when its sample is."""
         log, prompts = BadInputLog(max_bad_fraction), kwargs.get("prompts", False)
-        conversations = (read_conversations(path, media_dir, log, prompts=prompts) if isinstance(path, str)
-                         else read_datasets(path, media_dir, log, prompts=prompts))
+        if data_format != "json":
+            conversations = shard_conversations(ShardSet.open(path, data_format), media_dir, prompts=prompts)
+            log.total = len(conversations)
+        else:
+            conversations = (read_conversations(path, media_dir, log, prompts=prompts) if isinstance(path, str)
+                             else read_datasets(path, media_dir, log, prompts=prompts))
         return cls(conversations, tokenizer, bad_input=log, **kwargs)
+
+    def _first_block(self) -> List[Conversation]:
+        """The first block's usable conversations (what a sharded set's kind is judged by)."""
+        shards, parsed = self.conversations.shards, []
+        for index in range(min(shards.block_sizes[0] if len(shards) else 0, len(shards))):
+            try:
+                parsed.append(self.conversations[index])
+            except BadSample:
+                continue
+        return parsed
+
+    @property
+    def shards(self) -> Optional[ShardSet]:
+        """The shards the samples are read from, or None (a JSON file)."""
+        return self.conversations.shards if isinstance(self.conversations, ShardEntries) else None
 
     def __len__(self) -> int:
         return len(self.conversations)
 
     def source(self, index: int) -> str:
-        return self.conversations[index].source
+        shards = self.shards
+        return shards.source(index) if shards is not None else self.conversations[index].source
 
-    def _video(self, path: str) -> tuple:
-        info = probe(path)
+    def _video(self, path: Medium, info: VideoInfo) -> tuple:
         processor = self.video_processor
         fps = None if processor.num_frames is not None else (processor.fps or self.video_fps)
         try:
             indices = processor.sample_frames(info.num_frames, info.fps, fps=fps)
         except ValueError as error:
-            raise BadSample(path, str(error)) from None
+            raise BadSample(info.path, str(error)) from None
         frames = read_frames(path, indices)
         sampled_fps = len(indices) / info.num_frames * info.fps
         return frames, processor.temporal_patch_size / sampled_fps, _timestamps(processor, indices, info.fps)
@@ -136,7 +177,7 @@ class VLSFTDataset:
                 try:
                     self.image_processor.target_size(picture)
                 except ValueError as error:  # e.g. an aspect ratio beyond 200: the sample, not the run, is bad
-                    raise BadSample(path, f"image not processable: {error}") from None
+                    raise BadSample(_named(path), f"image not processable: {error}") from None
             images = self.image_processor(pictures)
             sample.update(images)
             image_tokens = [int(np.prod(grid)) // merge for grid in images["image_grid_thw"]]
@@ -144,7 +185,8 @@ class VLSFTDataset:
         timestamps: List[List[float]] = []
         seconds = None
         if conversation.videos:
-            decoded = [self._video(path) for path in conversation.videos]
+            decoded = [self._video(path, self.video_info(conversation, number))
+                       for number, path in enumerate(conversation.videos)]
             try:
                 videos = self.video_processor([frames for frames, _, _ in decoded])
             except ValueError as error:
@@ -198,30 +240,24 @@ class VLSFTDataset:
         """What `vision` gives but the pixels, from image headers and video probes: (image pad
         counts, video pad counts, each video's timestamps when its processor writes them, video
         grids (t, h, w), each video's seconds per temporal patch, float32 as `vision` gives them)."""
-        from PIL import Image
-
         images, videos = self.image_processor, self.video_processor
         image_tokens = []
-        for path in conversation.images:
-            try:
-                with Image.open(path) as image:
-                    width, height = image.size
-            except Exception as error:
-                raise BadSample(path, f"unreadable image: {error}") from None
+        for number, path in enumerate(conversation.images):
+            height, width = self.image_size(conversation, number)
             try:
                 h, w = smart_resize(height, width, images.patch_size * images.merge_size,
                                     images.size["shortest_edge"], images.size["longest_edge"])
             except ValueError as error:
-                raise BadSample(path, f"image not processable: {error}") from None
+                raise BadSample(_named(path), f"image not processable: {error}") from None
             image_tokens.append(h * w // (images.patch_size * images.merge_size) ** 2)
         video_tokens, timestamps, grids, seconds = [], [], [], []
-        for path in conversation.videos:
-            info = probe(path)
+        for number, path in enumerate(conversation.videos):
+            info = self.video_info(conversation, number)
             fps = None if videos.num_frames is not None else (videos.fps or self.video_fps)
             try:
                 indices = videos.sample_frames(info.num_frames, info.fps, fps=fps)
             except ValueError as error:
-                raise BadSample(path, str(error)) from None
+                raise BadSample(info.path, str(error)) from None
             count, stamps = len(indices), _timestamps(videos, indices, info.fps)
             if stamps is not None:
                 timestamps.append(stamps)
@@ -233,6 +269,25 @@ class VLSFTDataset:
             video_tokens.append(int(np.prod(grids[-1])) // videos.merge_size ** 2)
             seconds.append(videos.temporal_patch_size / (count / info.num_frames * info.fps))  # as `_video`
         return image_tokens, video_tokens, timestamps, grids, np.array(seconds, np.float32)
+
+
+    @staticmethod
+    def image_size(conversation: Conversation, number: int) -> Tuple[int, int]:
+        """(height, width) of the conversation's image ``number``: its media_info, else its header."""
+        known = (conversation.media_info or {}).get("images")
+        if known:
+            return int(known[number][0]), int(known[number][1])
+        return image_size(conversation.images[number])
+
+    @staticmethod
+    def video_info(conversation: Conversation, number: int) -> VideoInfo:
+        """Frames, fps and size of the conversation's video ``number``: its media_info, else a probe."""
+        known, path = (conversation.media_info or {}).get("videos"), conversation.videos[number]
+        if known:
+            frames, fps, height, width = known[number]
+            name = path if isinstance(path, str) else f"{conversation.source} video {number}"
+            return VideoInfo(name, int(frames), float(fps), int(height), int(width))
+        return probe(path)
 
 
 def _timestamps(processor, indices, video_fps) -> Optional[List[float]]:

@@ -55,6 +55,9 @@ class VideoDataSection(DataSection):
     def __post_init__(self):
         if self.vae_context_parallel < 1:
             raise ValueError(f"data.vae_context_parallel is a number of ranks (>= 1), got {self.vae_context_parallel}")
+        if self.format != "json":
+            raise ValueError(f"data.format {self.format}: the video families read annotation files and media (json) "
+                             "so far; sharded video data is not read yet — use data.format json")
         if self.kind == "video":
             self.require_path("video annotations")
             self.require_encoders()

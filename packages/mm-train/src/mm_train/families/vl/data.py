@@ -22,7 +22,8 @@ class VLDataSection(DataSection):
     LLaMA-Factory JSON / JSONL file at data.path, or the data sets named by data.dataset (one name,
     a list read in order, or {name: ratio} mixed in those shares) of LLaMA-Factory's
     dataset_info.json at data.dataset_info (the file or its folder), with the columns and tags it
-    declares."""
+    declares; or with data.format parquet | webdataset | arrow, shards of such rows at data.path
+    (media inside them or paths from their folder)."""
 
     kind: str = "tiny_vl"
     dataset_info: Optional[str] = None
@@ -52,6 +53,9 @@ class VLDataSection(DataSection):
                              "files are the ones it names)")
         if self.kind == "llamafactory" and self.dataset_info is None:
             self.require_path("a LLaMA-Factory JSON / JSONL file, or set data.dataset_info and data.dataset")
+        if self.format != "json" and (self.kind != "llamafactory" or self.dataset_info is not None):
+            raise ValueError(f"data.format {self.format} reads shards of LLaMA-Factory rows at data.path: set "
+                             "data.kind llamafactory and data.path (not data.dataset_info), or data.format json")
 
 
 def row_budget(data) -> int:
@@ -91,6 +95,17 @@ def data_sources(recipe):
 def annotation_files(annotations) -> List[str]:
     """The files behind `data_sources`' annotations (what the data fingerprint hashes)."""
     return [annotations] if isinstance(annotations, str) else [fmt.path for fmt in annotations]
+
+
+def data_files(dataset, annotations):
+    """(annotation files, media files) of a VL data set for the data fingerprint: of shards, their
+    manifest and the shard files (by size; their rows are not read for it)."""
+    shards = dataset.shards
+    if shards is not None:
+        return [shards.manifest] if shards.manifest else [], [shard.path for shard in shards.shards]
+    media = [p for c in dataset.conversations for p in c.images + c.videos + c.audios
+             if isinstance(p, str) and "://" not in p]
+    return annotation_files(annotations), media
 
 
 def vl_tokenizer(path: str):

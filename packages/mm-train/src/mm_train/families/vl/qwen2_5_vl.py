@@ -22,7 +22,7 @@ from mm_train.families.vl import samples as vl_samples
 from mm_train.families.vl.data import (
     BUILTIN_SETS,
     VLDataSection,
-    annotation_files,
+    data_files,
     data_sources,
     pixel_bounds,
     row_budget,
@@ -33,7 +33,7 @@ from mm_train.families.vl.data import (
 from mm_train.families.vl.generate import generate_answer
 from mm_train.micro_batches import Prompts
 from mm_train.plan.workload import AttentionForm, LayerStack, PackedRow, Workload
-from mm_train.preflight import attention_rules, layer_rules, require_divisible, require_exists
+from mm_train.preflight import attention_rules, layer_rules, require_divisible, require_exists, shard_rules
 from mm_train.registry import BuiltinRecipe, FamilySpec, register
 from mm_train.task import FamilyTask, once_on_rank_zero
 
@@ -50,7 +50,9 @@ def preflight(recipe, config: dict) -> List[str]:
     (`mm_train.preflight`)."""
     par, problems, data = recipe.parallel, [], recipe.data
     if data.kind not in BUILTIN_SETS:
-        require_exists(problems, "data.path", data.path, "a LLaMA-Factory JSON / JSONL file")
+        if data.format == "json":
+            require_exists(problems, "data.path", data.path, "a LLaMA-Factory JSON / JSONL file")
+        shard_rules(problems, data)
         require_exists(problems, "data.dataset_info", data.dataset_info, "LLaMA-Factory's dataset_info.json or its "
                                                                            "folder")
         if data.dataset_info and os.path.exists(data.dataset_info):
@@ -166,7 +168,8 @@ class VLTask(FamilyTask):
         self.sampler = BucketBatchSampler(len(self.dataset), train.global_batch_size, topo.dp.rank, topo.dp.size,
                                           seed=train.seed, indices=self.training_indices(len(self.dataset)),
                                           costs=self.dataset.costs if data.packing else None,
-                                          global_batch_tokens=train.global_batch_tokens)
+                                          global_batch_tokens=train.global_batch_tokens,
+                                          blocks=self.dataset.shards and self.dataset.shards.block_sizes)
         self.collate = self.dataset.collator(sequence_multiple(recipe.parallel))
         if self.pairs:  # a micro-batch of P pairs: 2P sequences, the pairs' media once (mm_data.vl.pairs)
             from mm_data.vl import PairCollate
@@ -194,7 +197,7 @@ class VLTask(FamilyTask):
             image_processor=image_processor, video_processor=video_processor,
             max_length=data.max_length - (self.recipe.grpo.max_completion_length if self.prompts else 0),
             video_fps=data.video_fps, default_system=data.system, pairs=self.pairs, prompts=self.prompts,
-            **self.dataset_options())
+            data_format=data.format, **self.dataset_options())
 
     def dataset_options(self) -> Dict:
         """What the family's data set takes beyond VLSFTDataset's arguments."""
@@ -233,8 +236,7 @@ class VLTask(FamilyTask):
         return vl_samples.write_answers(self, chunks, e.prompts, media, e.max_new_tokens, out, writer)
 
     def data_files(self):
-        media = [p for c in self.dataset.conversations for p in c.images + c.videos + c.audios if "://" not in p]
-        return annotation_files(self.annotations), media
+        return data_files(self.dataset, self.annotations)
 
     def token_ids(self) -> dict:
         """Vocabulary size (rounded up to 64, so any tp up to 64 divides it) and special-token ids

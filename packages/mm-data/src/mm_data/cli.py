@@ -1,0 +1,82 @@
+"""`mm-data`: convert a data set into shards, inspect one.
+
+    mm-data convert ANNOTATIONS OUT --format parquet|webdataset [--media embed|reference]
+                    [--rows-per-shard N] [--rows-per-block N] [--media-dir DIR]
+    mm-data inspect PATH --tokenizer TOKENIZER [--format json|parquet|webdataset|arrow]
+                    [--max-length N] [--max-tokens N] [--micro-batch-size N] [--min-pixels N]
+                    [--max-pixels N] [--video-fps F] [--png OUT.png]
+
+Both print one JSON report on stdout (inspect's histograms go to the PNG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mm-data", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    convert = commands.add_parser("convert", help="LLaMA-Factory JSON / JSONL + media -> shards")
+    convert.add_argument("annotations")
+    convert.add_argument("out")
+    convert.add_argument("--format", choices=["parquet", "webdataset"], default="parquet")
+    convert.add_argument("--media", choices=["embed", "reference"], default="embed")
+    convert.add_argument("--rows-per-shard", type=int, default=1000)
+    convert.add_argument("--rows-per-block", type=int, default=64)
+    convert.add_argument("--media-dir", default=None)
+    inspect = commands.add_parser("inspect", help="sample counts, bad media, token / frame histograms, padding")
+    inspect.add_argument("path")
+    inspect.add_argument("--tokenizer", required=True, help="a model folder or a tokenizer.json")
+    inspect.add_argument("--format", choices=["json", "parquet", "webdataset", "arrow"], default="json")
+    inspect.add_argument("--max-length", type=int, default=4096)
+    inspect.add_argument("--max-tokens", type=int, default=None, help="packed rows' budget (default: max-length)")
+    inspect.add_argument("--micro-batch-size", type=int, default=1)
+    inspect.add_argument("--media-dir", default=None)
+    inspect.add_argument("--min-pixels", type=int, default=None, help="image / frame pixel bounds (the processors')")
+    inspect.add_argument("--max-pixels", type=int, default=None)
+    inspect.add_argument("--video-fps", type=float, default=2.0)
+    inspect.add_argument("--png", default=None, help="write the histograms here")
+    return parser
+
+
+def _tokenizer(path: str):
+    import os
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if path.endswith(".json") and os.path.isfile(path):
+        return PreTrainedTokenizerFast(tokenizer_file=path)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "convert":
+        from mm_data.shards.convert import convert
+
+        report = convert(args.annotations, args.out, args.format, args.media, args.rows_per_shard,
+                         args.rows_per_block, args.media_dir)
+    else:
+        from mm_data.inspection import inspect_vl, write_histograms
+        from mm_data.vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor, VLSFTDataset
+
+        bounds = {k: v for k, v in (("min_pixels", args.min_pixels), ("max_pixels", args.max_pixels)) if v}
+        dataset = VLSFTDataset.from_file(args.path, _tokenizer(args.tokenizer), media_dir=args.media_dir,
+                                         max_length=args.max_length, max_bad_fraction=1.0, data_format=args.format,
+                                         image_processor=Qwen2VLImageProcessor(**bounds),
+                                         video_processor=Qwen2VLVideoProcessor(**bounds), video_fps=args.video_fps)
+        report = inspect_vl(dataset, args.max_tokens or args.max_length, args.micro_batch_size)
+        if args.png:
+            report["png"] = write_histograms(report, args.png)
+        report.pop("_values")
+        report["bad"] = [list(item) for item in dataset.bad_input.skipped] + report["bad"]  # read, then asked
+    json.dump(report, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""LLaMA-Factory JSON / JSONL + media files -> Parquet or WebDataset shards (`mm-data convert`).
+
+Each usable entry becomes a row in the order of the file: its own fields as they are, its media
+embedded as bytes (``media="embed"``) or referenced by paths relative to the output folder
+(``"reference"``), and ``media_info`` — each image's (height, width) and each video's (frames,
+fps, height, width) — so that packing and buckets need not open a medium to know its tokens.
+An entry the training would skip (see `mm_data.vl.conversation`) or whose media cannot be read is
+left out, counted and named (``report["skipped"]``). Shards hold ``rows_per_shard`` rows; a
+Parquet shard's row groups ``rows_per_block`` (the unit the shuffle reads); the folder gets a
+``manifest.json`` (`mm_data.shards.index`), so opening the set reads no shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, List, Optional
+
+from mm_data.entries import json_entries
+from mm_data.errors import BadInputLog, BadSample
+from mm_data.shards.index import write_manifest
+
+MEDIA_COLUMNS = ("images", "videos", "audios")
+CONVERT_FORMATS = ("parquet", "webdataset")
+
+
+def convert(annotations: str, out: str, fmt: str = "parquet", media: str = "embed", rows_per_shard: int = 1000,
+            rows_per_block: int = 64, media_dir: Optional[str] = None) -> Dict:
+    """Write the shards of ``annotations`` into ``out`` (see the module docstring); returns a
+    report: rows written, shards, entries skipped with their reasons."""
+    from mm_data.vl.conversation import parse_entry
+
+    if fmt not in CONVERT_FORMATS or media not in ("embed", "reference"):
+        raise ValueError(f"convert writes --format {' | '.join(CONVERT_FORMATS)} with --media embed | reference, "
+                         f"got {fmt} / {media}")
+    if rows_per_shard < 1 or rows_per_block < 1:
+        raise ValueError("rows per shard and per block must be >= 1")
+    os.makedirs(out, exist_ok=True)
+    media_dir = media_dir or os.path.dirname(os.path.abspath(annotations))
+    log = BadInputLog(max_bad_fraction=1.0)
+    rows: List[Dict] = []
+    shards: List[str] = []
+    for source, entry in json_entries(annotations, log):
+        try:
+            conversation = parse_entry(entry, source, media_dir)
+            rows.append(_row(entry, conversation, out, media))
+        except BadSample as bad:
+            log.skip(bad)
+            continue
+        if len(rows) == rows_per_shard:
+            shards.append(_write_shard(rows, out, len(shards), fmt, rows_per_block, media))
+            rows = []
+    if rows or not shards:
+        shards.append(_write_shard(rows, out, len(shards), fmt, rows_per_block, media))
+    manifest = write_manifest(out, fmt, shards, {"source": os.path.abspath(annotations), "media": media})
+    with open(manifest) as f:
+        total = json.load(f)["rows"]
+    return {"rows": total, "shards": len(shards), "manifest": manifest, "skipped": list(log.skipped)}
+
+
+def _row(entry: Dict, conversation, out: str, media: str) -> Dict:
+    """The entry with its media embedded or re-pathed, and its media_info."""
+    from mm_data.video.decode import probe
+    from mm_data.vl.dataset import image_size
+
+    row = {key: value for key, value in entry.items() if key not in MEDIA_COLUMNS}
+    info = {"images": [list(image_size(path)) for path in conversation.images]}
+    videos = [probe(path) for path in conversation.videos]
+    info["videos"] = [[v.num_frames, v.fps, v.height, v.width] for v in videos]
+    for key in MEDIA_COLUMNS:
+        paths = getattr(conversation, key)
+        if paths:
+            row[key] = [_medium(path, out, media) for path in paths]
+    row["media_info"] = json.dumps(info)
+    return row
+
+
+def _medium(path: str, out: str, media: str):
+    if not os.path.isfile(path):
+        raise BadSample(path, "file not found")
+    if media == "reference":
+        return os.path.relpath(os.path.abspath(path), os.path.abspath(out))
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _write_shard(rows: List[Dict], out: str, number: int, fmt: str, rows_per_block: int, media: str) -> str:
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = os.path.join(out, f"shard-{number:05d}.parquet")
+        columns = dict.fromkeys(key for row in rows for key in row)  # every row's keys (from_pylist reads the first's)
+        table = pa.Table.from_pylist([{key: row.get(key) for key in columns} for row in rows])
+        pq.write_table(table, path, row_group_size=rows_per_block)
+        return path
+    return _write_tar(rows, os.path.join(out, f"shard-{number:05d}.tar"), number, media)
+
+
+def _write_tar(rows: List[Dict], path: str, number: int, media: str) -> str:
+    """WebDataset: per row a ``KEY.json`` member (the entry; media lists name the members
+    ``images.0.png``, ... when embedded) and one member per embedded medium."""
+    import io
+    import tarfile
+
+    def add(tar, name: str, data: bytes):
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.mtime = len(data), 0o444, 0
+        tar.addfile(info, io.BytesIO(data))
+
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for index, row in enumerate(rows):
+            key, entry, members = f"{number:05d}{index:06d}", dict(row), []
+            for column in MEDIA_COLUMNS:
+                if media == "embed" and column in entry:
+                    names = [f"{column}.{i}{_extension(data)}" for i, data in enumerate(entry[column])]
+                    members += list(zip(names, entry[column]))
+                    entry[column] = names
+            add(tar, f"{key}.json", json.dumps(entry, ensure_ascii=False).encode())
+            for name, data in members:
+                add(tar, f"{key}.{name}", data)
+    return path
+
+
+def _extension(data: bytes) -> str:
+    """A medium's usual extension from its first bytes (readers decode by content, not by name)."""
+    if data.startswith(b"RIFF"):
+        return {b"WAVE": ".wav", b"AVI ": ".avi", b"WEBP": ".webp"}.get(data[8:12], ".bin")
+    signatures = ((b"\x89PNG", ".png"), (b"\xff\xd8", ".jpg"), (b"GIF8", ".gif"), (b"fLaC", ".flac"),
+                  (b"ID3", ".mp3"), (b"\x1a\x45\xdf\xa3", ".mkv"))
+    for signature, extension in signatures:
+        if data.startswith(signature):
+            return extension
+    return ".mp4" if data[4:8] == b"ftyp" else ".bin"
