@@ -291,3 +291,88 @@ def test_inspect_reports_counts_bad_media_histograms_and_padding(data, tmp_path,
     assert report["padded_batches"]["padding"] == round(1 - sum(lengths) / sum(2 * max(p) for p in pairs), 4)
     assert 0 <= report["packing"]["padding"] < 1 and report["packing"]["rows"] >= sum(lengths) / 600
     assert Image.open(png).size[0] == 420
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    """write_user_clips' JSONL (six clips without metadata in the annotation, one broken)."""
+    from helpers.media import write_user_clips
+
+    root = tmp_path_factory.mktemp("clips")
+    write_user_clips(root)
+    return root
+
+
+CLIP_OPTIONS = dict(max_bad_fraction=0.5, fps=8, random_crop=True, seed=3)
+
+
+def _clip_dataset(path, fmt="json"):
+    from mm_data.video import AspectBuckets, FrameBuckets, VideoTextDataset
+
+    return VideoTextDataset.from_annotations(path, data_format=fmt, frames=FrameBuckets(num_frames=9, min_frames=5),
+                                             buckets=AspectBuckets(sizes=[(32, 32), (32, 48)]), **CLIP_OPTIONS)
+
+
+def _same_clips(got, expected):
+    assert len(got) == len(expected) and got.keys == expected.keys
+    for index in range(len(expected)):
+        a, b = got.get(index, epoch=1), expected.get(index, epoch=1)
+        assert a["caption"] == b["caption"] and np.array_equal(a["video"], b["video"]), index
+
+
+@pytest.mark.parametrize("fmt,media", [("parquet", "embed"), ("webdataset", "embed"), ("parquet", "reference")])
+def test_converted_clip_shards_give_the_annotations_clips_without_reading_a_clip_to_bucket(clips, fmt, media,
+                                                                                          tmp_path, monkeypatch):
+    from mm_data.shards.convert import convert
+
+    report = convert(str(clips / "data.jsonl"), str(tmp_path / "out"), fmt, media, rows_per_shard=4, rows_per_block=2)
+    assert report["kind"] == "video" and report["rows"] == 6 and len(report["skipped"]) == 1
+    expected = _clip_dataset(str(clips / "data.jsonl"))
+
+    def read(*_):
+        raise AssertionError("a clip was read to learn its bucket")
+    with monkeypatch.context() as patch:  # the rows carry frames, fps and size: buckets without a clip
+        patch.setattr("mm_data.video.dataset.clip_source", read)
+        patch.setattr("mm_data.video.dataset.probe", read)
+        sharded = _clip_dataset(str(tmp_path / "out"), fmt)
+    assert sharded.shards.reads == 0
+    _same_clips(sharded, expected)
+    assert sum(sharded.block_sizes) == 6
+
+
+def test_clips_from_datasets_and_video2dataset_layouts_are_probed_when_rows_say_nothing(clips, tmp_path):
+    """A Hugging Face save_to_disk folder of {caption, video: {bytes, path}} rows, and tars of
+    KEY.mp4 + KEY.txt members (video2dataset's layout), written by their own libraries; the broken
+    clip is a counted bad sample named by its row."""
+    import datasets
+    import webdataset
+
+    lines = [json.loads(line) for line in (clips / "data.jsonl").read_text().splitlines()]
+    rows = {"caption": [e["captions"][0] for e in lines],
+            "video": [{"bytes": (clips / e["file"]).read_bytes(), "path": None} for e in lines]}
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "arrow"), max_shard_size="60KB")
+    os.makedirs(tmp_path / "tars")
+    with webdataset.TarWriter(str(tmp_path / "tars" / "clips-0.tar")) as tar:
+        for n, entry in enumerate(lines):
+            tar.write({"__key__": f"c{n:04d}", "mp4": (clips / entry["file"]).read_bytes(),
+                       "txt": entry["captions"][0]})
+    expected = _clip_dataset(str(clips / "data.jsonl"))
+    for fmt, folder in (("arrow", "arrow"), ("webdataset", "tars")):
+        sharded = _clip_dataset(str(tmp_path / folder), fmt)
+        assert [source for source, _ in sharded.bad_input.skipped] == [sharded.shards.source(6)]
+        _same_clips(sharded, expected)
+
+
+def test_a_sharded_feature_cache_build_reads_each_ranks_own_blocks(clips, tmp_path):
+    from mm_data import FeatureDataset, build_feature_cache
+    from mm_data.shards.convert import convert
+
+    convert(str(clips / "data.jsonl"), str(tmp_path / "out"), "parquet", rows_per_shard=6, rows_per_block=1)
+    encoders = {"mean": lambda batch: batch["video"].mean(axis=(1, 2, 3, 4), keepdims=False)[:, None]}
+    blocks = []
+    for rank in (0, 1):
+        dataset = _clip_dataset(str(tmp_path / "out"), "parquet")
+        build_feature_cache(dataset, encoders, str(tmp_path / "cache"), rank=rank, world_size=2)
+        blocks.append(set(dataset.shards._cache))
+    assert blocks == [{0, 1, 2}, {3, 4, 5}]  # contiguous shares: no block read by both ranks
+    assert len(FeatureDataset(str(tmp_path / "cache"))) == 6

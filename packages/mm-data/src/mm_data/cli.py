@@ -1,7 +1,7 @@
 """`mm-data`: convert a data set into shards, inspect one.
 
     mm-data convert ANNOTATIONS OUT --format parquet|webdataset [--media embed|reference]
-                    [--rows-per-shard N] [--rows-per-block N] [--media-dir DIR]
+                    [--rows-per-shard N] [--rows-per-block N] [--media-dir DIR] [--kind auto|vl|video]
     mm-data inspect PATH --tokenizer TOKENIZER [--format json|parquet|webdataset|arrow]
                     [--max-length N] [--max-tokens N] [--micro-batch-size N] [--min-pixels N]
                     [--max-pixels N] [--video-fps F] [--png OUT.png]
@@ -27,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("--rows-per-shard", type=int, default=1000)
     convert.add_argument("--rows-per-block", type=int, default=64)
     convert.add_argument("--media-dir", default=None)
+    convert.add_argument("--kind", choices=["auto", "vl", "video"], default="auto",
+                         help="vl: LLaMA-Factory conversations; video: captioned clips (auto: told from the file)")
     inspect = commands.add_parser("inspect", help="sample counts, bad media, token / frame histograms, padding")
     inspect.add_argument("path")
     inspect.add_argument("--tokenizer", required=True, help="a model folder or a tokenizer.json")
@@ -58,7 +60,7 @@ def main(argv=None) -> int:
         from mm_data.shards.convert import convert
 
         report = convert(args.annotations, args.out, args.format, args.media, args.rows_per_shard,
-                         args.rows_per_block, args.media_dir)
+                         args.rows_per_block, args.media_dir, args.kind)
     else:
         from mm_data.inspection import inspect_vl, write_histograms
         from mm_data.vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor, VLSFTDataset

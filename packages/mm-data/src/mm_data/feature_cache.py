@@ -3,7 +3,8 @@
 `build_feature_cache` runs the encoders it is given (a VAE, a text encoder — any callables from
 a batch to a batch-first numpy array, so mm-data stays framework-free) over a data set, evaluation
 style (centre crops), and writes the features per sample into safetensors shards with a JSONL
-index. Rank ``r`` of ``world_size`` encodes samples ``r, r + world_size, ...`` and writes its own
+index. Rank ``r`` of ``world_size`` encodes samples ``r, r + world_size, ...`` (of a sharded data
+set the ``r``-th contiguous share, so it reads only its own blocks) and writes its own
 shards and index, so ranks never touch one file (ranks that encode together — a context-parallel
 VAE's group — pass their group's number as ``rank``, and only one of them writes). A shard is
 written to a temporary name and renamed before its index lines are appended, so the index never
@@ -59,7 +60,11 @@ def build_feature_cache(dataset, encoders: Mapping[str, Callable[[dict], np.ndar
     os.makedirs(folder, exist_ok=True)
     bad_input = getattr(dataset, "bad_input", None) or BadInputLog()
     done = cached_indices(folder) if done is None else done
-    mine = [i for i in range(rank, len(dataset), world_size) if i not in done]
+    if getattr(dataset, "shards", None) is not None:  # shards: a contiguous share, so a rank reads its blocks only
+        mine = [i for i in range(rank * len(dataset) // world_size, (rank + 1) * len(dataset) // world_size)
+                if i not in done]
+    else:
+        mine = [i for i in range(rank, len(dataset), world_size) if i not in done]
     keys = getattr(dataset, "keys", None)
     groups: Dict[object, List[int]] = defaultdict(list)  # equal shapes batch together
     for index in mine:

@@ -114,7 +114,8 @@ def test_user_annotations_build_the_cache_and_a_ready_cache_trains(tmp_path, run
 def test_own_clips_train_with_the_tiny_encoders_by_name(tmp_path, run_distributed):
     """data.vae / text_encoder / image_encoder: tiny write the tiny random encoders once as real
     folders in the Wan2.1 diffusers layout — diffusers and transformers load them with our
-    tensors bit for bit — and one's own clips train on them, T2V and I2V."""
+    tensors bit for bit — and one's own clips train on them, T2V and I2V, and from WebDataset
+    shards of them (data.format) under dp2 alike."""
     import torch
     from diffusers import AutoencoderKLWan
     from transformers import AutoTokenizer, CLIPImageProcessorPil, CLIPVisionModel, UMT5EncoderModel
@@ -127,6 +128,14 @@ def test_own_clips_train_with_the_tiny_encoders_by_name(tmp_path, run_distribute
     i2v, log = run(run_distributed, tmp_path / "i2v", *user, "--set", "data.image_encoder=tiny",
                    data=tmp_path / "data.jsonl", recipe=str(RECIPES / "wan2_1_i2v_tiny.yaml"), variables=home)
     assert np.isfinite(t2v + i2v).all() and "1 bad samples skipped" in log
+    # the same clips as WebDataset shards (mm-data convert): the cache built by two ranks, each
+    # reading its own blocks, and dp2 training give the JSONL run's losses
+    from mm_data.shards.convert import convert
+
+    convert(str(tmp_path / "data.jsonl"), str(tmp_path / "tars"), "webdataset", rows_per_shard=4, rows_per_block=2)
+    sharded, _ = run(run_distributed, tmp_path / "t2v-shards", *user, "--set", "data.format=webdataset",
+                     data=tmp_path / "tars", nproc=2, variables=home)
+    assert sharded == pytest.approx(t2v, rel=1e-5)
     folders = tmp_path / "home" / "tiny_encoders"
     assert sorted(p.name for p in folders.iterdir() if p.is_dir()) == sorted(tiny_video.ENCODER_FIELDS)
     vae, text, clip, _ = tiny_video.encoders(image=True)

@@ -1,13 +1,16 @@
-"""LLaMA-Factory JSON / JSONL + media files -> Parquet or WebDataset shards (`mm-data convert`).
+"""Annotations + media files -> Parquet or WebDataset shards (`mm-data convert`).
 
-Each usable entry becomes a row in the order of the file: its own fields as they are, its media
-embedded as bytes (``media="embed"``) or referenced by paths relative to the output folder
-(``"reference"``), and ``media_info`` — each image's (height, width) and each video's (frames,
-fps, height, width) — so that packing and buckets need not open a medium to know its tokens.
-An entry the training would skip (see `mm_data.vl.conversation`) or whose media cannot be read is
-left out, counted and named (``report["skipped"]``). Shards hold ``rows_per_shard`` rows; a
-Parquet shard's row groups ``rows_per_block`` (the unit the shuffle reads); the folder gets a
-``manifest.json`` (`mm_data.shards.index`), so opening the set reads no shard.
+VL data (LLaMA-Factory JSON / JSONL): each usable entry becomes a row in the order of the file:
+its own fields as they are, its media embedded as bytes (``media="embed"``) or referenced by
+paths relative to the output folder (``"reference"``), and ``media_info`` — each image's (height,
+width) and each video's (frames, fps, height, width) — so that packing and buckets need not open a
+medium to know its tokens. Video data (any layout `mm_data.video.annotations` reads): a row per
+clip with its ``captions``, the clip as ``video`` (embedded or referenced) and its
+``num_frames``, ``fps`` and ``resolution`` (from the annotation, else a probe). An entry the
+training would skip or whose media cannot be read is left out, counted and named
+(``report["skipped"]``). Shards hold ``rows_per_shard`` rows; a Parquet shard's row groups
+``rows_per_block`` (the unit the shuffle reads); the folder gets a ``manifest.json``
+(`mm_data.shards.index`), so opening the set reads no shard.
 """
 
 from __future__ import annotations
@@ -25,37 +28,74 @@ CONVERT_FORMATS = ("parquet", "webdataset")
 
 
 def convert(annotations: str, out: str, fmt: str = "parquet", media: str = "embed", rows_per_shard: int = 1000,
-            rows_per_block: int = 64, media_dir: Optional[str] = None) -> Dict:
+            rows_per_block: int = 64, media_dir: Optional[str] = None, kind: str = "auto") -> Dict:
     """Write the shards of ``annotations`` into ``out`` (see the module docstring); returns a
-    report: rows written, shards, entries skipped with their reasons."""
-    from mm_data.vl.conversation import parse_entry
-
-    if fmt not in CONVERT_FORMATS or media not in ("embed", "reference"):
-        raise ValueError(f"convert writes --format {' | '.join(CONVERT_FORMATS)} with --media embed | reference, "
-                         f"got {fmt} / {media}")
+    report: rows written, shards, entries skipped with their reasons. ``kind``: vl (LLaMA-Factory
+    conversations), video (any layout of `mm_data.video.annotations`: a caption and a clip per
+    row), auto (vl when the file's first entry is a conversation)."""
+    if fmt not in CONVERT_FORMATS or media not in ("embed", "reference") or kind not in ("auto", "vl", "video"):
+        raise ValueError(f"convert writes --format {' | '.join(CONVERT_FORMATS)} with --media embed | reference and "
+                         f"--kind auto | vl | video, got {fmt} / {media} / {kind}")
     if rows_per_shard < 1 or rows_per_block < 1:
         raise ValueError("rows per shard and per block must be >= 1")
     os.makedirs(out, exist_ok=True)
-    media_dir = media_dir or os.path.dirname(os.path.abspath(annotations))
     log = BadInputLog(max_bad_fraction=1.0)
+    kind = _kind(annotations) if kind == "auto" else kind
+    source_rows = (_vl_rows(annotations, out, media, media_dir, log) if kind == "vl"
+                   else _video_rows(annotations, out, media, media_dir, log))
     rows: List[Dict] = []
     shards: List[str] = []
-    for source, entry in json_entries(annotations, log):
-        try:
-            conversation = parse_entry(entry, source, media_dir)
-            rows.append(_row(entry, conversation, out, media))
-        except BadSample as bad:
-            log.skip(bad)
-            continue
+    for row in source_rows:
+        rows.append(row)
         if len(rows) == rows_per_shard:
             shards.append(_write_shard(rows, out, len(shards), fmt, rows_per_block, media))
             rows = []
     if rows or not shards:
         shards.append(_write_shard(rows, out, len(shards), fmt, rows_per_block, media))
-    manifest = write_manifest(out, fmt, shards, {"source": os.path.abspath(annotations), "media": media})
+    manifest = write_manifest(out, fmt, shards, {"source": os.path.abspath(annotations), "media": media,
+                                                 "kind": kind})
     with open(manifest) as f:
         total = json.load(f)["rows"]
-    return {"rows": total, "shards": len(shards), "manifest": manifest, "skipped": list(log.skipped)}
+    return {"rows": total, "shards": len(shards), "manifest": manifest, "kind": kind, "skipped": list(log.skipped)}
+
+
+def _kind(annotations: str) -> str:
+    """vl when the first entry of a JSON / JSONL file is a conversation, else video."""
+    if os.path.isfile(annotations) and annotations.endswith((".json", ".jsonl")):
+        entries = json_entries(annotations, BadInputLog(max_bad_fraction=1.0))
+        first = entries[0][1] if entries else {}
+        if isinstance(first, dict) and ("messages" in first or "conversations" in first):
+            return "vl"
+    return "video"
+
+
+def _vl_rows(annotations: str, out: str, media: str, media_dir: Optional[str], log: BadInputLog):
+    from mm_data.vl.conversation import parse_entry
+
+    media_dir = media_dir or os.path.dirname(os.path.abspath(annotations))
+    for source, entry in json_entries(annotations, log):
+        try:
+            yield _row(entry, parse_entry(entry, source, media_dir), out, media)
+        except BadSample as bad:
+            log.skip(bad)
+
+
+def _video_rows(annotations: str, out: str, media: str, media_dir: Optional[str], log: BadInputLog):
+    """A row per usable record: its captions, its clip, its frame count, fps and size."""
+    from mm_data.video.annotations import load_records
+    from mm_data.video.decode import probe
+
+    for record in load_records(annotations, log, media_dir):
+        try:
+            info = (record.num_frames, record.fps, record.height, record.width) if record.has_metadata else None
+            if info is None:
+                probed = probe(record.path)
+                info = (probed.num_frames, probed.fps, probed.height, probed.width)
+            yield {"captions": list(record.captions), "video": _medium(record.path, out, media),
+                   "num_frames": int(info[0]), "fps": float(info[1]),
+                   "resolution": {"height": int(info[2]), "width": int(info[3])}}
+        except BadSample as bad:
+            log.skip(bad)
 
 
 def _row(entry: Dict, conversation, out: str, media: str) -> Dict:
@@ -116,6 +156,9 @@ def _write_tar(rows: List[Dict], path: str, number: int, media: str) -> str:
                     names = [f"{column}.{i}{_extension(data)}" for i, data in enumerate(entry[column])]
                     members += list(zip(names, entry[column]))
                     entry[column] = names
+            if media == "embed" and isinstance(entry.get("video"), bytes):  # a clip row's one video
+                members.append((f"video{_extension(entry['video'])}", entry["video"]))
+                entry["video"] = members[-1][0]
             add(tar, f"{key}.json", json.dumps(entry, ensure_ascii=False).encode())
             for name, data in members:
                 add(tar, f"{key}.{name}", data)

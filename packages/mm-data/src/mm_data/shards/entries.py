@@ -54,12 +54,7 @@ def row_entry(shards: ShardSet, index: int) -> Dict:
     else:
         if "json" not in row:
             raise BadSample(source, f"sample {row['__key__']} has no .json member (its entry)")
-        try:
-            entry = json.loads(row["json"])
-        except ValueError as error:
-            raise BadSample(source, f"sample {row['__key__']}'s .json member is not JSON: {error}") from None
-        if not isinstance(entry, dict):
-            raise BadSample(source, f"sample {row['__key__']}'s .json member is not an object")
+        entry = tar_json(row, source)
         for key in MEDIA_KEYS:
             items = entry.get(key)
             if isinstance(items, str) or isinstance(items, list):
@@ -73,10 +68,23 @@ def row_entry(shards: ShardSet, index: int) -> Dict:
     return entry
 
 
+def tar_json(row: Dict, source: str) -> Dict:
+    """A tar sample's ``json`` member as an object ({} without one); bad JSON is a `BadSample`."""
+    if "json" not in row:
+        return {}
+    try:
+        entry = json.loads(row["json"])
+    except ValueError as error:
+        raise BadSample(source, f"sample {row['__key__']}'s .json member is not JSON: {error}") from None
+    if not isinstance(entry, dict):
+        raise BadSample(source, f"sample {row['__key__']}'s .json member is not an object")
+    return entry
+
+
 def _members(row: Dict, items, source: str):
     """Items naming one of the sample's members replaced by its bytes (others stay paths)."""
     def one(item):
-        if isinstance(item, str) and item in row and item not in ("json", "__key__"):
+        if isinstance(item, str) and item in row and item not in ("json", "__key__", "__members__"):
             return row[item]
         if isinstance(item, str) and "." not in item and "/" not in item:
             raise BadSample(source, f"sample {row['__key__']} names member {item!r}, which it does not have")

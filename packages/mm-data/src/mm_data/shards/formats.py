@@ -6,8 +6,8 @@ footer, Arrow's batch headers through a memory map, a tar's member headers (each
 is skipped by a seek). Reading a block touches only that block (a tar: its members, by offset).
 
 Rows come out as dicts of Python values: Parquet / Arrow columns by name (binary columns as
-bytes); a WebDataset sample as ``{"__key__": key, EXT: bytes, ...}`` for its members
-``KEY.EXT`` (the ``json`` member too: a sample's bad JSON is that sample's fault, parsed by the
+bytes); a WebDataset sample as ``{"__key__": key, "__members__": [EXT, ...], EXT: bytes, ...}``
+for its members ``KEY.EXT`` (the ``json`` member too: a sample's bad JSON is that sample's fault, parsed by the
 caller).
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import tarfile
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from mm_data.errors import DataError
 
@@ -48,19 +48,24 @@ def count_blocks(fmt: str, path: str) -> Tuple[int, ...]:
         raise _damaged(path, error, f"a {fmt} shard") from None
 
 
-def read_block(fmt: str, path: str, block: int) -> List[Dict]:
-    """The rows of block ``block`` of shard ``path``."""
+def read_block(fmt: str, path: str, block: int, columns: Optional[Sequence[str]] = None) -> List[Dict]:
+    """The rows of block ``block`` of shard ``path``; with ``columns`` only those of them the
+    shard has (a tar: only the members of those extensions), the rest never read."""
     try:
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
-            return pq.ParquetFile(path).read_row_group(block).to_pylist()
+            shard = pq.ParquetFile(path)
+            names = None if columns is None else [c for c in columns if c in shard.schema_arrow.names]
+            return shard.read_row_group(block, columns=names).to_pylist()
         if fmt == "arrow":
             for number, batch in enumerate(_arrow_batches(path)):
                 if number == block:
+                    if columns is not None:
+                        batch = batch.select([c for c in columns if c in batch.schema.names])
                     return batch.to_pylist()
             raise IndexError(f"no record batch {block}")
-        return _read_tar_samples(path, _tar_blocks(path)[block])
+        return _read_tar_samples(path, _tar_blocks(path)[block], columns)
     except Exception as error:
         raise _damaged(path, error, f"a {fmt} shard") from None
 
@@ -111,12 +116,14 @@ def _tar_blocks(path: str) -> list:
     return [samples[start:start + TAR_BLOCK] for start in range(0, len(samples), TAR_BLOCK)]
 
 
-def _read_tar_samples(path: str, samples: list) -> List[Dict]:
+def _read_tar_samples(path: str, samples: list, extensions: Optional[Sequence[str]] = None) -> List[Dict]:
     rows = []
     with open(path, "rb") as f:
         for key, members in samples:
-            row = {"__key__": key}
+            row = {"__key__": key, "__members__": [extension for extension, _, _ in members]}
             for extension, offset, size in members:
+                if extensions is not None and extension not in extensions:
+                    continue
                 f.seek(offset)
                 data = f.read(size)
                 if len(data) != size:

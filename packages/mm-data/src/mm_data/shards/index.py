@@ -130,6 +130,17 @@ class ShardSet:
             self._cache.popitem(last=False)
         return rows
 
+    def column_rows(self, columns: Sequence[str]) -> List[Dict]:
+        """Every row with only ``columns`` (a tar: member extensions) read: a data set's metadata
+        (captions, frame counts, sizes) without its media. Not cached."""
+        rows = []
+        for shard, within in self.block_shard:
+            rows += read_block(self.format, self.shards[shard].path, within, columns)
+        return rows
+
+    def block_of(self, index: int) -> int:
+        return self.locate(index)[0]
+
     def row(self, index: int) -> Dict:
         block, row = self.locate(index)
         return self.block(block)[row]

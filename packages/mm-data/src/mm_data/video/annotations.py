@@ -38,13 +38,14 @@ class VideoRecord:
     fps: Optional[float] = None
     height: Optional[int] = None
     width: Optional[int] = None
+    row: Optional[int] = None  # the row of a sharded set (mm_data.video.shards) whose clip this is
 
     @property
     def has_metadata(self) -> bool:
         return None not in (self.num_frames, self.fps, self.height, self.width)
 
 
-def _captions(value, source: str) -> Tuple[str, ...]:
+def captions_of(value, source: str) -> Tuple[str, ...]:
     captions = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, (list, tuple)) else ()
     captions = tuple(c for c in captions if isinstance(c, str) and c.strip())
     if not captions:
@@ -64,7 +65,7 @@ def _record(entry, folder: str, source: str) -> VideoRecord:
     caption = next((entry[k] for k in ("cap", "captions", "caption", "text") if k in entry), None)
     resolution = entry.get("resolution") if isinstance(entry.get("resolution"), dict) else {}
     try:
-        return VideoRecord(path, _captions(caption, path),
+        return VideoRecord(path, captions_of(caption, path),
                            int(entry["num_frames"]) if entry.get("num_frames") is not None else None,
                            float(entry["fps"]) if entry.get("fps") is not None else None,
                            int(resolution["height"]) if resolution.get("height") is not None else None,

@@ -116,7 +116,7 @@ class _Source:
         return VideoTextDataset.from_annotations(
             self.annotations, max_bad_fraction=self.data.max_bad_fraction, frames=self.frames, buckets=self.buckets,
             fps=self.fps, tokenizer=self.tokenizer, max_text_length=self.text_length, random_crop=random_crop,
-            caption_dropout=caption_dropout, seed=seed, pairs=self.pairs)
+            caption_dropout=caption_dropout, seed=seed, pairs=self.pairs, data_format=self.data.format)
 
     def encoders(self):
         """{feature name: numpy-in numpy-out encoder}: the tiny set's random ones or the recipe's."""
@@ -194,7 +194,8 @@ class WanTrainData:
         # eval.fraction: held out for validation (mm_train.evaluation), never trained on
         indices, self.held_out = training_split(recipe, len(self.dataset))
         self.sampler = BucketBatchSampler(len(self.dataset), train.global_batch_size, topo.dp.rank, topo.dp.size,
-                                          keys=self.dataset.keys, seed=train.seed, indices=indices)
+                                          keys=self.dataset.keys, seed=train.seed, indices=indices,
+                                          blocks=getattr(self.dataset, "block_sizes", None))
         self.schedule = self.make_schedule()
 
     def for_recipe(self, recipe):
@@ -221,6 +222,9 @@ class WanTrainData:
 
     def files(self):
         """(annotation files, media files) of what is trained on: the clips, or the feature cache."""
+        if self.cache_folder is None and self.dataset.shards is not None:  # shards: the manifest, the files by size
+            shards = self.dataset.shards
+            return [shards.manifest] if shards.manifest else [], [shard.path for shard in shards.shards]
         if self.cache_folder is None:
             return [self.annotations], [record.path for record in self.dataset.records]
         names = sorted(os.listdir(self.cache_folder))

@@ -21,7 +21,7 @@ from mm_train.families.video.task import VideoTask
 from mm_train.families.video.tiny import ENCODER_FIELDS, TINY
 from mm_train.families.video.wan_pipeline import EXPERTS, WanPipelineSettings, borrow_missing_experts
 from mm_train.plan.workload import AttentionForm, LayerStack, Workload
-from mm_train.preflight import attention_rules, layer_rules, require_divisible, require_exists
+from mm_train.preflight import attention_rules, layer_rules, require_divisible, require_exists, shard_rules
 from mm_train.recipe import DataSection
 from mm_train.registry import BuiltinRecipe, FamilySpec, register
 
@@ -55,9 +55,9 @@ class VideoDataSection(DataSection):
     def __post_init__(self):
         if self.vae_context_parallel < 1:
             raise ValueError(f"data.vae_context_parallel is a number of ranks (>= 1), got {self.vae_context_parallel}")
-        if self.format != "json":
-            raise ValueError(f"data.format {self.format}: the video families read annotation files and media (json) "
-                             "so far; sharded video data is not read yet — use data.format json")
+        if self.format != "json" and self.kind != "video":
+            raise ValueError(f"data.format {self.format} reads shards of captioned clips with data.kind video (encoded "
+                             "into the feature cache, or online); set data.kind video, or data.format json")
         if self.kind == "video":
             self.require_path("video annotations")
             self.require_encoders()
@@ -105,7 +105,10 @@ def video_source_problems(data, model_path: Optional[str] = None) -> List[str]:
     unset ones default to a pipeline folder's at ``model_path`` (`encoders.encoder_sources`)."""
     problems = []
     if data.kind == "video":
-        require_exists(problems, "data.path", data.path, "video annotations (data.json / .jsonl / .txt or a folder)")
+        if data.format == "json":
+            require_exists(problems, "data.path", data.path,
+                           "video annotations (data.json / .jsonl / .txt or a folder)")
+        shard_rules(problems, data)
         pipeline = bool(model_path) and os.path.isfile(os.path.join(model_path, "model_index.json"))
         for field in ENCODER_FIELDS:
             value = getattr(data, field)
