@@ -212,3 +212,31 @@ def test_an_audio_longer_than_the_features_chunk_is_cut_counted_and_logged(tmp_p
     assert len(cut) == 1 and "long.wav is 2.5 s long" in cut[0]  # logged once per file
     assert samples[0]["feature_attention_mask"].sum() == 100  # 1 s of 10 ms frames
     assert samples[1]["feature_attention_mask"].sum() == 50
+
+
+def test_converted_shards_give_the_samples_and_lengths_without_decoding_audio(omni_set, tmp_path, monkeypatch):
+    """`mm-data convert` of the Omni set to Parquet (media embedded; the missing and the empty
+    audio left out and named): samples equal the JSON's, field for field, under use_audio_in_video;
+    lengths come from media_info's audio sample counts (no audio decoded); the video without an
+    audio track is still a named bad sample."""
+    from mm_data.shards.convert import convert
+
+    root, tokenizer, dataset = omni_set
+    report = convert(str(root / "data.json"), str(tmp_path / "out"), "parquet", rows_per_shard=3, rows_per_block=2)
+    assert report["rows"] == 5 and [reason for _, reason in report["skipped"]] == ["file not found", "empty file"]
+    sharded = OmniSFTDataset.from_file(
+        str(tmp_path / "out"), tokenizer, max_bad_fraction=0.5, use_audio_in_video=True, data_format="parquet",
+        position_id_per_seconds=PPS, seconds_per_chunk=CHUNK, video_fps=4.0,
+        image_processor=Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=4 * 28 * 28),
+        video_processor=Qwen2VLVideoProcessor(min_pixels=28 * 28, max_pixels=4 * 28 * 28))
+    for index in range(4):
+        expected, got = dataset.get(index), sharded.get(index)
+        assert sorted(got) == sorted(expected) and all(np.array_equal(got[k], expected[k]) for k in expected)
+    lengths = [dataset.length(i) for i in range(4)]
+
+    def decoded(*args, **kwargs):
+        raise AssertionError("an audio was decoded for a length")
+    monkeypatch.setattr("mm_data.vl.omni.load_audio", decoded)
+    assert [sharded.length(i) for i in range(4)] == lengths
+    with pytest.raises(BadSample, match="without an audio track"):
+        sharded.length(4)

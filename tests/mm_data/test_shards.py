@@ -376,3 +376,28 @@ def test_a_sharded_feature_cache_build_reads_each_ranks_own_blocks(clips, tmp_pa
         blocks.append(set(dataset.shards._cache))
     assert blocks == [{0, 1, 2}, {3, 4, 5}]  # contiguous shares: no block read by both ranks
     assert len(FeatureDataset(str(tmp_path / "cache"))) == 6
+
+
+def test_a_corrupt_medium_or_a_missing_member_is_a_bad_sample_named_by_its_row(data, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import webdataset
+
+    root, _, tokenizer = data
+    entry = {"messages": [{"role": "user", "content": "<image>What is in the picture?"},
+                          {"role": "assistant", "content": "A cat on a mat."}]}
+    good = (root / "img0.png").read_bytes()
+    rows = [{**entry, "images": [good]}, {**entry, "images": [good[:200]]}]  # the second cut short
+    os.makedirs(tmp_path / "pq")
+    pq.write_table(pa.Table.from_pylist(rows), str(tmp_path / "pq" / "a.parquet"))
+    os.makedirs(tmp_path / "tar")
+    with webdataset.TarWriter(str(tmp_path / "tar" / "a.tar")) as tar:
+        tar.write({"__key__": "k0", "json": {**entry, "images": ["images.0.png"]}, "images.0.png": good})
+        tar.write({"__key__": "k1", "json": {**entry, "images": ["images.0.png"]}})  # its member is missing
+    missing = "names 'images.0.png', which is neither one of its members \\(json\\) nor a file beside the shard"
+    for fmt, folder, reason in (("parquet", "pq", "unreadable image"), ("webdataset", "tar", missing)):
+        dataset = _dataset(str(tmp_path / folder), tokenizer, fmt)
+        dataset.get(0)
+        with pytest.raises(BadSample, match=reason) as bad:
+            dataset.get(1)
+        assert bad.value.source == dataset.source(1) and bad.value.source.endswith("[1]"), bad.value.source

@@ -22,6 +22,17 @@ class BadSample(Exception):
         super().__init__(f"{source}: {reason}")
         self.source, self.reason = str(source), reason
 
+    @property
+    def unnamed(self) -> bool:
+        """Whether the source is a medium's bytes (`bytes_source`), which its sample should name."""
+        return self.source.startswith("<") and self.source.endswith(" bytes>")
+
+
+def bytes_source(what: str, data: bytes) -> str:
+    """The name of a medium given as bytes (inside a shard) until its sample names it: the data
+    sets re-raise such a `BadSample` under the sample's row (`BadSample.unnamed`)."""
+    return f"<{what} of {len(data)} bytes>"
+
 
 class DataError(RuntimeError):
     """The data set is unusable as configured (too many bad samples, nothing left, wrong options)."""

@@ -21,7 +21,7 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 
-from mm_data.errors import BadSample
+from mm_data.errors import BadSample, bytes_source
 
 
 def load_audio(path: Union[str, bytes], sampling_rate: int = 16000, max_seconds: float = None,
@@ -33,7 +33,7 @@ def load_audio(path: Union[str, bytes], sampling_rate: int = 16000, max_seconds:
     import av
 
     if isinstance(path, bytes):  # a sample inside a shard: the file's bytes
-        data, path = path, f"<audio of {len(path)} bytes>"
+        data, path = path, bytes_source("audio", path)
         if not data:
             raise BadSample(path, "empty file")
     else:

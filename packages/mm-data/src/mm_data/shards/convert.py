@@ -3,14 +3,14 @@
 VL data (LLaMA-Factory JSON / JSONL): each usable entry becomes a row in the order of the file:
 its own fields as they are, its media embedded as bytes (``media="embed"``) or referenced by
 paths relative to the output folder (``"reference"``), and ``media_info`` — each image's (height,
-width) and each video's (frames, fps, height, width) — so that packing and buckets need not open a
-medium to know its tokens. Video data (any layout `mm_data.video.annotations` reads): a row per
-clip with its ``captions``, the clip as ``video`` (embedded or referenced) and its
-``num_frames``, ``fps`` and ``resolution`` (from the annotation, else a probe). An entry the
-training would skip or whose media cannot be read is left out, counted and named
-(``report["skipped"]``). Shards hold ``rows_per_shard`` rows; a Parquet shard's row groups
-``rows_per_block`` (the unit the shuffle reads); the folder gets a ``manifest.json``
-(`mm_data.shards.index`), so opening the set reads no shard.
+width), each video's (frames, fps, height, width), each audio's and each video track's samples at
+16 kHz — so that packing and buckets need not open a medium to know its tokens. Video data (any
+layout `mm_data.video.annotations` reads): a row per clip with its ``captions``, the clip as
+``video`` (embedded or referenced) and its ``num_frames``, ``fps`` and ``resolution`` (from the
+annotation, else a probe). An entry the training would skip or whose media cannot be read is left
+out, counted and named (``report["skipped"]``). Shards hold ``rows_per_shard`` rows; a Parquet
+shard's row groups ``rows_per_block`` (the unit the shuffle reads); the folder gets a
+``manifest.json`` (`mm_data.shards.index`), so opening the set reads no shard.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import json
 import os
 from typing import Dict, List, Optional
 
+from mm_data.audio import load_audio
 from mm_data.entries import json_entries
 from mm_data.errors import BadInputLog, BadSample
 from mm_data.shards.index import write_manifest
@@ -107,12 +108,25 @@ def _row(entry: Dict, conversation, out: str, media: str) -> Dict:
     info = {"images": [list(image_size(path)) for path in conversation.images]}
     videos = [probe(path) for path in conversation.videos]
     info["videos"] = [[v.num_frames, v.fps, v.height, v.width] for v in videos]
+    if conversation.audios or conversation.videos:  # samples at 16 kHz (Qwen2.5-Omni's audio lengths)
+        info["audios"] = [load_audio(path).size for path in conversation.audios]
+        info["video_audios"] = [_track_samples(path) for path in conversation.videos]
     for key in MEDIA_COLUMNS:
         paths = getattr(conversation, key)
         if paths:
             row[key] = [_medium(path, out, media) for path in paths]
     row["media_info"] = json.dumps(info)
     return row
+
+
+def _track_samples(path: str) -> Optional[int]:
+    """A video's audio track in samples at 16 kHz, or None when it has none."""
+    try:
+        return load_audio(path).size
+    except BadSample as bad:
+        if bad.reason == "no audio stream":
+            return None
+        raise
 
 
 def _medium(path: str, out: str, media: str):

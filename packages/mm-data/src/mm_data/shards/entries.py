@@ -8,12 +8,14 @@ that member's bytes. A medium is a path (relative to its shard's folder), bytes,
 ``{"bytes", "path"}`` struct (its Image / Video features).
 
 ``media_info`` (written by `mm-data convert`, JSON text) gives each medium's size without
-opening it: ``{"images": [[height, width]], "videos": [[frames, fps, height, width]]}``.
+opening it: ``{"images": [[height, width]], "videos": [[frames, fps, height, width]], "audios":
+[samples at 16 kHz], "video_audios": [each video's track in samples at 16 kHz, or null]}``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Callable, Dict, Sequence, TypeVar
 
 from mm_data.errors import BadSample
@@ -58,7 +60,7 @@ def row_entry(shards: ShardSet, index: int) -> Dict:
         for key in MEDIA_KEYS:
             items = entry.get(key)
             if isinstance(items, str) or isinstance(items, list):
-                entry[key] = _members(row, items, source)
+                entry[key] = _members(row, items, source, shards.folder(index))
     for key in MEDIA_KEYS:
         items = entry.get(key)
         if isinstance(items, list):
@@ -81,13 +83,15 @@ def tar_json(row: Dict, source: str) -> Dict:
     return entry
 
 
-def _members(row: Dict, items, source: str):
-    """Items naming one of the sample's members replaced by its bytes (others stay paths)."""
+def _members(row: Dict, items, source: str, folder: str):
+    """Items naming one of the sample's members replaced by its bytes; others are paths, and one
+    that is neither a member nor a file (from the shard's folder) is a `BadSample` saying so."""
     def one(item):
         if isinstance(item, str) and item in row and item not in ("json", "__key__", "__members__"):
             return row[item]
-        if isinstance(item, str) and "." not in item and "/" not in item:
-            raise BadSample(source, f"sample {row['__key__']} names member {item!r}, which it does not have")
+        if isinstance(item, str) and not os.path.exists(os.path.join(folder, item)):
+            raise BadSample(source, f"sample {row['__key__']} names {item!r}, which is neither one of its members "
+                                    f"({', '.join(row.get('__members__', []))}) nor a file beside the shard")
         return item
     return one(items) if isinstance(items, str) else [one(item) for item in items]
 

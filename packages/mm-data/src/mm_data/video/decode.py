@@ -27,7 +27,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from mm_data.errors import BadSample
+from mm_data.errors import BadSample, bytes_source
 
 Source = Union[str, bytes]
 # AVI stores no presentation timestamps: FFmpeg stamps its packets in decode order, so with
@@ -68,7 +68,7 @@ class _Timeline:
 
 
 def _name(source: Source) -> str:
-    return source if isinstance(source, str) else f"<{len(source)} bytes>"
+    return source if isinstance(source, str) else bytes_source("video", source)
 
 
 def _open(source: Source):

@@ -14,12 +14,13 @@ without it pair data is refused, and with it an entry that is no pair is a `BadS
 
 from __future__ import annotations
 
+import functools
 import io
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mm_data.errors import BadInputLog, BadSample
+from mm_data.errors import BadInputLog, BadSample, bytes_source
 from mm_data.shards import ShardEntries, ShardSet
 from mm_data.video.decode import VideoInfo, probe, read_frames
 from mm_data.vl.conversation import Conversation, Medium, read_conversations, read_datasets, shard_conversations
@@ -58,8 +59,21 @@ def image_size(source: Medium) -> Tuple[int, int]:
     return height, width
 
 
+def named_by_row(method):
+    """A medium given as bytes that fails is named by its sample's row (a shard's ``shard[row]``)."""
+    @functools.wraps(method)
+    def named(self, index, *args, **kwargs):
+        try:
+            return method(self, index, *args, **kwargs)
+        except BadSample as bad:
+            if not bad.unnamed:
+                raise
+            raise BadSample(self.source(index), f"{bad.source}: {bad.reason}") from None
+    return named
+
+
 def _named(source: Medium) -> str:
-    return source if isinstance(source, str) else f"<image of {len(source)} bytes>"
+    return source if isinstance(source, str) else bytes_source("image", source)
 
 
 class VLSFTDataset:
@@ -139,6 +153,7 @@ class VLSFTDataset:
         sampled_fps = len(indices) / info.num_frames * info.fps
         return frames, processor.temporal_patch_size / sampled_fps, _timestamps(processor, indices, info.fps)
 
+    @named_by_row
     def get(self, index: int, epoch: int = 0) -> Dict[str, np.ndarray]:
         conversation = self.conversations[index]
         if conversation.audios:
@@ -210,6 +225,7 @@ class VLSFTDataset:
         return Collator(pad_values={"input_ids": pad_id}, concatenate=self.media_fields,
                         pad_to_multiple_of=pad_to_multiple_of)
 
+    @named_by_row
     def length(self, index: int) -> int:
         """Tokens of sample ``index``, from image headers and video probes (no pixels decoded)."""
         conversation = self.conversations[index]
@@ -230,6 +246,7 @@ class VLSFTDataset:
                                                  "preference training reads pairs only")
         return encode_pair(lambda c: encode(c, None), conversation, self.max_length)
 
+    @named_by_row
     def costs(self, index: int):
         """(tokens, vision tokens) of sample ``index`` from headers and probes: what data-parallel
         ranks are balanced by (`BucketBatchSampler` with ``costs``)."""

@@ -25,9 +25,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from mm_data.audio import WhisperFeatureExtractor, load_audio
-from mm_data.errors import logger
+from mm_data.errors import BadSample, logger
 from mm_data.vl.conversation import Conversation
-from mm_data.vl.dataset import MEDIA_FIELDS, VLSFTDataset
+from mm_data.vl.dataset import MEDIA_FIELDS, VLSFTDataset, named_by_row
 from mm_data.vl.pairs import pair_length
 from mm_data.vl.template import OMNI_MEDIA
 
@@ -115,6 +115,7 @@ class OmniSFTDataset(VLSFTDataset):
                     sources.append(("video", path))
         return sources
 
+    @named_by_row
     def get(self, index: int, epoch: int = 0) -> Dict[str, np.ndarray]:
         conversation = self.conversations[index]
         sample, image_tokens, video_tokens, _, seconds = self.vision(conversation)
@@ -133,6 +134,7 @@ class OmniSFTDataset(VLSFTDataset):
         sample["attention_mask"] = np.ones_like(sample["input_ids"])
         return self.indexed(sample, index)
 
+    @named_by_row
     def length(self, index: int) -> int:
         """Tokens of sample ``index``: images and videos from headers and probes (no pixels
         decoded); audios decoded alone (their pads follow the resampler's exact sample count),
@@ -140,10 +142,25 @@ class OmniSFTDataset(VLSFTDataset):
         conversation = self.conversations[index]
         image_tokens, video_tokens, _, grids, seconds = self.vision_from_headers(conversation)
         sources = self.audio_sources(conversation)
-        frames = [self.audio_processor.frames(wave.size) for wave in self._waves(sources)]
+        frames = [self.audio_processor.frames(size) for size in self._wave_sizes(conversation, sources)]
         pads = audio_tokens(frames).tolist() if frames else []
         return pair_length(self.tokens(conversation, lambda c, limit: self._encode(
             c, image_tokens, video_tokens, grids, seconds, sources, pads, limit)))
+
+    def _wave_sizes(self, conversation: Conversation, sources: List[Tuple[str, str]]) -> List[int]:
+        """Each audio's samples as `_waves` gives them: from a shard's media_info ("audios" and, for
+        videos' tracks, "video_audios": samples at 16 kHz, written by `mm-data convert`) or decoded."""
+        info = conversation.media_info or {}
+        rate, limit = self.audio_processor.sampling_rate, self.audio_processor.chunk_length
+        if rate != 16000 or "audios" not in info or (self.use_audio_in_video and "video_audios" not in info):
+            return [wave.size for wave in self._waves(sources)]
+        audios, tracks, sizes = iter(info["audios"]), iter(info.get("video_audios", [])), []
+        for kind, path in sources:
+            size = next(audios) if kind == "audio" else next(tracks)
+            if size is None:
+                raise BadSample(conversation.source, "a video without an audio track under use_audio_in_video")
+            sizes.append(min(int(size), limit * rate))
+        return sizes
 
     def _waves(self, sources: List[Tuple[str, str]]) -> List[np.ndarray]:
         limit = self.audio_processor.chunk_length
