@@ -401,3 +401,27 @@ def test_a_corrupt_medium_or_a_missing_member_is_a_bad_sample_named_by_its_row(d
         with pytest.raises(BadSample, match=reason) as bad:
             dataset.get(1)
         assert bad.value.source == dataset.source(1) and bad.value.source.endswith("[1]"), bad.value.source
+
+
+def test_inspect_of_clips_reports_frames_buckets_and_what_batches_leave_out(clips, tmp_path, capsys):
+    from collections import Counter
+
+    from mm_data.cli import main
+    from mm_data.video import AspectBuckets, FrameBuckets, VideoTextDataset
+
+    for fmt, path in (("json", clips / "data.jsonl"), ("parquet", tmp_path / "pq")):
+        if fmt == "parquet":
+            main(["convert", str(clips / "data.jsonl"), str(path), "--kind", "video"])
+            capsys.readouterr()
+        assert main(["inspect", str(path), "--kind", "video", "--format", fmt, "--num-frames", "9", "--fps", "8",
+                     "--max-area", "1024", "--global-batch-size", "2", "--png", str(tmp_path / "clips.png")]) == 0
+        report = json.loads(capsys.readouterr().out)
+        reference = VideoTextDataset.from_annotations(str(clips / "data.jsonl"), max_bad_fraction=1.0, fps=8,
+                                                      frames=FrameBuckets(num_frames=9),
+                                                      buckets=AspectBuckets(max_area=1024, stride=16))
+        counts = Counter(reference.keys)
+        assert report["video_frames"] == {"count": 6, "min": 18.0, "mean": 21.0, "p50": 20.0, "p95": 25.0,
+                                          "max": 25.0}
+        assert sorted(report["buckets"].values()) == sorted(counts.values())
+        assert report["batches"]["left_out_per_epoch"] == sum(n % 2 for n in counts.values())
+        assert len(report["bad"]) == (1 if fmt == "json" else 0)  # convert left the broken clip out

@@ -5,10 +5,9 @@ failure ends with its own error line; a layout the processes cannot hold is refu
 
 import json
 import os
-import subprocess
 
 import pytest
-from helpers.mm_train_cli import losses, mm_train, mm_train_command, val_losses
+from helpers.mm_train_cli import launch_two_nodes, losses, mm_train, val_losses
 
 pytestmark = pytest.mark.distributed
 
@@ -125,39 +124,6 @@ def test_a_worker_failure_ends_with_the_workers_own_error_line(tmp_path):
     assert sum(line.startswith("mm-train: the run stopped") for line in lines) == 1  # shown once, last
     assert "Traceback" not in result.stderr and "RuntimeError" not in result.stderr
     assert "msrun" in (out / "logs" / "node_0" / "failure.txt").read_text()
-
-
-def launch_two_nodes(tmp_path, *args, outs, data, expect_ok=True, job_env=None):
-    """Two `mm-train launch` (node_rank 0 and 1, one worker each, one scheduler port) on this
-    machine; ``outs``: each node's output_dir (two folders stand for two nodes' own disks).
-    ``job_env(rank, port)``: the node's scheduler environment, given instead of the node flags.
-    Returns each node's stderr."""
-    from mm_parallel.launch import free_port
-
-    port = str(free_port())
-    env = {**os.environ, "MM_TRAIN_DATA": str(data)}
-    # Both "machines" are this one, so both msruns would find 127.0.0.1 among their addresses and
-    # start a scheduler; node 1 gets an `ip` that lists no address (what a second machine would
-    # report for node 0's address), so it starts only its worker, which joins node 0's scheduler.
-    other_machine = tmp_path / "node1_bin"
-    other_machine.mkdir(exist_ok=True)
-    (other_machine / "ip").write_text("#!/bin/sh\necho '[]'\n")
-    (other_machine / "ip").chmod(0o755)
-    envs = [env, {**env, "PATH": f"{other_machine}{os.pathsep}{env['PATH']}"}]
-    flags = [["--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port]
-             if job_env is None else [] for rank in (0, 1)]
-    if job_env is not None:
-        envs = [{**envs[rank], **job_env(rank, port)} for rank in (0, 1)]
-    nodes = [subprocess.Popen([mm_train_command(), "launch", *args, "--set", f"output_dir={outs[rank]}", *flags[rank],
-                               "--cluster-timeout", "120"],
-                              env=envs[rank], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in (0, 1)]
-    errs = []
-    for node in nodes:
-        _, err = node.communicate(timeout=600)
-        assert (node.returncode == 0) == expect_ok, err[-3000:]
-        errs.append(err)
-    return errs
 
 
 def test_two_nodes_on_loopback_train_like_one_process(tmp_path):

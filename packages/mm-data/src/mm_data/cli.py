@@ -2,9 +2,10 @@
 
     mm-data convert ANNOTATIONS OUT --format parquet|webdataset [--media embed|reference]
                     [--rows-per-shard N] [--rows-per-block N] [--media-dir DIR] [--kind auto|vl|video]
-    mm-data inspect PATH --tokenizer TOKENIZER [--format json|parquet|webdataset|arrow]
+    mm-data inspect PATH [--kind vl|video] [--tokenizer TOKENIZER] [--format json|parquet|webdataset|arrow]
                     [--max-length N] [--max-tokens N] [--micro-batch-size N] [--min-pixels N]
                     [--max-pixels N] [--video-fps F] [--png OUT.png]
+                    video: [--num-frames N] [--fps F] [--max-area N] [--global-batch-size N]
 
 Both print one JSON report on stdout (inspect's histograms go to the PNG).
 """
@@ -31,7 +32,12 @@ def _parser() -> argparse.ArgumentParser:
                          help="vl: LLaMA-Factory conversations; video: captioned clips (auto: told from the file)")
     inspect = commands.add_parser("inspect", help="sample counts, bad media, token / frame histograms, padding")
     inspect.add_argument("path")
-    inspect.add_argument("--tokenizer", required=True, help="a model folder or a tokenizer.json")
+    inspect.add_argument("--kind", choices=["vl", "video"], default="vl")
+    inspect.add_argument("--tokenizer", default=None, help="vl: a model folder or a tokenizer.json")
+    inspect.add_argument("--num-frames", type=int, default=81, help="video: clip length (1 + 4n)")
+    inspect.add_argument("--fps", type=float, default=16.0, help="video: frames per second sampled")
+    inspect.add_argument("--max-area", type=int, default=480 * 832, help="video: the buckets' pixels")
+    inspect.add_argument("--global-batch-size", type=int, default=1, help="video: samples a step")
     inspect.add_argument("--format", choices=["json", "parquet", "webdataset", "arrow"], default="json")
     inspect.add_argument("--max-length", type=int, default=4096)
     inspect.add_argument("--max-tokens", type=int, default=None, help="packed rows' budget (default: max-length)")
@@ -61,7 +67,20 @@ def main(argv=None) -> int:
 
         report = convert(args.annotations, args.out, args.format, args.media, args.rows_per_shard,
                          args.rows_per_block, args.media_dir, args.kind)
+    elif args.kind == "video":
+        from mm_data.inspection import inspect_video, write_histograms
+        from mm_data.video import AspectBuckets, FrameBuckets, VideoTextDataset
+
+        dataset = VideoTextDataset.from_annotations(args.path, max_bad_fraction=1.0, data_format=args.format,
+                                                    frames=FrameBuckets(num_frames=args.num_frames), fps=args.fps,
+                                                    buckets=AspectBuckets(max_area=args.max_area, stride=16))
+        report = inspect_video(dataset, args.global_batch_size)
+        if args.png:
+            report["png"] = write_histograms(report, args.png)
+        report.pop("_values")
     else:
+        if not args.tokenizer:
+            raise SystemExit("mm-data inspect --kind vl needs --tokenizer (a model folder or a tokenizer.json)")
         from mm_data.inspection import inspect_vl, write_histograms
         from mm_data.vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor, VLSFTDataset
 

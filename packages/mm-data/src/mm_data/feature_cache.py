@@ -11,6 +11,7 @@ written to a temporary name and renamed before its index lines are appended, so 
 names a missing shard; a rerun skips the samples already indexed and finishes an interrupted
 cache. Bad samples are skipped through the data set's `BadInputLog`.
 
+On node-local disks the nodes' indexes are exchanged (`mm_data.feature_nodes`) and
 `FeatureDataset` reads the folder back: ``get(i)`` gives the sample's feature arrays (plus its
 caption), ``keys`` the shape of each sample's features for bucketed batching. `FeaturePairs`
 serves a cache built from clip pairs (mm_data.video.pairs) one pair per sample.
@@ -27,22 +28,15 @@ from typing import Callable, Dict, List, Mapping, Optional
 import numpy as np
 
 from mm_data.errors import BadInputLog, BadSample
+from mm_data.feature_nodes import node_entries, rank_entries
 from mm_data.video.pairs import PAIR_LIST
 
 INDEX_PATTERN = "index-r{rank:03d}.jsonl"
 
 
-def _indexed(folder: str) -> List[dict]:
-    entries = []
-    for path in sorted(glob.glob(os.path.join(folder, "index-r*.jsonl"))):
-        with open(path, encoding="utf-8") as f:
-            entries += [json.loads(line) for line in f if line.strip()]
-    return entries
-
-
 def cached_indices(folder: str) -> set:
     """The samples a cache folder already holds (every rank's index)."""
-    return {entry["index"] for entry in _indexed(folder)}
+    return {entry["index"] for entry in rank_entries(folder)}
 
 
 def build_feature_cache(dataset, encoders: Mapping[str, Callable[[dict], np.ndarray]], folder: str,
@@ -121,7 +115,9 @@ class FeatureDataset:
 
     def __init__(self, folder: str):
         self.folder = folder
-        self.entries = sorted(_indexed(folder), key=lambda entry: entry["index"])
+        local = {entry["index"]: entry for entry in rank_entries(folder)}  # a sample this node holds: its own entry
+        remote = {entry["index"]: entry for entry in node_entries(folder) if entry["index"] not in local}
+        self.entries = sorted([*local.values(), *remote.values()], key=lambda entry: entry["index"])
         if not self.entries:
             raise ValueError(f"{folder} holds no feature index (index-r*.jsonl); build it with build_feature_cache")
         self.keys = [tuple(tuple(shape) for shape in entry["features"].values()) for entry in self.entries]

@@ -1,11 +1,13 @@
-"""What a VL data set holds before anyone trains on it (`mm-data inspect`).
+"""What a data set holds before anyone trains on it (`mm-data inspect`).
 
-For a LLaMA-Factory file or a set of shards: the number of samples and of bad ones (missing or
-unreadable media, placeholders that do not match, each named), each usable sample's tokens (from
-image headers and video probes, or the shards' media_info: no pixels decoded), its media tokens
-and its videos' frames and seconds; the padding the batch settings would cost — packed rows of
-``max_tokens`` (the order given, `mm_data.vl.plan_rows`) or micro-batches of ``micro_batch_size``
-padded to their longest; and histograms of tokens, frames and seconds written as a PNG.
+For a video set (`inspect_video`): clips, bad ones, frames / seconds / sizes, the buckets and what
+an epoch of global batches leaves out of each. For a LLaMA-Factory file or a set of shards
+(`inspect_vl`): the number of samples and of bad ones (missing or unreadable media, placeholders
+that do not match, each named), each usable sample's tokens (from image headers and video probes,
+or the shards' media_info: no pixels decoded), its media tokens and its videos' frames and
+seconds; the padding the batch settings would cost — packed rows of ``max_tokens`` (the order
+given, `mm_data.vl.plan_rows`) or micro-batches of ``micro_batch_size`` padded to their longest;
+and histograms of tokens, frames and seconds written as a PNG.
 """
 
 from __future__ import annotations
@@ -52,6 +54,25 @@ def inspect_vl(dataset, max_tokens: Optional[int] = None, micro_batch_size: int 
         report["padded_batches"] = {"micro_batch_size": micro_batch_size, "padding": round(1 - sum(tokens) / padded, 4)}
     report["_values"] = {"tokens": tokens, "video frames": frames, "video seconds": seconds}
     return report
+
+
+def inspect_video(dataset, global_batch_size: int = 1) -> Dict:
+    """The report of a `VideoTextDataset`: clips, bad ones (read when the set was built), frames,
+    seconds and sizes, the samples of each bucket (frames, height, width) and how many of them an
+    epoch of global batches of ``global_batch_size`` (one bucket each) leaves out."""
+    infos = dataset.infos
+    buckets: Dict[str, int] = {}
+    for key in dataset.keys:
+        buckets[" x ".join(map(str, key))] = buckets.get(" x ".join(map(str, key)), 0) + 1
+    left = sum(count % global_batch_size for count in buckets.values())
+    bad = [list(b) for b in dataset.bad_input.skipped]
+    return {"samples": len(dataset) + len(bad), "bad": bad,
+            "video_frames": _summary([i.num_frames for i in infos]),
+            "video_seconds": _summary([i.duration for i in infos]),
+            "pixels": _summary([i.height * i.width for i in infos]), "buckets": buckets,
+            "batches": {"global_batch_size": global_batch_size, "left_out_per_epoch": left,
+                        "share": round(left / max(len(dataset), 1), 4)},
+            "_values": {"video frames": [i.num_frames for i in infos], "video seconds": [i.duration for i in infos]}}
 
 
 def _summary(values) -> Dict:

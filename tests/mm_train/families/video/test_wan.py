@@ -159,3 +159,37 @@ def test_online_encoding_trains_alike_under_dp2(tmp_path, run_distributed):
     dp2, _ = run(run_distributed, tmp_path / "dp2", *online, data=data, nproc=2)
     assert dp2 == pytest.approx(single, rel=1e-4) and np.isfinite(single).all()
     assert not (data / "features-t2v").exists()
+
+
+def test_a_feature_cache_on_node_local_disks_is_built_by_both_nodes_and_read_where_it_is(tmp_path, run_distributed):
+    """data.features_shared_fs=false over two nodes (two launches, each its own output_dir): each
+    node encodes its share into its own folder and learns the other's index; as each node's rank
+    would read the other's features, the run is refused on both, naming the shards and where they
+    are. Copied over (as rsync would), the rerun encodes nothing again and trains like one process."""
+    import shutil
+
+    from helpers.mm_train_cli import launch_two_nodes
+
+    user = write_user_clips(tmp_path) + ["--set", "data.vae=tiny", "--set", "data.text_encoder=tiny"]
+    home = {"MM_TRAIN_VIDEO_DATA": str(tmp_path / "home")}
+    single, _ = run(run_distributed, tmp_path / "single", *user, data=tmp_path / "data.jsonl", variables=home)
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    local = [RECIPE, "--set", f"data.path={tmp_path / 'data.jsonl'}", *user, "--set", "data.features_shared_fs=false",
+             "--no-progress"]
+    errs = launch_two_nodes(tmp_path, *local, outs=nodes, data=tmp_path / "unused", expect_ok=False, variables=home)
+    folders = [node / "features" for node in nodes]
+    own = [sorted(p.name for p in folder.glob("features-r*.safetensors")) for folder in folders]
+    assert own[0] and own[1] and all(name.startswith("features-r000") for name in own[0])
+    assert all(name.startswith("features-r001") for name in own[1])
+    assert (folders[0] / "index-node-1.jsonl").is_file() and (folders[1] / "index-node-0.jsonl").is_file()
+    for err in errs:
+        assert "data.features_shared_fs is false" in err and "(on node 1)" in err and "(on node 0)" in err, \
+            err[-3000:]
+    written = {p: p.stat().st_mtime_ns for folder in folders for p in folder.glob("features-r*.safetensors")}
+    for source, target in ((folders[0], folders[1]), (folders[1], folders[0])):
+        for path in source.glob("features-r*.safetensors"):
+            if path.name in {name for name in own[0] + own[1]} and not (target / path.name).exists():
+                shutil.copy2(path, target / path.name)
+    launch_two_nodes(tmp_path, *local, outs=nodes, data=tmp_path / "unused", variables=home)
+    assert losses(nodes[0]) == pytest.approx(single, rel=1e-5)
+    assert all(p.stat().st_mtime_ns == mtime for p, mtime in written.items())  # nothing encoded again

@@ -33,7 +33,9 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from mm_train import node_disks
 from mm_train.evaluation import VALIDATION_STEP, training_split
+from mm_train.families.video import cache_nodes
 from mm_train.families.video import tiny as tiny_video
 from mm_train.families.video.encoders import encoder_sources, wan_feature_encoders, wan_folder_encoders
 from mm_train.families.video.wan_pipeline import first_frame_clean, token_timesteps
@@ -171,6 +173,8 @@ class WanTrainData:
             raise ValueError(objective_problems(recipe)[0])
         self.cache_folder, self.cache_skips = None, []
         self.frame_group = self._vae_group(data, topo)
+        # who writes the cache's shared files: rank 0, or each node's first rank on node-local disks
+        self.cache_disks = node_disks.find(topo, cache_nodes.shared_fs(recipe))
         if self.online:  # clips decoded and encoded every step (random crops and clip starts)
             source = _Source(recipe, topo, self.i2v, self)
             self.annotations = source.annotations
@@ -196,6 +200,11 @@ class WanTrainData:
         self.sampler = BucketBatchSampler(len(self.dataset), train.global_batch_size, topo.dp.rank, topo.dp.size,
                                           keys=self.dataset.keys, seed=train.seed, indices=indices,
                                           blocks=getattr(self.dataset, "block_sizes", None))
+        if self.cache_folder is not None and not self.cache_disks.shared:
+            held_out = () if self.held_out is None else self.held_out
+            reads = cache_nodes.samples_read(self.sampler, train.steps, held_out,
+                                             self.dataset.pairs if self.pairs else None)
+            cache_nodes.require_node_part(features, reads, self.cache_disks, topo)
         self.schedule = self.make_schedule()
 
     def for_recipe(self, recipe):
@@ -239,6 +248,7 @@ class WanTrainData:
         from mm_parallel import comm
 
         folder, encoders, clips = source.cache, source.encoders(), source.dataset(random_crop=False)
+        disks = self.cache_disks
         group, done = self.frame_group, None
         if group is not None:  # a group encodes each clip together, its first rank writes
             done = cached_indices(folder)
@@ -247,12 +257,15 @@ class WanTrainData:
         writer = group is None or group.rank == 0
         build_feature_cache(clips, encoders, folder, batch_size=1, rank=topo.rank // n,
                             world_size=topo.world_size // n, done=done, write=writer)
-        if source.pairs and topo.rank == 0:  # which clips make a pair (mm_data.FeaturePairs reads it)
+        if not disks.shared:
+            comm.barrier(topo.world)  # every node's part is written before the indexes are exchanged
+            cache_nodes.exchange_indexes(folder, disks, topo)
+        if source.pairs and disks.folder_writer:  # which clips make a pair (mm_data.FeaturePairs reads it)
             from mm_data.video.pairs import write_pair_list
 
             write_pair_list(folder, clips.clip_pairs)
         self.cache_skips = list(clips.bad_input.skipped) if writer else []
-        if topo.rank == 0 and not os.path.exists(os.path.join(folder, NULL_CAPTION)):
+        if disks.folder_writer and not os.path.exists(os.path.join(folder, NULL_CAPTION)):
             empty = source.tokenizer("", padding="max_length", max_length=source.text_length, return_tensors="np")
             null = encoders["prompt_embeds"]({k: v.astype(np.int64) for k, v in empty.items()})[0]
             save_file({"prompt_embeds": np.ascontiguousarray(null, np.float32)}, os.path.join(folder, NULL_CAPTION))

@@ -42,6 +42,9 @@ class VideoDataSection(DataSection):
     image_encoder: Optional[str] = None  # I2V: a transformers CLIP vision folder
     image_processor: Optional[str] = None  # I2V: its preprocessor_config.json folder (default: image_encoder)
     features_dir: Optional[str] = None  # the feature cache (default: output_dir/features)
+    # whether features_dir is one folder every node sees (default: checkpoint.shared_fs); false:
+    # each node builds its part on its own disk and reads from there (families.video.cache_nodes)
+    features_shared_fs: Optional[bool] = None
     num_frames: int = 81  # clip length, 1 + 4n
     fps: float = 16.0
     max_area: int = 480 * 832
