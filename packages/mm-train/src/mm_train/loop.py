@@ -51,7 +51,7 @@ from mm_parallel.ops import low_precision
 from mm_parallel.ops.device import as_type, use_fused
 from mm_parallel.tensor_parallel import seed_parameters
 from mm_parallel.topology import Topology
-from mm_train import checkpoint, evaluation, node_disks, run_folder, samples, tensorboard_log
+from mm_train import checkpoint, evaluation, node_disks, run_folder, samples, trackers
 from mm_train.grpo_step import GrpoStep
 from mm_train.loss_share import with_loss_divisor
 from mm_train.preference_step import PreferenceStep
@@ -235,7 +235,7 @@ def _train(recipe, make_task, progress, resume, resume_from, overwrite) -> List[
     bar = Progress(recipe.train.steps, progress and writer)
     global_batch = recipe.train.global_batch_size or 0  # a token budget's batches say theirs (batch_samples)
     log = _metrics_log(os.path.join(out, "metrics.jsonl"), first) if writer else None
-    board = tensorboard_log.open_for(recipe, first, writer)
+    board = trackers.open_for(recipe, first, writer)  # TensorBoard and the trackers the recipe names
     every = recipe.checkpoint.every
     profiler = _profiler(recipe.profile, topo.rank)
     rows = Rows(recipe, optimizer, global_batch // topo.dp.size, topo.dp.size, log, board, bar,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import List, Optional
 
-from mm_train import tensorboard_log
+from mm_train import tensorboard_log, trackers
 
 # Deferred imports: mm-data (an optional package; only sharded data is opened before launch).
 
@@ -88,5 +88,6 @@ def check_before_launch(recipe) -> None:
     problems = rules(recipe, model_config(recipe)) if rules else []
     if recipe.logging.tensorboard and not tensorboard_log.available():
         problems.append(tensorboard_log.EXTRA_HINT)
+    problems += trackers.missing_extras(recipe.logging)
     if problems:
         raise ValueError("this run cannot start: " + "\nmm-train: ".join(problems))

@@ -44,6 +44,7 @@ import yaml
 from mm_train import registry
 from mm_train.model_source import ModelSource
 from mm_train.objective_sections import EXPONENT, OBJECTIVE_SECTIONS, DpoSection, GrpoSection, check_objective
+from mm_train.trackers import SECTIONS as TRACKER_SECTIONS
 
 # Deferred imports: MindSpore and mm-parallel (the CLI starts without loading MindSpore); mm-profiling
 # (optional: a missing one is named when a run needs it).
@@ -225,10 +226,27 @@ class ClusterSection:
 
 @dataclass
 class LoggingSection:
-    """What a run writes beside metrics.jsonl (mm_train.tensorboard_log)."""
+    """What a run writes beside metrics.jsonl (mm_train.tensorboard_log, mm_train.trackers)."""
 
     tensorboard: bool = False  # TensorBoard event files of every logged row (needs mm-train[tensorboard])
     tensorboard_dir: Optional[str] = None  # default: output_dir/tensorboard
+    # trackers (each an extra: mm-train[wandb] / [swanlab] / [mlflow]); true: the defaults
+    wandb: Optional[Any] = None  # {project, name, mode: online | offline}
+    swanlab: Optional[Any] = None  # {project, name, mode: cloud | local}
+    mlflow: Optional[Any] = None  # {tracking_uri (default: a file store at output_dir/mlruns), experiment, name}
+
+    def __post_init__(self):
+        for name, cls in TRACKER_SECTIONS.items():
+            value = getattr(self, name)
+            if value is True:
+                setattr(self, name, cls())
+            elif value is False:
+                setattr(self, name, None)
+            elif isinstance(value, dict):
+                setattr(self, name, _typed(f"logging.{name}", cls, value))
+            elif value is not None and not isinstance(value, cls):
+                raise ValueError(f"logging.{name} is a section ({', '.join(f.name for f in fields(cls))}) or true, "
+                                 f"got {value!r}")
 
 
 @dataclass

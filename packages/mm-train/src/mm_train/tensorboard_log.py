@@ -21,6 +21,19 @@ SCALARS = ("loss", "grad_norm", "lr", "samples_per_s", "tokens_per_s", "mfu", "m
 EXTRA_HINT = "logging.tensorboard needs tensorboardX: pip install 'mm-train[tensorboard]'"
 
 
+def row_scalars(row: Dict) -> Dict[str, float]:
+    """{tag: value} of a metrics row: train/<figure>, eval/val_loss, moe/<layer>/<figure> (what
+    TensorBoard and the trackers, mm_train.trackers, are given)."""
+    def number(value):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    out = {f"train/{key}": row[key] for key in SCALARS if number(row.get(key))}
+    if isinstance(row.get("val_loss"), float):
+        out["eval/val_loss"] = row["val_loss"]
+    for layer, figures in (row.get("moe") or {}).items():
+        out.update({f"moe/{layer}/{name}": value for name, value in figures.items() if number(value)})
+    return out
+
+
 def available() -> bool:
     return importlib.util.find_spec("tensorboardX") is not None
 
@@ -42,17 +55,8 @@ class TensorBoardLog:
         self.writer = SummaryWriter(folder, purge_step=first_step + 1 if first_step else None)
 
     def write(self, row: Dict) -> None:
-        step = row["step"]
-        for key in SCALARS:
-            value = row.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.writer.add_scalar(f"train/{key}", value, step)
-        if isinstance(row.get("val_loss"), float):
-            self.writer.add_scalar("eval/val_loss", row["val_loss"], step)
-        for layer, figures in (row.get("moe") or {}).items():
-            for name, value in figures.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self.writer.add_scalar(f"moe/{layer}/{name}", value, step)
+        for tag, value in row_scalars(row).items():
+            self.writer.add_scalar(tag, value, row["step"])
         self.writer.flush()
 
     def add_sample_image(self, name: str, image, step: int) -> None:
