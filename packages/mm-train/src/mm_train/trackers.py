@@ -70,45 +70,43 @@ def missing_extras(logging) -> List[str]:
             if getattr(logging, name) is not None and importlib.util.find_spec(module) is None]
 
 
-class WandbTracker:
+class _RunTracker:
+    """A tracker whose run object logs dicts at a step and finishes (W&B's and SwanLab's alike);
+    ``media`` wraps an image for it."""
+
+    run = media = None
+
+    def write(self, scalars: Dict[str, float], step: int) -> None:
+        self.run.log(scalars, step=step)
+
+    def image(self, tag: str, image, step: int) -> None:
+        self.run.log({tag: self.media(image)}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class WandbTracker(_RunTracker):
     def __init__(self, section: WandbSection, recipe, run_id: Optional[str]):
         import wandb
 
-        self.wandb = wandb
+        self.media = wandb.Image
         self.run = wandb.init(project=section.project, name=section.name or _name(recipe), mode=section.mode,
                               dir=recipe.output_dir, config=recipe.to_dict(), id=run_id, resume="allow" if run_id
                               else None, reinit="create_new")
         self.id = self.run.id
 
-    def write(self, scalars: Dict[str, float], step: int) -> None:
-        self.run.log(scalars, step=step)
 
-    def image(self, tag: str, image, step: int) -> None:
-        self.run.log({tag: self.wandb.Image(image)}, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
-
-
-class SwanlabTracker:
+class SwanlabTracker(_RunTracker):
     def __init__(self, section: SwanlabSection, recipe, run_id: Optional[str]):
         import swanlab
 
-        self.swanlab = swanlab
+        self.media = swanlab.Image
         self.run = swanlab.init(project=section.project, name=section.name or _name(recipe), config=recipe.to_dict(),
                                 mode="online" if section.mode == "cloud" else "local",
                                 log_dir=os.path.join(recipe.output_dir, "swanlog"), id=run_id,
                                 resume="allow" if run_id else None, reinit=True)
         self.id = getattr(self.run, "id", None)
-
-    def write(self, scalars: Dict[str, float], step: int) -> None:
-        self.run.log(scalars, step=step)
-
-    def image(self, tag: str, image, step: int) -> None:
-        self.run.log({tag: self.swanlab.Image(image)}, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
 
 
 class MlflowTracker:
