@@ -272,7 +272,7 @@ def _launch_node(args) -> int:
 # The optional packages behind mm-train's extras (pyproject.toml): a run that needs a missing one
 # is told which extra to install; any other ImportError is a bug and keeps its traceback.
 EXTRAS = {"mm_models_video": "video", "mm_models_vl": "vl", "mm_data": "data", "mm_profiling": "profiling",
-          "tensorboardX": "tensorboard"}
+          "tensorboardX": "tensorboard", "wandb": "wandb", "swanlab": "swanlab", "mlflow": "mlflow"}
 
 
 def missing_extra(error: ImportError) -> Optional[str]:
