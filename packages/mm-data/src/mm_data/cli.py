@@ -68,20 +68,17 @@ def main(argv=None) -> int:
         report = convert(args.annotations, args.out, args.format, args.media, args.rows_per_shard,
                          args.rows_per_block, args.media_dir, args.kind)
     elif args.kind == "video":
-        from mm_data.inspection import inspect_video, write_histograms
+        from mm_data.inspection import inspect_video
         from mm_data.video import AspectBuckets, FrameBuckets, VideoTextDataset
 
         dataset = VideoTextDataset.from_annotations(args.path, max_bad_fraction=1.0, data_format=args.format,
                                                     frames=FrameBuckets(num_frames=args.num_frames), fps=args.fps,
                                                     buckets=AspectBuckets(max_area=args.max_area, stride=16))
         report = inspect_video(dataset, args.global_batch_size)
-        if args.png:
-            report["png"] = write_histograms(report, args.png)
-        report.pop("_values")
     else:
         if not args.tokenizer:
             raise SystemExit("mm-data inspect --kind vl needs --tokenizer (a model folder or a tokenizer.json)")
-        from mm_data.inspection import inspect_vl, write_histograms
+        from mm_data.inspection import inspect_vl
         from mm_data.vl import Qwen2VLImageProcessor, Qwen2VLVideoProcessor, VLSFTDataset
 
         bounds = {k: v for k, v in (("min_pixels", args.min_pixels), ("max_pixels", args.max_pixels)) if v}
@@ -90,10 +87,13 @@ def main(argv=None) -> int:
                                          image_processor=Qwen2VLImageProcessor(**bounds),
                                          video_processor=Qwen2VLVideoProcessor(**bounds), video_fps=args.video_fps)
         report = inspect_vl(dataset, args.max_tokens or args.max_length, args.micro_batch_size)
+        report["bad"] = [list(item) for item in dataset.bad_input.skipped] + report["bad"]  # read, then asked
+    if args.command == "inspect":
         if args.png:
+            from mm_data.inspection import write_histograms
+
             report["png"] = write_histograms(report, args.png)
         report.pop("_values")
-        report["bad"] = [list(item) for item in dataset.bad_input.skipped] + report["bad"]  # read, then asked
     json.dump(report, sys.stdout, indent=1)
     sys.stdout.write("\n")
     return 0

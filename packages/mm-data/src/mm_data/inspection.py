@@ -31,7 +31,7 @@ def inspect_vl(dataset, max_tokens: Optional[int] = None, micro_batch_size: int 
     for index in range(len(dataset)):
         try:
             conversation = dataset.conversations[index]
-            length, vision = dataset.length(index), dataset.costs(index)[1]
+            length, vision = dataset.costs(index)  # (tokens, vision tokens), from headers or media_info
             for number in range(len(conversation.videos)):
                 info = dataset.video_info(conversation, number)
                 frames.append(info.num_frames)

@@ -46,7 +46,8 @@ def convert(annotations: str, out: str, fmt: str = "parquet", media: str = "embe
                    else _video_rows(annotations, out, media, media_dir, log))
     rows: List[Dict] = []
     shards: List[str] = []
-    for row in source_rows:
+    written = 0
+    for written, row in enumerate(source_rows, 1):
         rows.append(row)
         if len(rows) == rows_per_shard:
             shards.append(_write_shard(rows, out, len(shards), fmt, rows_per_block, media))
@@ -55,9 +56,7 @@ def convert(annotations: str, out: str, fmt: str = "parquet", media: str = "embe
         shards.append(_write_shard(rows, out, len(shards), fmt, rows_per_block, media))
     manifest = write_manifest(out, fmt, shards, {"source": os.path.abspath(annotations), "media": media,
                                                  "kind": kind})
-    with open(manifest) as f:
-        total = json.load(f)["rows"]
-    return {"rows": total, "shards": len(shards), "manifest": manifest, "kind": kind, "skipped": list(log.skipped)}
+    return {"rows": written, "shards": len(shards), "manifest": manifest, "kind": kind, "skipped": list(log.skipped)}
 
 
 def _kind(annotations: str) -> str:

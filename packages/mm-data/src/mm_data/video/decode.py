@@ -197,9 +197,9 @@ def probe(source: Source) -> VideoInfo:
 
     Decodes the first few frames (`_timeline`) and demuxes the last keyframe's packets; only a
     file without usable timestamps is decoded whole to count its frames."""
-    timeline = _timeline(source)
     container = _open(source)
     try:
+        timeline = _timeline(source, container)  # its look decodes from this container; _last_pts seeks on
         stream = container.streams.video[0]
         fps = _frame_rate(stream)
         width, height = stream.codec_context.width, stream.codec_context.height

@@ -123,7 +123,7 @@ class VLSFTDataset:
     def _first_block(self) -> List[Conversation]:
         """The first block's usable conversations (what a sharded set's kind is judged by)."""
         shards, parsed = self.conversations.shards, []
-        for index in range(min(shards.block_sizes[0] if len(shards) else 0, len(shards))):
+        for index in range(shards.block_sizes[0] if len(shards) else 0):
             try:
                 parsed.append(self.conversations[index])
             except BadSample:
