@@ -9,7 +9,10 @@ The workers of one process count are started once per session and kept for the n
 ``env`` or ``fresh=True`` gets a launch of its own (mm_parallel.launch.run_distributed).
 """
 
+import os
+
 import pytest
+from helpers.compat_tier import in_tier, unmatched
 from helpers.references import reference_problems
 
 from mm_parallel import launch
@@ -21,6 +24,21 @@ def pytest_sessionstart(session):
     if problems:
         pytest.exit("the parity references are required: " + "; ".join(problems) +
                     ". Run the suite with `hatch test` (hatch.toml pins them)", returncode=4)
+
+
+def pytest_collection_modifyitems(config, items):
+    """MM_TEST_TIER=compat (hatch.toml's compat environment) keeps the compat tier alone."""
+    tier = os.environ.get("MM_TEST_TIER", "")
+    if not tier:
+        return
+    if tier != "compat":
+        raise pytest.UsageError(f"MM_TEST_TIER={tier!r}: the only tier is 'compat' (unset it for the whole suite)")
+    missing = unmatched([item.nodeid for item in items])
+    if missing:
+        raise pytest.UsageError("helpers/compat_tier.py names tests that do not exist: " + ", ".join(missing))
+    kept = [item for item in items if in_tier(item.nodeid)]
+    config.hook.pytest_deselected(items=[item for item in items if not in_tier(item.nodeid)])
+    items[:] = kept
 
 
 @pytest.fixture(scope="session")

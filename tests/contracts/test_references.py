@@ -19,6 +19,9 @@ def test_a_missing_or_other_reference_is_named():
     assert reference_problems(good) == [] and set(good) == set(REFERENCES)
     assert reference_problems({**good, "torch": "2.5.1"}) == [
         "torch 2.5.1 is installed; the tests compare against 2.13.0"]
+    assert reference_problems({**good, "transformers": "5.25.0"}) == []
+    assert reference_problems({**good, "transformers": "5.23.0"}) == [
+        "transformers 5.23.0 is installed; the tests compare against 5.24.0 or 5.25.0"]
     missing = dict(good)
     del missing["diffusers"]
     assert reference_problems(missing) == ["diffusers is not installed"]

@@ -11,10 +11,10 @@ def test_ci_runs_the_readme_test_command():
     block = re.search(r"```bash\n(.*?)```", quick_start, re.S).group(1).strip().splitlines()
     block = [line.split("#", 1)[0].strip() for line in block]  # commands without their comments
     ci = [line for line in ROOT.joinpath(".ci", "run").read_text().splitlines() if line and not line.startswith("#")]
-    assert block[-1] == ci[-1] == "hatch test"
+    assert block[-1] == ci[-1] == "hatch test --all"  # the primary suite and the compat tier (hatch.toml)
     assert block[0].startswith("pip install hatch") and "pip install" in ci[-2] and "hatch" in ci[-2]
     # after installing hatch, exactly two commands: train the built-in default, run the tests
-    assert block[1:] == ["hatch run mm-train run", "hatch test"]
+    assert block[1:] == ["hatch run mm-train run", "hatch test --all"]
 
 
 def test_no_pickle_anywhere():
@@ -111,3 +111,15 @@ def test_the_architecture_document_names_what_exists():
             if not ok:
                 missing.append(token)
     assert missing == [], missing
+
+
+def test_the_compat_tier_names_existing_tests():
+    """tests/helpers/compat_tier.py (the compat environment's tier): every entry a folder, file or test
+    that exists; conftest.py fails a compat session on an entry that collects nothing."""
+    from helpers.compat_tier import TIER
+
+    for entry in TIER:
+        path, _, name = entry.partition("::")
+        assert (ROOT / path).exists(), entry
+        if name:
+            assert f"def {name}(" in (ROOT / path).read_text(), entry

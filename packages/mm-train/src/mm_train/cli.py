@@ -35,6 +35,7 @@ from mm_train.recipe import build_recipe, check_layout, load_recipe
 from mm_train.run_folder import check_unclaimed
 from mm_train.scheduler_env import FIELDS as PLACE_FIELDS
 from mm_train.scheduler_env import node_place
+from mm_train.tested_versions import warn_untested
 from mm_train.worker_output import LogRelay, report_failure
 
 # Deferred imports: MindSpore, mm-parallel and mm_train.loop (which loads both): the CLI starts without
@@ -146,8 +147,12 @@ def _train(recipe, options: Mapping) -> int:
 def settle_runtime(recipe, in_launch: bool) -> None:
     """Device and launch mode before any op runs (mm_parallel.runtime): the recipe's train.device
     (MM_DEVICE overrides it; every worker reads the recipe too), the launch-mode self-check run
-    once per device and MindSpore version by the launcher, then both applied and said once."""
+    once per device and MindSpore version by the launcher, then both applied and said once; a
+    MindSpore or transformers outside the tested table named first (never refused)."""
     from mm_parallel import runtime
+
+    if not in_launch:
+        warn_untested()
 
     target, _ = runtime.chosen_device(recipe.train.device)
     if (not in_launch and not os.environ.get("MM_LAUNCH_BLOCKING") and runtime.self_check_decides(target)

@@ -46,13 +46,15 @@ def _check_dtype(kernel, line, what, x, allowed):
 
 
 # -- rms_norm, rotary_position_embedding, swiglu --------------------------------------------------
+# Quoted lines: " ... " marks wording the tested releases' pages differ in where the rule does not
+# (2.9.0 on: "the same as", "larger", "Supported layout", "D is Even", "32-byte"; docs/versions.md).
 
 RMS = "rms_norm"
 RMS_X = "x (Tensor): Input data of RmsNorm. Support data type: float16, float32, bfloat16."
 RMS_GAMMA = "gamma (Tensor): Learnable parameter gamma . Support data type: float16, float32, bfloat16."
-RMS_SAME = "TypeError: If data type of `x` is not the same with the data type of `gamma`."
+RMS_SAME = "TypeError: If data type of `x` is not the same ... the data type of `gamma`."
 RMS_EPS = "ValueError: If `epsilon` is not a float between 0 and 1."
-RMS_RANK = "ValueError: If the rank of `gamma` is lagger than the rank of `x`."
+RMS_RANK = "ValueError: If the rank of `gamma` is la ... ger than the rank of `x`."
 
 
 def rms_norm(x, gamma, epsilon=1e-6):
@@ -74,9 +76,9 @@ ROPE = "rotary_position_embedding"
 ROPE_X = "x (Tensor): 4D tensor, with float16, bfloat16 or float32 data type."
 ROPE_TABLE = "cos (Tensor): 4D constant, has the same type as `x` , in range of [-1, 1]."
 ROPE_MODE = "TypeError: If `mode` is not an int."
-ROPE_D = "D < 896 and D is an Even. B, N < 1000;"
-ROPE_LAYOUT = "Support layout for different values of `x`"
-ROPE_BNSD = ("When the layout is BNSD, B * N > 8S and D is 32-bytes alignment, the performance is poor. "
+ROPE_D = "D < 896 and D is ... Even. B, N < 1000;"
+ROPE_LAYOUT = "Support ... layout for different values of `x`"
+ROPE_BNSD = ("When the layout is BNSD, B * N > 8S and D is 32-byte ... alignment, the performance is poor. "
              "Therefore, this interface cannot be called.")
 
 

@@ -24,14 +24,16 @@ INT_MAX = 2147483647
 LAYOUTS = ("BSH", "BNSD", "SBH", "BSND", "TND")
 COMPRESSED = 2048  # the optimised causal mask sparse modes 2, 3 and 4 take
 
-# The lines of the page each check enforces (quoted in the error).
+# The lines of the page each check enforces (quoted in the error). " ... " marks wording that differs
+# between the tested releases' pages where the rule does not (2.7.2 "ranges is", "equals to",
+# "trianglar"; 2.9.0 on "ranges are", "equals", "triangular"; docs/versions.md).
 B_RANGE = "B: Batch size. Value range 1 to 2k."
 S1_RANGE = "S1: Sequence length of `query`. Value range 1 to 512k."
 S2_RANGE = "S2: Sequence length of `key` and `value`. Value range 1 to 512k."
 N1_RANGE = "N1: Num heads of `query`. Value range 1 to 256."
 N2_FACTOR = "N2: Num heads of `key` and `value`, and N2 must be a factor of N1."
-D_RULE = "D: Head size. The value ranges is a multiple of 16, with the max value of 512."
-H1_RULE = "H1: Hidden size of `query`, which equals to N1 * D."
+D_RULE = "D: Head size. The value ranges ... a multiple of 16, with the max value of 512."
+H1_RULE = "H1: Hidden size of `query`, which equals ... N1 * D."
 QUERY_DTYPE = "The supported dtype is float16 and bfloat16."
 SAME_DTYPE = "TypeError: `query`, `key` and `value` don't have the same dtype."
 VALUE_SHAPE = "value (Tensor): The value tensor with the same dtype and shape as `key`."
@@ -63,7 +65,7 @@ TND_BATCH = "The lengths of two lists must be the same, and size of list is batc
 TND_CUMULATIVE = ("The `actual_seq_qlen` and `actual_seq_kvlen` are the cumulative sum of sequence of key/value, so "
                   "they must be non-decreasing.")
 TND_LAST = "array with increasing values and the last value equal to T1."
-TND_MASK = ("`attn_mask` must be a lower trianglar matrix, so `sparse_mode` should be 2 or 3. The shape of "
+TND_MASK = ("`attn_mask` must be a lower ... matrix, so `sparse_mode` should be 2 or 3. The shape of "
             "`attn_mask` should be (2048, 2048).")
 TND_TOKENS = "`next_tokens` is 0, and `pre_tokens` is not less than max_seqlen_q."
 TND_MODE_3 = "When `sparse_mode` is 3, S1 of each batch should be less than or equal to S2."

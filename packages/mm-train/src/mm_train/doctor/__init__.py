@@ -36,17 +36,21 @@ from mm_train.doctor.collectives import run_checks
 from mm_train.doctor.kernels import check_kernels
 from mm_train.doctor.recipe_attention import check_recipe_attention, probe_undocumented_forms
 from mm_train.recipe import load_recipe
+from mm_train.tested_versions import TESTED
 
 # Deferred imports: MindSpore, mm-parallel and mm_train.loop (which loads both): the CLI starts without
 # loading MindSpore; packaging (only the version check of the mm packages uses it).
 
-# MindSpore 2.7.2's companions (MindSpore Transformers 1.8.0's installation page, the release
-# matched to MindSpore 2.7.2: CANN 8.5.0, firmware & drivers 25.5.0; Python 3.11 recommended)
-SUPPORTED = {"python": "3.11", "mindspore": "2.7.2", "numpy": "<2", "cann": "8.5.0", "driver": "25.5.0"}
+# Each tested MindSpore's companions as MindSpore Transformers' installation page pairs them (1.8.0:
+# MindSpore 2.7.2 with CANN 8.5.0 and firmware & drivers 25.5.0; 1.9.0: 2.9.0 with 9.0.0 and 26.0.RC1);
+# 2.8.0 and 2.10.0 have no such page, so their CANN and driver rows say so instead of judging.
+SUPPORTED = {"python": "3.11", "numpy": "<2"}
+COMPANIONS = {"2.7.2": {"cann": "8.5.0", "driver": "25.5.0"}, "2.9.0": {"cann": "9.0.0", "driver": "26.0.RC1"}}
 PACKAGES = ("mm-parallel", "mm-profiling", "mm-data", "mm-models-vl", "mm-models-video", "mm-train")
 FIX = {
-    "versions": "install the supported versions: pip install mindspore==2.7.2 'numpy<2'; CANN and the driver "
-                "from hiascend.com for MindSpore 2.7.2; reinstall mm packages whose ranges disagree",
+    "versions": "install a tested MindSpore (pip install mindspore==2.7.2 'numpy<2'; tested: "
+                + ", ".join(TESTED["mindspore"]) + ") and its CANN and driver from hiascend.com; "
+                "reinstall mm packages whose ranges disagree",
     "device": "set train.device / MM_DEVICE (auto | cpu | ascend); for Ascend install MindSpore's Ascend build "
               "and CANN, and check `npu-smi info`",
     "collectives": "check HCCL: the network between the devices (hccn_tool), HCCL_IF_IP / HCCL_SOCKET_IFNAME, "
@@ -66,22 +70,26 @@ def _row(check: str, status: str, seconds: float = 0.0, detail: str = "", area: 
 def check_versions(target: str) -> List[Dict]:
     import mindspore as ms
 
+    tested = ", ".join(TESTED["mindspore"])
     rows = [_row("version python", "pass" if platform.python_version().startswith(SUPPORTED["python"]) else "fail",
                  detail=f"{platform.python_version()} (supported {SUPPORTED['python']})", area="versions"),
-            _row("version mindspore", "pass" if ms.__version__ == SUPPORTED["mindspore"] else "fail",
-                 detail=f"{ms.__version__} (supported {SUPPORTED['mindspore']})", area="versions"),
+            _row("version mindspore", "pass" if ms.__version__ in TESTED["mindspore"] else "fail",
+                 detail=f"{ms.__version__} (tested {tested})", area="versions"),
             _row("version numpy", "pass" if int(np.__version__.split(".")[0]) < 2 else "fail",
                  detail=f"{np.__version__} (supported {SUPPORTED['numpy']})", area="versions")]
     from mm_parallel import runtime
 
     cann, driver = runtime.cann_and_driver()
+    companions = COMPANIONS.get(ms.__version__)
     for name, found in (("cann", cann), ("driver", driver)):
         if found is None:
             status = "fail" if target == "Ascend" else "skip"
-            detail = f"not found (supported {SUPPORTED[name]})" + ("" if target == "Ascend" else ": not needed on CPU")
+            detail = "not found" + ("" if target == "Ascend" else ": not needed on CPU")
+        elif companions is None:
+            status, detail = "skip", f"{found} (no published pairing for MindSpore {ms.__version__} to judge it by)"
         else:
-            status = "pass" if found.startswith(SUPPORTED[name]) else "fail"
-            detail = f"{found} (supported {SUPPORTED[name]})"
+            status = "pass" if found.startswith(companions[name]) else "fail"
+            detail = f"{found} (MindSpore {ms.__version__}'s is {companions[name]})"
         rows.append(_row(f"version {name}", status, detail=detail, area="versions"))
     rows.append(_package_row(metadata))
     return rows
