@@ -27,6 +27,9 @@ NOT_RUN = {
     "pip install hatch": "installs the tool this suite runs under (.ci/run does it on every CI machine)",
     "hatch test --all": "the suite itself",
     "hatch run mm-train doctor --nproc 2": "tests/mm_train/test_doctor.py runs it (with --json) and checks every row",
+    "mm-train import llamafactory qwen2_5vl_lora_sft.yaml --nproc 8 -o recipe.yaml":
+        "needs the user's LLaMA-Factory YAML and model folder; tests/mm_train/test_importing.py runs the command on "
+        "one written in LLaMA-Factory's shape and trains what it writes",
     "mm-train launch recipe.yaml --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 "
     "--nproc-per-node 8": "needs two machines of 8 devices; test_run runs `mm-train launch` as node 0 and node 1 on "
                           "loopback",

@@ -1,0 +1,53 @@
+"""`mm-train import`: another trainer's configuration turned into one mm recipe.
+
+    mm-train import llamafactory CONFIG.yaml [--nproc N] [-o recipe.yaml]
+
+An importer reads the other tool's files (never runs them) and fills an `Imported`: the recipe as
+a YAML file holds it, and every setting it could not carry over with the reason. The left-out
+settings head the written recipe as comments and are printed; the recipe is then built and checked
+as `mm-train run` would (`recipe.build_recipe`, `recipe.check_layout` at the source's world size),
+so what is written is a recipe mm accepts.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from mm_train.importing import llamafactory
+from mm_train.importing.imported import Imported
+from mm_train.recipe import build_recipe, check_layout
+
+
+def checked(imported: Imported) -> None:
+    """Build the recipe as `mm-train run` does and check its layout at the source's world size."""
+    recipe = build_recipe(imported.recipe)
+    check_layout(recipe, imported.world_size or recipe.cluster.nodes * recipe.cluster.devices_per_node)
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "import", help="turn a LLaMA-Factory training YAML into an mm recipe",
+        description="Read another trainer's configuration (never run it) and write one mm recipe; every setting "
+                    "that has no mm equivalent or cannot be read is listed with the reason.")
+    kinds = parser.add_subparsers(dest="kind", required=True)
+    factory = kinds.add_parser("llamafactory", help="a LLaMA-Factory training YAML (llamafactory-cli train ...)")
+    factory.add_argument("config", help="the training YAML")
+    factory.add_argument("--nproc", type=int, default=1,
+                         help="the processes it ran on (its global batch: per-device batch x accumulation x these)")
+    factory.add_argument("-o", "--output", help="the recipe to write (default: print it)")
+
+
+def run(args) -> int:
+    imported = llamafactory.import_config(Path(args.config), nproc=args.nproc)
+    checked(imported)
+    text = imported.yaml_text()
+    for setting, reason in imported.left_out:
+        print(f"mm-train import: not carried over: {setting}: {reason}", file=sys.stderr)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"mm-train import: wrote {args.output} ({len(imported.left_out)} settings not carried over)",
+              file=sys.stderr)
+    else:
+        print(text, end="")
+    return 0
