@@ -91,14 +91,222 @@ def test_the_command_writes_the_recipe_and_it_trains_on_two_processes(user_data,
     assert "not carried over: video_maxlen: 64: mm samples every clip" in result.stderr
     text = out.read_text()
     assert text.startswith("# Imported by `mm-train import llamafactory` from ") and "#   max_samples: 1000" in text
-    # the tiny equivalent: the same recipe, the tiny default's model in place of the 7B folder
+    # the rest as imported: LoRA, ZeRO-2, the optimizer offloaded, bf16, packing
     values = yaml.safe_load(text)
+    values["data"]["min_pixels"] = 3136
+    values["train"]["log_every"] = 1
+    train_tiny_equivalent(values, user_data, tmp_path)
+
+
+def train_tiny_equivalent(values, user_data, tmp_path):
+    """The imported recipe with the tiny default's model in place of the real-size folder (the
+    user data's tokenizer with it) trains two steps on two processes."""
     values["model"] = {**values["model"], "path": None, "config": load_recipe("qwen2_5_vl_tiny").model.config}
-    values["data"].update(tokenizer=str(user_data / "tokenizer.json"), min_pixels=3136)
-    values["train"].update(steps=2, log_every=1)  # the rest as imported: LoRA, ZeRO-2, the optimizer offloaded, bf16
+    values["data"]["tokenizer"] = str(user_data / "tokenizer.json")
+    values["train"]["steps"] = 2
     values["output_dir"] = str(tmp_path / "run")
     tiny = tmp_path / "tiny.yaml"
     tiny.write_text(yaml.safe_dump(values))
     result = mm_train("run", str(tiny), "--nproc", "2", "--no-progress", data=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(losses(tmp_path / "run")) == 2
+
+
+# -- MindSpeed-MM --------------------------------------------------------------------------------
+
+def test_the_shell_reader_evaluates_assignments_and_arithmetic_as_bash_does():
+    from mm_train.importing.shell import UNKNOWN, arithmetic, flags, read_script, words
+
+    assert arithmetic("$A*($B+1)/3 % 5", {"A": "4", "B": "2"}) == 4 and arithmetic("-X + 7", {}) == 7
+    with pytest.raises(ValueError, match="not an integer"):
+        arithmetic("$A*2", {"A": "two"})
+    assert words('run "$A b" ${B:-x}$A 2>&1 > log.txt \'$A\'', {"A": "1 2"}) == ["run", "1 2 b", "x1", "2", "$A"]
+    script = read_script('''#!/bin/bash
+# a comment
+export N=8; NODES=2
+WORLD=$(($N*$NODES))
+STAMP=$(date +%s)
+ARGS="
+    --tensor-model-parallel-size 2 \\
+    --lr 1e-5 \\
+    --stamp $STAMP \\
+"
+msrun --worker_num $WORLD --local_worker_num $N train.py $ARGS --bf16 --tag a b 2>&1 | tee out.log
+''')
+    assert script.variables["WORLD"] == "16" and script.program == "train.py"
+    assert script.launcher == ["msrun", "--worker_num", "16", "--local_worker_num", "8"]
+    found = flags(script.args)
+    assert found["tensor-model-parallel-size"] == "2" and found["bf16"] is True and found["tag"] == "a b"
+    assert UNKNOWN in found["stamp"]
+
+
+def mindspeed_files(root, data_root, model_folder, attr=None, **gpt):
+    """A Qwen2.5-VL launch script and its model / data JSON in the shapes of MindSpeed-MM's
+    examples/mindspore/qwen2.5vl (written here): TP=1 PP=2 MBS=1 GRAD_ACC_STEP=48 on 8 NPUs."""
+    flags = {"tensor-model-parallel-size": "${TP}", "pipeline-model-parallel-size": "${PP}",
+             "context-parallel-size": "${CP}", "context-parallel-algo": "ulysses_cp_algo",
+             "micro-batch-size": "${MBS}", "global-batch-size": "${GBS}", "tokenizer-type": "NullTokenizer",
+             "seq-length": "1024", "lr": "1.0e-5", "lr-decay-style": "cosine", "weight-decay": "0",
+             "train-iters": "10000", "lr-warmup-fraction": "0.1", "clip-grad": "0.0", "adam-beta1": "0.9",
+             "adam-beta2": "0.999", "seed": "42", "bf16": "", "load": "$LOAD_PATH", "use-flash-attn": "",
+             "use-distributed-optimizer": "", "recompute-granularity": "full", "recompute-method": "block",
+             "recompute-num-layers": "4", "num-workers": "8", **gpt}
+    lines = "".join(f"    --{k} {v} \\\n" for k, v in flags.items())
+    (root / "finetune_qwen2_5_vl_7b.sh").write_text(f'''#!/bin/bash
+source /usr/local/Ascend/cann/set_env.sh
+export HCCL_CONNECT_TIMEOUT=1200
+NPUS_PER_NODE=8
+MASTER_ADDR=localhost
+MASTER_PORT=6000
+NNODES=1
+NODE_RANK=0
+WORLD_SIZE=$(($NPUS_PER_NODE*$NNODES))
+MM_DATA="./data_7b.json"
+MM_MODEL="./model_7b.json"
+LOAD_PATH="ckpt/mm_path/Qwen2.5-VL-7B-Instruct"
+TP=1
+PP=2
+CP=1
+MBS=1
+GRAD_ACC_STEP=48
+DP=$(($WORLD_SIZE/$TP/$PP/$CP))
+GBS=$(($MBS*$GRAD_ACC_STEP*$DP))
+DISTRIBUTED_ARGS="
+    --local_worker_num $NPUS_PER_NODE \\
+    --worker_num $WORLD_SIZE \\
+    --node_rank $NODE_RANK \\
+    --master_addr $MASTER_ADDR \\
+    --master_port $MASTER_PORT \\
+    --join True \\
+"
+GPT_ARGS="
+{lines}"
+MM_ARGS="
+    --mm-data $MM_DATA \\
+    --mm-model $MM_MODEL
+"
+OUTPUT_ARGS="
+    --log-interval 1 \\
+    --save-interval 5000 \\
+    --save save_dir \\
+"
+logfile=$(date +%Y%m%d)_$(date +%H%M%S)
+msrun $DISTRIBUTED_ARGS pretrain_vlm.py \\
+    $GPT_ARGS \\
+    $MM_ARGS \\
+    $OUTPUT_ARGS \\
+    --distributed-backend nccl \\
+    --ai-framework mindspore \\
+    2>&1 | tee logs/train_${{logfile}}.log
+''')
+    (root / "model_7b.json").write_text(json.dumps({
+        "model_id": "qwen2_5vl", "image_encoder": {
+            "vision_encoder": {"model_id": "qwen2vit", "num_layers": 32, "freeze": True,
+                               "pipeline_num_layers": [32, 0]},
+            "vision_projector": {"model_id": "lnmlp", "freeze": False}},
+        "text_decoder": {"model_id": "qwen2_5_lm", "num_layers": 28, "pipeline_num_layers": [12, 16]}}))
+    default = {"system": None, "images": "images", "videos": "videos", "messages": "messages", "role_tag": "role",
+               "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
+    (root / "data_7b.json").write_text(json.dumps({"dataset_param": {
+        "dataset_type": "huggingface",
+        "preprocess_parameters": {"model_name_or_path": str(model_folder), "image_max_pixels": 6272,
+                                  "image_min_pixels": 3136, "video_max_pixels": 16384, "video_fps": 3.0,
+                                  "video_maxlen": 64},
+        "basic_parameters": {"template": "qwen2vl", "dataset_dir": str(data_root),
+                             "dataset": str(data_root / "sft.json"), "cutoff_len": 512},
+        "attr": attr or default}}))
+    return root / "finetune_qwen2_5_vl_7b.sh"
+
+
+def test_a_mindspeed_script_becomes_a_recipe_whose_plan_has_its_layout(user_data, tmp_path):
+    from mm_train.importing import mindspeed
+    from mm_train.plan import make_plan
+
+    model = write_hub_folder(tmp_path / "Qwen2.5-VL-7B-Instruct", "Qwen2.5-VL-7B-Instruct")
+    imported = mindspeed.import_script(mindspeed_files(tmp_path, user_data, model), beside=tmp_path / "out")
+    r = imported.recipe
+    assert imported.world_size == 8 and r["cluster"] == {"nodes": 1, "devices_per_node": 8,
+                                                         "device": "ascend-910b2"}
+    assert r["model"] == {"family": "qwen2_5_vl", "freeze": ["vision"], "path": model, "recompute": "block",
+                          "recompute_num_layers": 4}
+    assert r["parallel"] == {"tp": 1, "pp": 2, "cp": 1, "zero_stage": 1}
+    assert r["train"] == {"micro_batch_size": 1, "global_batch_size": 192, "steps": 10000, "seed": 42,
+                          "precision": "bf16"}  # GBS = MBS x GRAD_ACC_STEP x DP = 1 x 48 x 4
+    assert r["optim"] == {"lr": 1e-5, "min_lr": 0.0, "lr_schedule": "cosine", "warmup_steps": 1000,
+                          "decay_steps": 10000, "weight_decay": 0.0, "clip_grad": 0.0, "betas": [0.9, 0.999],
+                          "eps": 1e-8}
+    assert r["data"] == {"kind": "llamafactory", "max_pixels": 6272, "min_pixels": 3136, "video_fps": 3.0,
+                         "max_length": 512, "path": str(user_data / "sft.json"), "media_dir": str(user_data)}
+    assert r["checkpoint"] == {"every": 5000} and r["output_dir"] == "save_dir"
+    left = dict(imported.left_out)
+    assert set(left) == {"pipeline_num_layers: [12, 16]", "video_max_pixels: 16384", "video_maxlen: 64",
+                         "--load ckpt/mm_path/Qwen2.5-VL-7B-Instruct"}, left
+    plan = make_plan(build_recipe(r))  # on the script's 1 x 8 Atlas 800T A2 (910B2)
+    assert plan["fits"] and plan["devices"] == 8 and {rank["pp_stage"] for rank in plan["ranks"]} == {0, 1}, plan
+    assert plan["batch_samples"] == 192
+
+
+def test_renamed_columns_become_a_dataset_info_and_unknown_flags_are_listed(user_data, tmp_path):
+    from mm_train.importing import mindspeed
+
+    model = write_hub_folder(tmp_path / "Qwen2.5-VL-7B-Instruct", "Qwen2.5-VL-7B-Instruct")
+    attr = {"images": "pics", "messages": "chat", "role_tag": "who", "content_tag": "says", "user_tag": "asker",
+            "assistant_tag": "answerer", "system_tag": None}
+    script = mindspeed_files(tmp_path, user_data, model, attr=attr, **{"swap-attention": "", "lr-decay-style": "WSD"})
+    (user_data / "renamed.json").write_text((user_data / "pictures.json").read_text())
+    data = json.loads((tmp_path / "data_7b.json").read_text())
+    data["dataset_param"]["basic_parameters"]["dataset"] = str(user_data / "renamed.json")
+    (tmp_path / "data_7b.json").write_text(json.dumps(data))
+    imported = mindspeed.import_script(script, beside=tmp_path / "out")
+    info = json.loads((tmp_path / "out" / "dataset_info.json").read_text())
+    assert info == {"set0": {"file_name": str(user_data / "renamed.json"), "formatting": "sharegpt",
+                             "columns": {"images": "pics", "messages": "chat"},
+                             "tags": {"role_tag": "who", "content_tag": "says", "user_tag": "asker",
+                                      "assistant_tag": "answerer"}}}
+    assert imported.recipe["data"]["dataset_info"] == str(tmp_path / "out")
+    left = dict(imported.left_out)
+    assert "--swap-attention" in left and "--lr-decay-style WSD" in left
+
+
+def test_a_wan_script_reads_its_pipeline_folder_and_names_the_feature_set(tmp_path):
+    from mm_train.importing import mindspeed
+
+    (tmp_path / "pretrain_model.json").write_text(json.dumps({
+        "task": "t2v", "predictor": {"model_id": "wandit", "num_layers": 30, "pipeline_num_layers": [15, 15]}}))
+    (tmp_path / "feature_data.json").write_text(json.dumps({"dataset_param": {
+        "dataset_type": "feature", "basic_parameters": {"data_path": "./sora_features/data.jsonl"},
+        "preprocess_parameters": {"num_frames": 81, "max_hxw": 399360, "train_fps": 16},
+        "tokenizer_config": [{"from_pretrained": "Wan2.1-T2V-1.3B-Diffusers/tokenizer", "model_max_length": 512}]}}))
+    (tmp_path / "pretrain.sh").write_text('''
+NPUS_PER_NODE=8; NNODES=2; WORLD_SIZE=$(($NPUS_PER_NODE*$NNODES))
+TP=1; PP=2; CP=2; MBS=1; GRAD_ACC_STEP=2; DP=$(($WORLD_SIZE/$TP/$PP/$CP)); GBS=$(($MBS*$GRAD_ACC_STEP*$DP))
+torchrun --nproc_per_node $NPUS_PER_NODE --nnodes $NNODES pretrain_sora.py --tensor-model-parallel-size $TP \\
+  --pipeline-model-parallel-size $PP --context-parallel-size $CP --context-parallel-algo megatron_cp_algo \\
+  --micro-batch-size $MBS --global-batch-size $GBS --lr 1e-5 --lr-decay-style constant --train-iters 5000 \\
+  --mm-data feature_data.json --mm-model pretrain_model.json --load ./weights/Wan2.1-T2V-1.3B-Diffusers/transformer/
+''')
+    imported = mindspeed.import_script(tmp_path / "pretrain.sh")
+    r = imported.recipe
+    assert imported.world_size == 16 and r["cluster"] == {"nodes": 2, "devices_per_node": 8,
+                                                          "device": "ascend-910b2"}
+    assert r["model"] == {"family": "wan", "path": "weights/Wan2.1-T2V-1.3B-Diffusers"}
+    assert r["parallel"] == {"tp": 1, "pp": 2, "cp": 2, "cp_algo": "ring"} and r["train"]["global_batch_size"] == 8
+    assert r["data"] == {"kind": "video", "num_frames": 81, "max_area": 399360, "fps": 16.0, "text_max_length": 512}
+    left = dict(imported.left_out)
+    assert "torch pickles" in left["feature data set ./sora_features/data.jsonl"] and "model JSON task: t2v" in left
+
+
+def test_the_mindspeed_command_writes_a_recipe_that_trains_with_its_pipeline_on_two_processes(user_data, tmp_path):
+    model = write_hub_folder(tmp_path / "Qwen2.5-VL-7B-Instruct", "Qwen2.5-VL-7B-Instruct")
+    out = tmp_path / "out" / "recipe.yaml"
+    result = mm_train("import", "mindspeed", str(mindspeed_files(tmp_path, user_data, model)), "-o", str(out),
+                      data=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "not carried over: pipeline_num_layers: [12, 16]" in result.stderr
+    # the script's layout (pp 2, ZeRO-1, block recomputation, bf16) on 2 processes
+    values = yaml.safe_load(out.read_text())
+    values["model"]["recompute_num_layers"] = 1  # of the tiny model's 2 layers
+    values["data"]["max_bad_fraction"] = 0.2  # sft.json's one broken entry
+    values["train"]["global_batch_size"] = 4
+    values["cluster"] = {"nodes": 1, "devices_per_node": 2}
+    train_tiny_equivalent(values, user_data, tmp_path)

@@ -30,6 +30,9 @@ NOT_RUN = {
     "mm-train import llamafactory qwen2_5vl_lora_sft.yaml --nproc 8 -o recipe.yaml":
         "needs the user's LLaMA-Factory YAML and model folder; tests/mm_train/test_importing.py runs the command on "
         "one written in LLaMA-Factory's shape and trains what it writes",
+    "mm-train import mindspeed examples/mindspore/qwen2.5vl/finetune_qwen2_5_vl_7b.sh -o qwen/recipe.yaml":
+        "needs a MindSpeed-MM checkout; tests/mm_train/test_importing.py runs the command on a script and JSON "
+        "written in their shapes and trains what it writes with the script's pipeline on two processes",
     "mm-train launch recipe.yaml --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 "
     "--nproc-per-node 8": "needs two machines of 8 devices; test_run runs `mm-train launch` as node 0 and node 1 on "
                           "loopback",

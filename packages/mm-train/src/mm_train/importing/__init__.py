@@ -1,6 +1,7 @@
 """`mm-train import`: another trainer's configuration turned into one mm recipe.
 
     mm-train import llamafactory CONFIG.yaml [--nproc N] [-o recipe.yaml]
+    mm-train import mindspeed SCRIPT.sh [--model MODEL_JSON] [--data DATA_JSON] [-o recipe.yaml]
 
 An importer reads the other tool's files (never runs them) and fills an `Imported`: the recipe as
 a YAML file holds it, and every setting it could not carry over with the reason. The left-out
@@ -14,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from mm_train.importing import llamafactory
+from mm_train.importing import llamafactory, mindspeed
 from mm_train.importing.imported import Imported
 from mm_train.recipe import build_recipe, check_layout
 
@@ -27,7 +28,7 @@ def checked(imported: Imported) -> None:
 
 def add_parser(commands) -> None:
     parser = commands.add_parser(
-        "import", help="turn a LLaMA-Factory training YAML into an mm recipe",
+        "import", help="turn a LLaMA-Factory training YAML or a MindSpeed-MM launch script into an mm recipe",
         description="Read another trainer's configuration (never run it) and write one mm recipe; every setting "
                     "that has no mm equivalent or cannot be read is listed with the reason.")
     kinds = parser.add_subparsers(dest="kind", required=True)
@@ -36,18 +37,29 @@ def add_parser(commands) -> None:
     factory.add_argument("--nproc", type=int, default=1,
                          help="the processes it ran on (its global batch: per-device batch x accumulation x these)")
     factory.add_argument("-o", "--output", help="the recipe to write (default: print it)")
+    speed = kinds.add_parser("mindspeed", help="a MindSpeed-MM launch script (examples/.../*.sh) with its JSON")
+    speed.add_argument("script", help="the launch script (read, never run)")
+    speed.add_argument("--model", help="its --mm-model JSON (default: the path the script names)")
+    speed.add_argument("--data", help="its --mm-data JSON (default: the path the script names)")
+    speed.add_argument("-o", "--output", help="the recipe to write (default: print it); a dataset_info.json it "
+                                              "needs is written beside it")
 
 
 def run(args) -> int:
-    imported = llamafactory.import_config(Path(args.config), nproc=args.nproc)
-    checked(imported)
+    if args.kind == "mindspeed":
+        beside = Path(args.output).resolve().parent if args.output else Path.cwd()
+        imported = mindspeed.import_script(Path(args.script), args.model, args.data, beside)
+    else:
+        imported = llamafactory.import_config(Path(args.config), nproc=args.nproc)
     text = imported.yaml_text()
     for setting, reason in imported.left_out:
         print(f"mm-train import: not carried over: {setting}: {reason}", file=sys.stderr)
     if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(text)
         print(f"mm-train import: wrote {args.output} ({len(imported.left_out)} settings not carried over)",
               file=sys.stderr)
     else:
         print(text, end="")
+    checked(imported)  # written first: what it still needs (a data path the source could not give) is named
     return 0

@@ -1,0 +1,142 @@
+"""Megatron's training flags (as MindSpeed-MM's launch scripts pass them) as recipe keys.
+
+The world comes from the launcher's own flags (msrun --worker_num / --local_worker_num, torchrun
+--nnodes / --nproc_per_node); the batch from --micro-batch-size and --global-batch-size; the
+layout, recomputation, optimizer and schedule from theirs. Flags that only steer Megatron's own
+machinery (fused kernels, tokenizer type, checkpoint format, ...) are listed as such; any other
+unknown flag is listed as having no mm equivalent.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+from mm_train.importing.imported import Imported
+from mm_train.importing.shell import UNKNOWN, Script, flags
+
+CP_ALGOS = {"ulysses_cp_algo": "ulysses", "megatron_cp_algo": "ring", "hybrid_cp_algo": "hybrid"}
+SCHEDULES = {"cosine": "cosine", "linear": "linear", "constant": "constant"}
+# what mm does on its own (the kernel layer, data loading, its checkpoint format) or decides elsewhere
+BUILT_IN = {"use-mcore-models", "use-flash-attn", "use-fused-rmsnorm", "use-fused-swiglu", "use-fused-rotary-pos-emb",
+            "swiglu", "normalization", "tokenizer-type", "vocab-size", "make-vocab-size-divisible-by", "seq-length",
+            "variable-seq-lengths", "no-load-optim", "no-load-rng", "no-save-optim", "no-save-rng", "num-workers",
+            "ckpt-format", "distributed-backend", "ai-framework", "mm-tool", "mm-data", "mm-model", "log-interval",
+            "eval-interval", "eval-iters", "no-gradient-accumulation-fusion", "no-masked-softmax-fusion",
+            "use-distributed-optimizer", "overlap-grad-reduce", "overlap-param-gather", "use-ascend-mc2",
+            "sequence-parallel", "lr-warmup-init", "bf16", "fp16", "tensor-model-parallel-size",
+            "pipeline-model-parallel-size", "virtual-pipeline-model-parallel-size",
+            "num-layers-per-virtual-pipeline-stage", "context-parallel-size", "context-parallel-algo",
+            "ulysses-degree-in-cp", "expert-model-parallel-size", "micro-batch-size", "global-batch-size", "lr",
+            "min-lr", "lr-decay-style", "lr-decay-iters", "lr-warmup-fraction", "lr-warmup-iters", "weight-decay",
+            "clip-grad", "adam-beta1", "adam-beta2", "adam-eps", "seed", "train-iters", "save-interval", "load",
+            "save", "recompute-granularity", "recompute-method", "recompute-num-layers", "lora-r", "lora-alpha",
+            "lora-target-modules", "lora-dropout"}
+
+
+def _number(value) -> float:
+    return float(value)
+
+
+def read_flags(out: Imported, script: Script) -> Dict[str, object]:
+    """The program's flags; the world (nodes x processes per node) from the launcher's flags."""
+    found = flags(script.args)
+    for name, value in list(found.items()):
+        if isinstance(value, str) and UNKNOWN in value:
+            out.leave_out(f"--{name}", "its value comes from a command substitution `$( ... )`, which is never run")
+            del found[name]
+    launcher = flags([w.replace("_", "-") if w.startswith("--") else w for w in script.launcher])
+    world = launcher.get("worker-num") or launcher.get("nnodes")
+    local = launcher.get("local-worker-num") or launcher.get("nproc-per-node")
+    if local and str(local).isdigit():
+        per_node = int(local)
+        nodes = int(world) // per_node if launcher.get("worker-num") else int(world or 1)
+        out.set("cluster.nodes", max(1, nodes))
+        out.set("cluster.devices_per_node", per_node)
+        out.set("cluster.device", "ascend-910b2")  # the examples' Atlas 800T A2; set ascend-910c for an A3
+        out.world_size = max(1, nodes) * per_node
+    return found
+
+
+def apply_flags(out: Imported, found: Dict[str, object], layers: Optional[int]) -> None:
+    _layout(out, found, layers)
+    _batch_and_steps(out, found)
+    _optimizer(out, found)
+    if found.get("lora-r"):
+        lora = {"r": int(found["lora-r"]), "alpha": _number(found.get("lora-alpha", 2 * int(found["lora-r"])))}
+        if found.get("lora-target-modules"):
+            lora["target_modules"] = str(found["lora-target-modules"]).split()
+        out.set("model.lora", lora)
+    if found.get("load"):
+        out.leave_out(f"--load {found['load']}", "a Megatron checkpoint; mm loads Hugging Face folders (model.path "
+                                                 "is the data JSON's model_name_or_path when it names one)")
+    if found.get("save"):
+        out.set("output_dir", str(found["save"]))
+    for name, value in found.items():
+        if name not in BUILT_IN:
+            out.leave_out(f"--{name}" + ("" if value is True else f" {value}"), "no mm equivalent")
+
+
+def _layout(out: Imported, found: Dict[str, object], layers: Optional[int]) -> None:
+    for flag, key in (("tensor-model-parallel-size", "tp"), ("pipeline-model-parallel-size", "pp"),
+                      ("context-parallel-size", "cp"), ("expert-model-parallel-size", "ep")):
+        if found.get(flag):
+            out.set(f"parallel.{key}", int(found[flag]))
+    pp = int(found.get("pipeline-model-parallel-size", 1))
+    if found.get("virtual-pipeline-model-parallel-size"):
+        out.set("parallel.vpp", int(found["virtual-pipeline-model-parallel-size"]))
+    elif found.get("num-layers-per-virtual-pipeline-stage") and layers:
+        out.set("parallel.vpp", layers // (pp * int(found["num-layers-per-virtual-pipeline-stage"])))
+    if int(found.get("context-parallel-size", 1)) > 1:
+        algo = str(found.get("context-parallel-algo", "megatron_cp_algo"))
+        if algo not in CP_ALGOS:
+            raise ValueError(f"--context-parallel-algo {algo}: mm's are {sorted(CP_ALGOS)}")
+        out.set("parallel.cp_algo", CP_ALGOS[algo])
+        if found.get("ulysses-degree-in-cp"):
+            out.set("parallel.ulysses_degree", int(found["ulysses-degree-in-cp"]))
+    if found.get("sequence-parallel"):
+        out.set("parallel.sequence_parallel", True)
+    if found.get("use-distributed-optimizer"):
+        out.set("parallel.zero_stage", 1)  # Megatron's distributed optimizer shards the optimizer state: ZeRO-1
+    granularity = found.get("recompute-granularity")
+    if granularity == "selective":
+        out.set("model.recompute", "selective")
+    elif granularity == "full":
+        method = str(found.get("recompute-method", "uniform"))
+        count = int(found.get("recompute-num-layers", 1))
+        if method == "block":
+            out.set("model.recompute", "block")
+            out.set("model.recompute_num_layers", count)
+        else:
+            out.set("model.recompute", "full")
+            if count > 1:
+                out.leave_out(f"--recompute-num-layers {count} (uniform)", "mm's full recomputation keeps each "
+                                                                          "layer's input (groups of one layer)")
+
+
+def _batch_and_steps(out: Imported, found: Dict[str, object]) -> None:
+    micro = int(found.get("micro-batch-size", 1))
+    out.set("train.micro_batch_size", micro)
+    if found.get("global-batch-size"):
+        out.set("train.global_batch_size", int(found["global-batch-size"]))
+    out.set("train.steps", int(found.get("train-iters", 1000)))
+    out.set("train.seed", int(found.get("seed", 1234)))  # Megatron's default seed
+    out.set("train.precision", "bf16" if found.get("bf16") else "fp16" if found.get("fp16") else "fp32")
+    if found.get("save-interval"):
+        out.set("checkpoint.every", int(found["save-interval"]))
+
+
+def _optimizer(out: Imported, found: Dict[str, object]) -> None:
+    steps = int(found.get("train-iters", 1000))
+    style = str(found.get("lr-decay-style", "linear"))  # Megatron's default
+    if style not in SCHEDULES:
+        out.leave_out(f"--lr-decay-style {style}", f"mm's schedules are {sorted(SCHEDULES)}: cosine used")
+    warmup = (int(found["lr-warmup-iters"]) if found.get("lr-warmup-iters") else
+              round(_number(found.get("lr-warmup-fraction", 0.0)) * int(found.get("lr-decay-iters", steps))))
+    optim = {"lr": _number(found.get("lr", 1e-4)), "min_lr": _number(found.get("min-lr", 0.0)),
+             "lr_schedule": SCHEDULES.get(style, "cosine"), "warmup_steps": warmup,
+             "decay_steps": int(found.get("lr-decay-iters", steps)),
+             "weight_decay": _number(found.get("weight-decay", 0.01)),
+             "clip_grad": _number(found.get("clip-grad", 1.0)),
+             "betas": [_number(found.get("adam-beta1", 0.9)), _number(found.get("adam-beta2", 0.999))],
+             "eps": _number(found.get("adam-eps", 1e-8))}
+    out.recipe.setdefault("optim", {}).update(optim)
