@@ -310,3 +310,43 @@ def test_the_mindspeed_command_writes_a_recipe_that_trains_with_its_pipeline_on_
     values["train"]["global_batch_size"] = 4
     values["cluster"] = {"nodes": 1, "devices_per_node": 2}
     train_tiny_equivalent(values, user_data, tmp_path)
+
+
+def test_a_yaml_configured_script_with_lora_and_a_hostfile_node_count(user_data, tmp_path):
+    """MindSpeed-MM's transformers-backend scripts (Qwen3-VL): torchrun with a YAML whose gpt_args,
+    lora_args, data and model sections hold what the JSON and flags hold elsewhere; FSDP2 as ZeRO-3;
+    the node count read from a hostfile (never run) given with --var."""
+    model = write_hub_folder(tmp_path / "Qwen3-VL-30B-A3B-Instruct", "Qwen3-VL-30B-A3B-Instruct")
+    (tmp_path / "qwen3vl_lora_sft_30B.yaml").write_text(yaml.safe_dump({
+        "gpt_args": {"context_parallel_size": 1, "use_torch_fsdp2": True, "micro_batch_size": 1,
+                     "global_batch_size": 16, "lr": 1.0e-5, "lr_decay_style": "cosine", "lr_warmup_fraction": 0.1,
+                     "train_iters": 1000, "seed": 42, "bf16": True, "use_flash_attn": True,
+                     "no_load_optim": True, "load": "./ckpt/mm_path/Qwen3-VL-30B", "save": "save_dir"},
+        "lora_args": {"lora_r": 8, "lora_alpha": 16, "lora_target_modules": "linear_qkv,linear_proj"},
+        "data": {"dataset_param": {"preprocess_parameters": {"model_name_or_path": model},
+                                   "basic_parameters": {"dataset": str(user_data / "sft.json"), "cutoff_len": 256},
+                                   "attr": {"images": "images", "messages": "messages"}}},
+        "model": {"model_id": "qwen3_vl_moe", "init_from_hf_path": model,
+                  "image_encoder": {"vision_encoder": {"freeze": True}}}}))
+    (tmp_path / "finetune_lora_qwen3vl_30B.sh").write_text('''
+NPUS_PER_NODE=8
+NNODES=$(wc -l < $HOSTFILE)
+WORLD_SIZE=$(($NPUS_PER_NODE * $NNODES))
+config_path=qwen3vl_lora_sft_30B.yaml
+DISTRIBUTED_ARGS="--nproc_per_node $NPUS_PER_NODE --nnodes $NNODES --node_rank 0"
+torchrun $DISTRIBUTED_ARGS pretrain_transformers.py ${config_path} 2>&1 | tee logs/train_$(date +%s).log
+''')
+    from mm_train.importing import mindspeed
+
+    script = tmp_path / "finetune_lora_qwen3vl_30B.sh"
+    imported = mindspeed.import_script(script, variables={"NNODES": "2"})
+    r = imported.recipe
+    assert imported.world_size == 16 and r["model"]["family"] == "qwen3_vl_moe" and r["model"]["path"] == model
+    assert r["model"]["lora"] == {"r": 8, "alpha": 16.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+    assert r["parallel"] == {"cp": 1, "zero_stage": 3} and r["model"]["freeze"] == ["vision"]
+    assert r["train"]["global_batch_size"] == 16 and r["data"]["max_length"] == 256
+    build_recipe(r)
+    # without --var the node count is unknown, and the error says how to give it
+    result = mm_train("import", "mindspeed", str(script), data=tmp_path)
+    assert result.returncode == 2 and "NNODES comes from a command substitution" in result.stderr
+    assert "--var NNODES=VALUE" in result.stderr

@@ -9,6 +9,7 @@
     mm-train convert ...
     mm-train generate SOURCE --prompt TEXT [--image FILE] --out FILE [--nproc N --set parallel.tp=2 ...]
     mm-train import llamafactory CONFIG.yaml [--nproc N] [-o recipe.yaml]
+    mm-train import mindspeed SCRIPT.sh [--model M.json] [--data D.json] [--var NAME=VALUE] [-o recipe.yaml]
 
 RECIPE is a YAML file or the name of a built-in recipe (``mm-train recipes`` lists them); ``run``
 without one trains the built-in tiny default. With

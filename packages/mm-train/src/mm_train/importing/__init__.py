@@ -1,7 +1,7 @@
 """`mm-train import`: another trainer's configuration turned into one mm recipe.
 
     mm-train import llamafactory CONFIG.yaml [--nproc N] [-o recipe.yaml]
-    mm-train import mindspeed SCRIPT.sh [--model MODEL_JSON] [--data DATA_JSON] [-o recipe.yaml]
+    mm-train import mindspeed SCRIPT.sh [--model MODEL_JSON] [--data DATA_JSON] [--var NAME=VALUE ...] [-o recipe.yaml]
 
 An importer reads the other tool's files (never runs them) and fills an `Imported`: the recipe as
 a YAML file holds it, and every setting it could not carry over with the reason. The left-out
@@ -41,6 +41,9 @@ def add_parser(commands) -> None:
     speed.add_argument("script", help="the launch script (read, never run)")
     speed.add_argument("--model", help="its --mm-model JSON (default: the path the script names)")
     speed.add_argument("--data", help="its --mm-data JSON (default: the path the script names)")
+    speed.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
+                       help="a shell variable's value in place of the script's (e.g. NNODES=4 where the script "
+                            "counts a hostfile); repeatable")
     speed.add_argument("-o", "--output", help="the recipe to write (default: print it); a dataset_info.json it "
                                               "needs is written beside it")
 
@@ -48,7 +51,10 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     if args.kind == "mindspeed":
         beside = Path(args.output).resolve().parent if args.output else Path.cwd()
-        imported = mindspeed.import_script(Path(args.script), args.model, args.data, beside)
+        given = dict(v.split("=", 1) for v in args.var if "=" in v)
+        if len(given) != len(args.var):
+            raise ValueError(f"--var takes NAME=VALUE, got {[v for v in args.var if '=' not in v]}")
+        imported = mindspeed.import_script(Path(args.script), args.model, args.data, beside, given)
     else:
         imported = llamafactory.import_config(Path(args.config), nproc=args.nproc)
     text = imported.yaml_text()

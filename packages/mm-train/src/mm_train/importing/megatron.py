@@ -9,6 +9,7 @@ unknown flag is listed as having no mm equivalent.
 
 from __future__ import annotations
 
+import re
 from typing import Dict, Optional
 
 from mm_train.importing.imported import Imported
@@ -16,6 +17,12 @@ from mm_train.importing.shell import UNKNOWN, Script, flags
 
 CP_ALGOS = {"ulysses_cp_algo": "ulysses", "megatron_cp_algo": "ring", "hybrid_cp_algo": "hybrid"}
 SCHEDULES = {"cosine": "cosine", "linear": "linear", "constant": "constant"}
+# Megatron's fused projections (and MindSpeed-MM's Wan DiT names) as the Hugging Face / diffusers
+# modules mm's LoRA targets
+LORA_NAMES = {"linear_qkv": ["q_proj", "k_proj", "v_proj"], "linear_proj": ["o_proj"],
+              "linear_fc1": ["gate_proj", "up_proj"], "linear_fc2": ["down_proj"],
+              "proj_q": ["to_q"], "proj_k": ["to_k"], "proj_v": ["to_v"], "proj_out": ["to_out.0"],
+              "ffn.0": ["ffn.net.0.proj"], "ffn.2": ["ffn.net.2"]}
 # what mm does on its own (the kernel layer, data loading, its checkpoint format) or decides elsewhere
 BUILT_IN = {"use-mcore-models", "use-flash-attn", "use-fused-rmsnorm", "use-fused-swiglu", "use-fused-rotary-pos-emb",
             "swiglu", "normalization", "tokenizer-type", "vocab-size", "make-vocab-size-divisible-by", "seq-length",
@@ -30,7 +37,9 @@ BUILT_IN = {"use-mcore-models", "use-flash-attn", "use-fused-rmsnorm", "use-fuse
             "min-lr", "lr-decay-style", "lr-decay-iters", "lr-warmup-fraction", "lr-warmup-iters", "weight-decay",
             "clip-grad", "adam-beta1", "adam-beta2", "adam-eps", "seed", "train-iters", "save-interval", "load",
             "save", "recompute-granularity", "recompute-method", "recompute-num-layers", "lora-r", "lora-alpha",
-            "lora-target-modules", "lora-dropout"}
+            "lora-target-modules", "lora-dropout", "use-torch-fsdp2", "fsdp2-config-path", "use-cpu-initialization",
+            "init-model-with-meta-device", "log-tps", "untie-embeddings-and-output-weights", "optimizer-selection",
+            "distributed-timeout-minutes", "lora-register-forward-hook"}
 
 
 def _number(value) -> float:
@@ -57,6 +66,16 @@ def read_flags(out: Imported, script: Script) -> Dict[str, object]:
     return found
 
 
+def config_flags(gpt_args: Dict[str, object]) -> Dict[str, object]:
+    """A YAML config's gpt_args as flags: use_torch_fsdp2 (fully sharded parameters) read as ZeRO-3."""
+    found: Dict[str, object] = {}
+    for key, value in gpt_args.items():
+        if value is False or value is None:
+            continue
+        found[key.replace("_", "-")] = True if value is True else str(value)
+    return found
+
+
 def apply_flags(out: Imported, found: Dict[str, object], layers: Optional[int]) -> None:
     _layout(out, found, layers)
     _batch_and_steps(out, found)
@@ -64,7 +83,8 @@ def apply_flags(out: Imported, found: Dict[str, object], layers: Optional[int]) 
     if found.get("lora-r"):
         lora = {"r": int(found["lora-r"]), "alpha": _number(found.get("lora-alpha", 2 * int(found["lora-r"])))}
         if found.get("lora-target-modules"):
-            lora["target_modules"] = str(found["lora-target-modules"]).split()
+            names = re.split(r"[,\s]+", str(found["lora-target-modules"]).strip())
+            lora["target_modules"] = [hf for name in names for hf in LORA_NAMES.get(name, [name])]
         out.set("model.lora", lora)
     if found.get("load"):
         out.leave_out(f"--load {found['load']}", "a Megatron checkpoint; mm loads Hugging Face folders (model.path "
@@ -97,6 +117,8 @@ def _layout(out: Imported, found: Dict[str, object], layers: Optional[int]) -> N
         out.set("parallel.sequence_parallel", True)
     if found.get("use-distributed-optimizer"):
         out.set("parallel.zero_stage", 1)  # Megatron's distributed optimizer shards the optimizer state: ZeRO-1
+    if found.get("use-torch-fsdp2"):
+        out.set("parallel.zero_stage", 3)  # FSDP2 shards the parameters too: ZeRO-3
     granularity = found.get("recompute-granularity")
     if granularity == "selective":
         out.set("model.recompute", "selective")

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
+
+import yaml
 
 from mm_train.importing import megatron
 from mm_train.importing.imported import Imported
@@ -20,7 +22,9 @@ from mm_train.importing.shell import read_script
 
 # MindSpeed-MM's model_id of the model JSON (text decoder / predictor) -> the mm family
 FAMILIES = {"qwen2_5vl": "qwen2_5_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3vl": "qwen3_vl", "qwen3_vl": "qwen3_vl",
-            "qwen2_5_omni": "qwen2_5_omni", "qwen2_5omni": "qwen2_5_omni", "wandit": "wan", "satdit": "cogvideox",
+            "qwen3_vl_moe": "qwen3_vl_moe", "qwen2_5_omni": "qwen2_5_omni", "qwen2_5omni": "qwen2_5_omni",
+            "qwen2_5_omni_thinker": "qwen2_5_omni",
+            "wandit": "wan", "satdit": "cogvideox",
             "cogvideox": "cogvideox"}
 DEFAULT_ATTR = {"messages": "messages", "role_tag": "role", "content_tag": "content", "user_tag": "user",
                 "assistant_tag": "assistant"}
@@ -38,38 +42,59 @@ def _json(path: Optional[str], script_dir: Path, what: str, out: Imported) -> Op
     return None
 
 
+def _yaml_config(args, script_dir: Path) -> Optional[dict]:
+    """The YAML the program is given first (MindSpeed-MM's transformers-backend trainer), if any."""
+    first = next((a for a in args if not a.startswith("-")), None) if args and not args[0].startswith("-") else None
+    if not first or not first.endswith((".yaml", ".yml")):
+        return None
+    for candidate in (Path(first), script_dir / first, script_dir / Path(first).name):
+        if candidate.is_file():
+            return yaml.safe_load(candidate.read_text()) or {}
+    raise ValueError(f"the script's config {first} is not found beside it or from here: run the import from the "
+                     "folder the script runs in")
+
+
 def family_of(model: dict) -> str:
     """The family of a MindSpeed-MM model JSON (its text decoder's or predictor's model_id, else its own)."""
     ids = [(model.get(part) or {}).get("model_id") for part in ("text_decoder", "predictor")] + [model.get("model_id")]
     for model_id in ids:
         if model_id in FAMILIES:
-            if FAMILIES[model_id] == "qwen3_vl" and (model.get("text_decoder") or {}).get("num_experts"):
+            decoder = model.get("text_decoder") or {}
+            if FAMILIES[model_id] == "qwen3_vl" and (decoder.get("num_moe_experts") or decoder.get("num_experts")):
                 return "qwen3_vl_moe"
             return FAMILIES[model_id]
     raise ValueError(f"model JSON model_id {[i for i in ids if i]}: mm trains {sorted(set(FAMILIES.values()))}")
 
 
 def import_script(path: Path, model_json: Optional[str] = None, data_json: Optional[str] = None,
-                  beside: Optional[Path] = None) -> Imported:
+                  beside: Optional[Path] = None, variables: Optional[Dict[str, str]] = None) -> Imported:
     """The recipe of the script at ``path``; a dataset_info.json it needs is written to ``beside``
-    (default: the current folder), where the recipe goes."""
-    script = read_script(path.read_text())
+    (default: the current folder), where the recipe goes; ``variables`` replace the script's own
+    (a node count it reads from a hostfile, say)."""
+    script = read_script(path.read_text(), variables)
     if script.program is None:
         raise ValueError(f"{path}: no msrun / torchrun / python line runs a .py file; is it a launch script?")
     out = Imported(source=str(path), kind="mindspeed")
     found = megatron.read_flags(out, script)
-    model = _json(model_json or found.get("mm-model"), path.parent, "--mm-model", out)
+    config = _yaml_config(script.args, path.parent)
+    if config is not None:  # the YAML-configured (FSDP2) trainer: flags under gpt_args, model and data inline
+        found.update(megatron.config_flags({**(config.get("gpt_args") or {}), **(config.get("lora_args") or {})}))
+    model = (config or {}).get("model") or _json(model_json or found.get("mm-model"), path.parent, "--mm-model", out)
     if model is None:
         raise ValueError(f"{path}: the model JSON (--mm-model) is needed to know the family: give it with --model")
     family = family_of(model)
     out.set("model.family", family)
     _model(out, model, family)
-    data = _json(data_json or found.get("mm-data"), path.parent, "--mm-data", out)
+    data = (config or {}).get("data") or _json(data_json or found.get("mm-data"), path.parent, "--mm-data", out)
+    if model.get("init_from_hf_path"):
+        out.set("model.path", str(model["init_from_hf_path"]))
     if data is not None:
         if family.startswith("qwen"):
             _vl_data(out, data, beside or Path.cwd())
         else:
             _video_data(out, data)
+    if found.get("load") is True:  # `--load $EMPTY`: nothing to load
+        del found["load"]
     if not family.startswith("qwen") and found.get("load"):
         video_model_path(out, str(found.pop("load")))
     megatron.apply_flags(out, found, layers=_layers(model))

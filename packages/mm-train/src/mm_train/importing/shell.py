@@ -43,6 +43,9 @@ def arithmetic(text: str, variables: Dict[str, str]) -> int:
             return node.value
         if isinstance(node, ast.Name):
             raw = variables.get(node.id, "0") or "0"
+            if UNKNOWN in raw:
+                raise ValueError(f"$(( {text} )): {node.id} comes from a command substitution, which is never run: "
+                                 f"give it with --var {node.id}=VALUE")
             if not re.fullmatch(r"-?\d+", raw.strip()):
                 raise ValueError(f"$(( {text} )): {node.id}={raw!r} is not an integer")
             return int(raw)
@@ -56,10 +59,16 @@ def arithmetic(text: str, variables: Dict[str, str]) -> int:
 
 
 def _closing(text: str, start: int, opening: str, closing: str) -> int:
-    """Index just past the bracket that closes the one before ``start``."""
-    depth, i = 1, start
+    """Index just past the bracket that closes the one before ``start`` (brackets in quotes not counted)."""
+    depth, i, quote = 1, start, None
     while i < len(text) and depth:
-        depth += (text[i] == opening) - (text[i] == closing)
+        c = text[i]
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "\"'":
+            quote = c
+        else:
+            depth += (c == opening) - (c == closing)
         i += 1
     if depth:
         raise ValueError(f"unclosed {opening!r} in {text[start - 2:start + 40]!r}")
@@ -180,6 +189,11 @@ def statements(text: str) -> List[str]:
         elif c in "\"'":
             quote = c
             current.append(c)
+        elif text.startswith("$(", i):  # a substitution or arithmetic is one piece, '|' and newlines included
+            end = _closing(text, i + 2, "(", ")")
+            current.append(text[i:end])
+            i = end
+            continue
         elif c == "#" and (not current or current[-1].isspace()):
             while i < len(text) and text[i] != "\n":
                 i += 1
@@ -200,6 +214,8 @@ def read_script(text: str, preset: Optional[Dict[str, str]] = None) -> Script:
     for statement in statements(text):
         body = statement[len("export "):].lstrip() if statement.startswith("export ") else statement
         match = re.match(r"([A-Za-z_][A-Za-z0-9_]*)=", body)
+        if match and match.group(1) in (preset or {}):
+            continue  # given by the user (mm-train import --var): the script's own value is not used
         if match and (statement.startswith("export ") or " " not in body[:match.end()]):
             value = words(body[match.end():] or "''", script.variables)
             script.variables[match.group(1)] = " ".join(value)
