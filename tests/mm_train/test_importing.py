@@ -291,7 +291,8 @@ torchrun --nproc_per_node $NPUS_PER_NODE --nnodes $NNODES pretrain_sora.py --ten
                                                           "device": "ascend-910b2"}
     assert r["model"] == {"family": "wan", "path": "weights/Wan2.1-T2V-1.3B-Diffusers"}
     assert r["parallel"] == {"tp": 1, "pp": 2, "cp": 2, "cp_algo": "ring"} and r["train"]["global_batch_size"] == 8
-    assert r["data"] == {"kind": "video", "num_frames": 81, "max_area": 399360, "fps": 16.0, "text_max_length": 512}
+    assert r["data"] == {"kind": "video", "num_frames": 81, "max_area": 399360, "fps": 16.0, "text_max_length": 512,
+                         "tokenizer": "Wan2.1-T2V-1.3B-Diffusers/tokenizer"}
     left = dict(imported.left_out)
     assert "torch pickles" in left["feature data set ./sora_features/data.jsonl"] and "model JSON task: t2v" in left
 
@@ -350,3 +351,41 @@ torchrun $DISTRIBUTED_ARGS pretrain_transformers.py ${config_path} 2>&1 | tee lo
     result = mm_train("import", "mindspeed", str(script), data=tmp_path)
     assert result.returncode == 2 and "NNODES comes from a command substitution" in result.stderr
     assert "--var NNODES=VALUE" in result.stderr
+
+
+def test_a_cogvideox_lora_script_names_its_encoders_and_what_it_still_needs(tmp_path):
+    """CogVideoX 1.5 LoRA (MindSpeed-MM's examples/cogvideox/*_1.5 shapes): SAT's fused projection as
+    diffusers' to_q / to_k / to_v, the T5 folder and tokenizer kept, the torch VAE pickle and the
+    converted checkpoint listed, and the check names what the recipe still needs."""
+    from mm_train.importing import checked, mindspeed
+
+    (tmp_path / "model_cogvideox_t2v_1.5.json").write_text(json.dumps({
+        "frames": 37, "task": "t2v", "enable_encoder_dp": True,
+        "predictor": {"model_id": "satdit", "num_layers": 42},
+        "text_encoder": {"model_id": "T5", "from_pretrained": "5b-cogvideo"},
+        "ae": {"model_id": "contextparallelcasualvae", "from_pretrained": "3d-vae.pt"}}))
+    (tmp_path / "data.json").write_text(json.dumps({"dataset_param": {
+        "dataset_type": "t2v", "basic_parameters": {"data_path": "/data_path/data.jsonl"},
+        "preprocess_parameters": {"train_fps": 8, "num_frames": 37, "max_height": 480, "max_width": 720},
+        "tokenizer_config": {"from_pretrained": "5b-cogvideo/tokenizer", "model_max_length": 226}}}))
+    (tmp_path / "finetune_cogvideox_lora_t2v_1.5.sh").write_text('''
+GPUS_PER_NODE=8; WORLD_SIZE=$(($GPUS_PER_NODE * 1)); TP=1; PP=1; CP=1; MBS=1; GRAD_ACC_STEP=1
+GBS=$(($MBS*$GRAD_ACC_STEP*$WORLD_SIZE/$TP/$PP/$CP))
+torchrun --nproc_per_node $GPUS_PER_NODE --nnodes 1 pretrain_sora.py --tensor-model-parallel-size ${TP} \\
+    --micro-batch-size ${MBS} --global-batch-size ${GBS} --lr 1e-5 --lr-decay-style constant --train-iters 1000 \\
+    --lora-r 128 --lora-alpha 64 --lora-target-modules proj_qkv to_out.0 --qk-layernorm --allow-tf32 --bf16 \\
+    --mm-data data.json --mm-model model_cogvideox_t2v_1.5.json --load your_converted_dit_ckpt_dir
+''')
+    imported = mindspeed.import_script(tmp_path / "finetune_cogvideox_lora_t2v_1.5.sh")
+    r = imported.recipe
+    assert r["model"] == {"family": "cogvideox",
+                          "lora": {"r": 128, "alpha": 64.0, "target_modules": ["to_q", "to_k", "to_v", "to_out.0"]}}
+    assert r["data"] == {"text_encoder": "5b-cogvideo", "kind": "video", "num_frames": 37, "max_area": 345600,
+                         "fps": 8.0, "text_max_length": 226, "tokenizer": "5b-cogvideo/tokenizer",
+                         "path": "/data_path/data.jsonl"}
+    assert r["train"]["global_batch_size"] == 8 and r["train"]["precision"] == "bf16"
+    left = dict(imported.left_out)
+    assert set(left) == {"ae.from_pretrained: 3d-vae.pt", "enable_encoder_dp: true", "model JSON task: t2v",
+                         "--load your_converted_dit_ckpt_dir"}, left
+    with pytest.raises(ValueError, match="model needs a path"):
+        checked(imported)

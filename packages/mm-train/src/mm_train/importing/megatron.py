@@ -21,7 +21,8 @@ SCHEDULES = {"cosine": "cosine", "linear": "linear", "constant": "constant"}
 # modules mm's LoRA targets
 LORA_NAMES = {"linear_qkv": ["q_proj", "k_proj", "v_proj"], "linear_proj": ["o_proj"],
               "linear_fc1": ["gate_proj", "up_proj"], "linear_fc2": ["down_proj"],
-              "proj_q": ["to_q"], "proj_k": ["to_k"], "proj_v": ["to_v"], "proj_out": ["to_out.0"],
+              "proj_qkv": ["to_q", "to_k", "to_v"], "proj_q": ["to_q"], "proj_k": ["to_k"], "proj_v": ["to_v"],
+              "proj_out": ["to_out.0"],
               "ffn.0": ["ffn.net.0.proj"], "ffn.2": ["ffn.net.2"]}
 # what mm does on its own (the kernel layer, data loading, its checkpoint format) or decides elsewhere
 BUILT_IN = {"use-mcore-models", "use-flash-attn", "use-fused-rmsnorm", "use-fused-swiglu", "use-fused-rotary-pos-emb",
@@ -39,7 +40,7 @@ BUILT_IN = {"use-mcore-models", "use-flash-attn", "use-fused-rmsnorm", "use-fuse
             "save", "recompute-granularity", "recompute-method", "recompute-num-layers", "lora-r", "lora-alpha",
             "lora-target-modules", "lora-dropout", "use-torch-fsdp2", "fsdp2-config-path", "use-cpu-initialization",
             "init-model-with-meta-device", "log-tps", "untie-embeddings-and-output-weights", "optimizer-selection",
-            "distributed-timeout-minutes", "lora-register-forward-hook"}
+            "distributed-timeout-minutes", "lora-register-forward-hook", "qk-layernorm", "allow-tf32"}
 
 
 def _number(value) -> float:

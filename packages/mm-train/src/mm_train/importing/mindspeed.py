@@ -119,6 +119,7 @@ def _model(out: Imported, model: dict, family: str) -> None:
         split = (model.get("text_decoder") or {}).get("pipeline_num_layers")
     else:
         split = (model.get("predictor") or {}).get("pipeline_num_layers")
+        _video_encoders(out, model)
         if model.get("task"):
             out.leave_out(f"model JSON task: {model['task']}", "mm reads t2v / i2v from the model folder's config "
                                                                "(image_dim) and the data")
@@ -182,6 +183,8 @@ def _video_data(out: Imported, data: dict) -> None:
     tokenizer = tokenizers[0] if isinstance(tokenizers, list) and tokenizers else tokenizers
     if isinstance(tokenizer, dict) and tokenizer.get("model_max_length"):
         out.set("data.text_max_length", int(tokenizer["model_max_length"]))
+    if isinstance(tokenizer, dict) and tokenizer.get("from_pretrained"):
+        out.set("data.tokenizer", str(tokenizer["from_pretrained"]))
     if param.get("dataset_type") == "feature":
         out.leave_out(f"feature data set {basic.get('data_path')}", "MindSpeed-MM's features are torch pickles, "
                                                                     "which mm never loads: set data.path to the "
@@ -192,7 +195,29 @@ def _video_data(out: Imported, data: dict) -> None:
 
 
 def video_model_path(out: Imported, load: str) -> None:
-    """--load of a video script is a diffusers transformer folder: the pipeline folder around it is
-    what mm reads (the denoiser and, by default, its VAE, text encoder and tokenizer)."""
+    """--load of a video script: a diffusers transformer folder (Wan) has the pipeline folder around
+    it, which mm reads whole (the denoiser and, by default, its VAE, text encoder and tokenizer);
+    anything else is MindSpeed-MM's own converted checkpoint."""
     folder = Path(load.rstrip("/"))
-    out.set("model.path", str(folder.parent if folder.name in ("transformer", "transformer_2") else folder))
+    if folder.name in ("transformer", "transformer_2"):
+        out.set("model.path", str(folder.parent))
+    else:
+        out.leave_out(f"--load {load}", "MindSpeed-MM's converted checkpoint: set model.path to the diffusers "
+                                        "folder (a pipeline folder, or its transformer/)")
+
+
+def _video_encoders(out: Imported, model: dict) -> None:
+    """The model JSON's text encoder and VAE where they are folders mm reads (not torch pickles)."""
+    text = model.get("text_encoder") if isinstance(model.get("text_encoder"), dict) else {}
+    if text.get("from_pretrained"):
+        out.set("data.text_encoder", str(text["from_pretrained"]))
+    vae = model.get("ae") if isinstance(model.get("ae"), dict) else {}
+    source = str(vae.get("from_pretrained") or "")
+    if source.endswith((".pt", ".pth", ".ckpt", ".bin")):
+        out.leave_out(f"ae.from_pretrained: {source}", "a torch pickle, which mm never loads: set data.vae to the "
+                                                       "diffusers VAE folder")
+    elif source:
+        out.set("data.vae", source)
+    if model.get("enable_encoder_dp"):
+        out.leave_out("enable_encoder_dp: true", "each tp rank encoding its own micro-batch is issue 55's "
+                                                 "data.encoder_dp; mm encodes once into its feature cache")
