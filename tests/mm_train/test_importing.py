@@ -95,19 +95,19 @@ def test_the_command_writes_the_recipe_and_it_trains_on_two_processes(user_data,
     values = yaml.safe_load(text)
     values["data"]["min_pixels"] = 3136
     values["train"]["log_every"] = 1
-    train_tiny_equivalent(values, user_data, tmp_path)
+    train_tiny_equivalent(values, tmp_path, tokenizer=str(user_data / "tokenizer.json"))
 
 
-def train_tiny_equivalent(values, user_data, tmp_path):
-    """The imported recipe with the tiny default's model in place of the real-size folder (the
-    user data's tokenizer with it) trains two steps on two processes."""
-    values["model"] = {**values["model"], "path": None, "config": load_recipe("qwen2_5_vl_tiny").model.config}
-    values["data"]["tokenizer"] = str(user_data / "tokenizer.json")
+def train_tiny_equivalent(values, tmp_path, tiny="qwen2_5_vl_tiny", **data):
+    """The imported recipe with a tiny recipe's model in place of the real-size folder (and ``data``
+    set) trains two steps on two processes."""
+    values["model"] = {**values["model"], "path": None, "config": load_recipe(tiny).model.config}
+    values["data"].update(data)
     values["train"]["steps"] = 2
     values["output_dir"] = str(tmp_path / "run")
-    tiny = tmp_path / "tiny.yaml"
-    tiny.write_text(yaml.safe_dump(values))
-    result = mm_train("run", str(tiny), "--nproc", "2", "--no-progress", data=tmp_path)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(values))
+    result = mm_train("run", str(path), "--nproc", "2", "--no-progress", data=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(losses(tmp_path / "run")) == 2
 
@@ -295,6 +295,14 @@ torchrun --nproc_per_node $NPUS_PER_NODE --nnodes $NNODES pretrain_sora.py --ten
                          "tokenizer": "Wan2.1-T2V-1.3B-Diffusers/tokenizer"}
     left = dict(imported.left_out)
     assert "torch pickles" in left["feature data set ./sora_features/data.jsonl"] and "model JSON task: t2v" in left
+    # the tiny equivalent on 2 processes: the script's ring context parallelism (its pp2 x cp2 needs 4),
+    # the built-in clips in place of the feature set mm cannot read
+    values = yaml.safe_load(imported.yaml_text())
+    values["parallel"]["pp"] = 1
+    values["data"] = {"kind": "tiny_video", "samples": 8}
+    values["train"]["global_batch_size"] = 2
+    values.pop("cluster")
+    train_tiny_equivalent(values, tmp_path, tiny="wan2_1_t2v_tiny")
 
 
 def test_the_mindspeed_command_writes_a_recipe_that_trains_with_its_pipeline_on_two_processes(user_data, tmp_path):
@@ -310,7 +318,7 @@ def test_the_mindspeed_command_writes_a_recipe_that_trains_with_its_pipeline_on_
     values["data"]["max_bad_fraction"] = 0.2  # sft.json's one broken entry
     values["train"]["global_batch_size"] = 4
     values["cluster"] = {"nodes": 1, "devices_per_node": 2}
-    train_tiny_equivalent(values, user_data, tmp_path)
+    train_tiny_equivalent(values, tmp_path, tokenizer=str(user_data / "tokenizer.json"))
 
 
 def test_a_yaml_configured_script_with_lora_and_a_hostfile_node_count(user_data, tmp_path):
@@ -346,7 +354,12 @@ torchrun $DISTRIBUTED_ARGS pretrain_transformers.py ${config_path} 2>&1 | tee lo
     assert r["model"]["lora"] == {"r": 8, "alpha": 16.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
     assert r["parallel"] == {"cp": 1, "zero_stage": 3} and r["model"]["freeze"] == ["vision"]
     assert r["train"]["global_batch_size"] == 16 and r["data"]["max_length"] == 256
-    build_recipe(r)
+    # the tiny equivalent on 2 processes: LoRA on the MoE model with its weights fully sharded (ZeRO-3)
+    values = yaml.safe_load(imported.yaml_text())
+    values["data"].update(max_bad_fraction=0.2, min_pixels=3136, max_pixels=6272)
+    values["train"]["global_batch_size"] = 4
+    values.pop("cluster")
+    train_tiny_equivalent(values, tmp_path, tiny="qwen3_vl_moe_tiny", tokenizer=str(user_data / "tokenizer.json"))
     # without --var the node count is unknown, and the error says how to give it
     result = mm_train("import", "mindspeed", str(script), data=tmp_path)
     assert result.returncode == 2 and "NNODES comes from a command substitution" in result.stderr
