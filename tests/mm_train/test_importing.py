@@ -402,3 +402,42 @@ torchrun --nproc_per_node $GPUS_PER_NODE --nnodes 1 pretrain_sora.py --tensor-mo
                          "--load your_converted_dit_ckpt_dir"}, left
     with pytest.raises(ValueError, match="model needs a path"):
         checked(imported)
+
+
+def test_an_omni_script_freezes_its_towers_as_its_model_json_says(user_data, tmp_path):
+    from mm_train.importing import mindspeed
+
+    model = write_hub_folder(tmp_path / "Qwen2.5-Omni-7B", "Qwen2.5-Omni-7B")
+    script = mindspeed_files(tmp_path, user_data, model)
+    (tmp_path / "model_7b.json").write_text(json.dumps({  # examples/mindspore/qwen2.5omni/model_7b.json's shape
+        "model_id": "qwen2_5vl", "text_decoder": {"model_id": "qwen2_5_omni_thinker", "num_layers": 28,
+                                                  "pipeline_num_layers": [14, 14]},
+        "image_encoder": {"vision_encoder": {"freeze": True}, "vision_projector": {"freeze": True}},
+        "audio_encoder": {"audio_encoder": {"model_id": "qwen_omni_audio", "freeze": True}}}))
+    imported = mindspeed.import_script(script, beside=tmp_path / "out")
+    assert imported.recipe["model"]["family"] == "qwen2_5_omni"
+    assert imported.recipe["model"]["freeze"] == ["vision", "merger", "audio"]
+    assert "pipeline_num_layers: [14, 14]" not in dict(imported.left_out)  # an even split is mm's own
+    build_recipe(imported.recipe)
+
+
+def test_a_cogvideox_scripts_tiny_equivalent_trains_with_its_tensor_parallelism(tmp_path):
+    from mm_train.importing import mindspeed
+
+    (tmp_path / "model.json").write_text(json.dumps({"predictor": {"model_id": "satdit", "num_layers": 42}}))
+    (tmp_path / "pretrain_cogvideox_t2v.sh").write_text('''
+GPUS_PER_NODE=8; TP=2; MBS=1; GBS=$(($MBS*8/$TP))
+torchrun --nproc_per_node $GPUS_PER_NODE --nnodes 1 pretrain_sora.py --tensor-model-parallel-size ${TP} \\
+  --sequence-parallel --micro-batch-size ${MBS} --global-batch-size ${GBS} --lr 2e-4 --lr-decay-style cosine \\
+  --lr-warmup-iters 1 --train-iters 100 --recompute-granularity full --recompute-method block \\
+  --recompute-num-layers 42 --mm-model model.json
+''')
+    imported = mindspeed.import_script(tmp_path / "pretrain_cogvideox_t2v.sh")
+    values = yaml.safe_load(imported.yaml_text())
+    assert values["parallel"] == {"tp": 2, "sequence_parallel": True} and values["train"]["global_batch_size"] == 4
+    assert values["model"] == {"family": "cogvideox", "recompute": "block", "recompute_num_layers": 42}
+    values["model"]["recompute_num_layers"] = 1  # of the tiny model's layers
+    values["data"] = {"kind": "tiny_video", "samples": 8}
+    values["train"]["global_batch_size"] = 2
+    values.pop("cluster")
+    train_tiny_equivalent(values, tmp_path, tiny="cogvideox_t2v_tiny")
