@@ -8,8 +8,7 @@
     mm-train plan [RECIPE] [--set ...] [--nodes N] [--devices-per-node D] [--device NAME] [--json] [--search]
     mm-train convert ...
     mm-train generate SOURCE --prompt TEXT [--image FILE] --out FILE [--nproc N --set parallel.tp=2 ...]
-    mm-train import llamafactory CONFIG.yaml [--nproc N] [-o recipe.yaml]
-    mm-train import mindspeed SCRIPT.sh [--model M.json] [--data D.json] [--var NAME=VALUE] [-o recipe.yaml]
+    mm-train import KIND ...   (the family wing's commands, mm_train.registry.commands: another tool's files)
 
 RECIPE is a YAML file or the name of a built-in recipe (``mm-train recipes`` lists them); ``run``
 without one trains the built-in tiny default. With
@@ -28,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional
 
-from mm_train import convert, doctor, generate, importing, registry
+from mm_train import convert, doctor, generate, registry
 from mm_train.node_disks import NODE_VARIABLE
 from mm_train.plan import command as plan_command
 from mm_train.plan import refuse_unfitting
@@ -80,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds to wait for every node's workers to join (msrun's cluster_time_out)")
     commands.add_parser("recipes", help="list the built-in recipes",
                         description="The built-in recipes: name, family, what it trains, the machines it is for.")
-    for command in (convert, plan_command, generate, doctor, importing):
+    for command in (convert, plan_command, generate, doctor, *registry.commands().values()):
         command.add_parser(commands)
     return parser
 
@@ -308,8 +307,9 @@ def _dispatch(args) -> int:
         return plan_command.run(args)
     if args.command == "generate":
         return generate.run(args)
-    if args.command == "import":
-        return importing.run(args)
+    wing = registry.commands()
+    if args.command in wing:
+        return wing[args.command].run(args)
     return convert.run(args)
 
 

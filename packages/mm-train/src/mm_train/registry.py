@@ -8,6 +8,10 @@ recipes. The CLI, recipes, convert and the loop ask the registry; a new family i
 calls `register` (plus its model package and recipes). This module imports nothing else of
 mm-train: it is the bottom of the package, and the families sit above everything generic.
 
+Commands of the family wing (`mm-train import`: other tools' configurations, which name models)
+come the same way, from the ``mm_train.commands`` entry point group (each a `CommandSpec`), so the
+CLI adds them without naming them.
+
 Where families come from, in order: the ``mm_train.families`` entry point group of installed
 packages (each entry point a FamilySpec; mm-train's own pyproject.toml lists the built-in ones of
 its family wing, ``mm_train.families.video`` and ``mm_train.families.vl``); then the modules listed
@@ -28,9 +32,10 @@ import os
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 ENTRY_POINT_GROUP = "mm_train.families"
+COMMAND_GROUP = "mm_train.commands"
 RECIPE_FOLDER = Path(__file__).resolve().parent / "recipes"
 
 
@@ -144,6 +149,27 @@ def _discover() -> None:
         except ImportError as error:
             raise ValueError(f"$MM_TRAIN_FAMILIES names {module!r}, which cannot be imported ({error}); put its "
                              "folder on PYTHONPATH or install its package") from error
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """A subcommand the family wing adds to `mm-train`: its name, its parser (``add_parser(subparsers)``)
+    and what it does (``run(args) -> exit status``)."""
+
+    name: str
+    add_parser: Callable[[Any], None]
+    run: Callable[[Any], int]
+
+
+def commands() -> Dict[str, CommandSpec]:
+    """The wing's subcommands by name (the ``mm_train.commands`` entry points)."""
+    found = {}
+    for point in entry_points(group=COMMAND_GROUP):
+        spec = point.load()
+        if spec.name in found:
+            raise ValueError(f"mm-train command {spec.name!r} is registered twice")
+        found[spec.name] = spec
+    return found
 
 
 def families() -> Dict[str, FamilySpec]:

@@ -10,7 +10,7 @@ from helpers.hub_folders import write_hub_folder
 from helpers.llamafactory_data import make_user_data
 from helpers.mm_train_cli import losses, mm_train
 
-from mm_train.importing import llamafactory
+from mm_train.families.importing import llamafactory
 from mm_train.recipe import build_recipe, load_recipe
 
 
@@ -115,7 +115,7 @@ def train_tiny_equivalent(values, tmp_path, tiny="qwen2_5_vl_tiny", **data):
 # -- MindSpeed-MM --------------------------------------------------------------------------------
 
 def test_the_shell_reader_evaluates_assignments_and_arithmetic_as_bash_does():
-    from mm_train.importing.shell import UNKNOWN, arithmetic, flags, read_script, words
+    from mm_train.families.importing.shell import UNKNOWN, arithmetic, flags, read_script, words
 
     assert arithmetic("$A*($B+1)/3 % 5", {"A": "4", "B": "2"}) == 4 and arithmetic("-X + 7", {}) == 7
     with pytest.raises(ValueError, match="not an integer"):
@@ -219,7 +219,7 @@ msrun $DISTRIBUTED_ARGS pretrain_vlm.py \\
 
 
 def test_a_mindspeed_script_becomes_a_recipe_whose_plan_has_its_layout(user_data, tmp_path):
-    from mm_train.importing import mindspeed
+    from mm_train.families.importing import mindspeed
     from mm_train.plan import make_plan
 
     model = write_hub_folder(tmp_path / "Qwen2.5-VL-7B-Instruct", "Qwen2.5-VL-7B-Instruct")
@@ -247,7 +247,7 @@ def test_a_mindspeed_script_becomes_a_recipe_whose_plan_has_its_layout(user_data
 
 
 def test_renamed_columns_become_a_dataset_info_and_unknown_flags_are_listed(user_data, tmp_path):
-    from mm_train.importing import mindspeed
+    from mm_train.families.importing import mindspeed
 
     model = write_hub_folder(tmp_path / "Qwen2.5-VL-7B-Instruct", "Qwen2.5-VL-7B-Instruct")
     attr = {"images": "pics", "messages": "chat", "role_tag": "who", "content_tag": "says", "user_tag": "asker",
@@ -269,7 +269,7 @@ def test_renamed_columns_become_a_dataset_info_and_unknown_flags_are_listed(user
 
 
 def test_a_wan_script_reads_its_pipeline_folder_and_names_the_feature_set(tmp_path):
-    from mm_train.importing import mindspeed
+    from mm_train.families.importing import mindspeed
 
     (tmp_path / "pretrain_model.json").write_text(json.dumps({
         "task": "t2v", "predictor": {"model_id": "wandit", "num_layers": 30, "pipeline_num_layers": [15, 15]}}))
@@ -345,7 +345,7 @@ config_path=qwen3vl_lora_sft_30B.yaml
 DISTRIBUTED_ARGS="--nproc_per_node $NPUS_PER_NODE --nnodes $NNODES --node_rank 0"
 torchrun $DISTRIBUTED_ARGS pretrain_transformers.py ${config_path} 2>&1 | tee logs/train_$(date +%s).log
 ''')
-    from mm_train.importing import mindspeed
+    from mm_train.families.importing import mindspeed
 
     script = tmp_path / "finetune_lora_qwen3vl_30B.sh"
     imported = mindspeed.import_script(script, variables={"NNODES": "2"})
@@ -370,7 +370,7 @@ def test_a_cogvideox_lora_script_names_its_encoders_and_what_it_still_needs(tmp_
     """CogVideoX 1.5 LoRA (MindSpeed-MM's examples/cogvideox/*_1.5 shapes): SAT's fused projection as
     diffusers' to_q / to_k / to_v, the T5 folder and tokenizer kept, the torch VAE pickle and the
     converted checkpoint listed, and the check names what the recipe still needs."""
-    from mm_train.importing import checked, mindspeed
+    from mm_train.families.importing import checked, mindspeed
 
     (tmp_path / "model_cogvideox_t2v_1.5.json").write_text(json.dumps({
         "frames": 37, "task": "t2v", "enable_encoder_dp": True,
@@ -405,7 +405,7 @@ torchrun --nproc_per_node $GPUS_PER_NODE --nnodes 1 pretrain_sora.py --tensor-mo
 
 
 def test_an_omni_script_freezes_its_towers_as_its_model_json_says(user_data, tmp_path):
-    from mm_train.importing import mindspeed
+    from mm_train.families.importing import mindspeed
 
     model = write_hub_folder(tmp_path / "Qwen2.5-Omni-7B", "Qwen2.5-Omni-7B")
     script = mindspeed_files(tmp_path, user_data, model)
@@ -422,7 +422,7 @@ def test_an_omni_script_freezes_its_towers_as_its_model_json_says(user_data, tmp
 
 
 def test_a_cogvideox_scripts_tiny_equivalent_trains_with_its_tensor_parallelism(tmp_path):
-    from mm_train.importing import mindspeed
+    from mm_train.families.importing import mindspeed
 
     (tmp_path / "model.json").write_text(json.dumps({"predictor": {"model_id": "satdit", "num_layers": 42}}))
     (tmp_path / "pretrain_cogvideox_t2v.sh").write_text('''

@@ -16,9 +16,9 @@ from typing import Dict, Optional
 
 import yaml
 
-from mm_train.importing import megatron
-from mm_train.importing.imported import Imported
-from mm_train.importing.shell import read_script
+from mm_train.families.importing import megatron
+from mm_train.families.importing.imported import Imported
+from mm_train.families.importing.shell import read_script
 
 # MindSpeed-MM's model_id of the model JSON (text decoder / predictor) -> the mm family
 FAMILIES = {"qwen2_5vl": "qwen2_5_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3vl": "qwen3_vl", "qwen3_vl": "qwen3_vl",

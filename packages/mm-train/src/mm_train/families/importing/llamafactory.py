@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional
 import yaml
 
 from mm_train import registry
-from mm_train.importing.imported import Imported
+from mm_train.families.importing.imported import Imported
 
 # model_name_or_path read as its folder's config.json where it exists, else by its name
 NAMES = (("qwen3-vl", "a3b", "qwen3_vl_moe"), ("qwen3-vl", "a22b", "qwen3_vl_moe"), ("qwen3-vl", "", "qwen3_vl"),

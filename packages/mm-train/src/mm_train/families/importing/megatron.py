@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from typing import Dict, Optional
 
-from mm_train.importing.imported import Imported
-from mm_train.importing.shell import UNKNOWN, Script, flags
+from mm_train.families.importing.imported import Imported
+from mm_train.families.importing.shell import UNKNOWN, Script, flags
 
 CP_ALGOS = {"ulysses_cp_algo": "ulysses", "megatron_cp_algo": "ring", "hybrid_cp_algo": "hybrid"}
 SCHEDULES = {"cosine": "cosine", "linear": "linear", "constant": "constant"}

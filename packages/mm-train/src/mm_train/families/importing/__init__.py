@@ -1,4 +1,5 @@
-"""`mm-train import`: another trainer's configuration turned into one mm recipe.
+"""`mm-train import`: another trainer's configuration turned into one mm recipe (a command of the
+family wing: those configurations name models; the CLI finds it through the registry).
 
     mm-train import llamafactory CONFIG.yaml [--nproc N] [-o recipe.yaml]
     mm-train import mindspeed SCRIPT.sh [--model MODEL_JSON] [--data DATA_JSON] [--var NAME=VALUE ...] [-o recipe.yaml]
@@ -15,9 +16,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from mm_train.importing import llamafactory, mindspeed
-from mm_train.importing.imported import Imported
+from mm_train.families.importing import llamafactory, mindspeed
+from mm_train.families.importing.imported import Imported
 from mm_train.recipe import build_recipe, check_layout
+from mm_train.registry import CommandSpec
 
 
 def checked(imported: Imported) -> None:
@@ -69,3 +71,6 @@ def run(args) -> int:
         print(text, end="")
     checked(imported)  # written first: what it still needs (a data path the source could not give) is named
     return 0
+
+
+COMMAND = CommandSpec("import", add_parser, run)
