@@ -404,7 +404,7 @@ torchrun --nproc_per_node $GPUS_PER_NODE --nnodes 1 pretrain_sora.py --tensor-mo
         checked(imported)
 
 
-def test_an_omni_script_freezes_its_towers_as_its_model_json_says(user_data, tmp_path):
+def test_an_omni_script_freezes_its_towers_as_its_model_json_says_and_trains(user_data, tmp_path):
     from mm_train.families.importing import mindspeed
 
     model = write_hub_folder(tmp_path / "Qwen2.5-Omni-7B", "Qwen2.5-Omni-7B")
@@ -419,6 +419,13 @@ def test_an_omni_script_freezes_its_towers_as_its_model_json_says(user_data, tmp
     assert imported.recipe["model"]["freeze"] == ["vision", "merger", "audio"]
     assert "pipeline_num_layers: [14, 14]" not in dict(imported.left_out)  # an even split is mm's own
     build_recipe(imported.recipe)
+    # the tiny equivalent: the script's pp 2 with every tower frozen, on the built-in sounding set
+    values = yaml.safe_load(imported.yaml_text())
+    values["model"]["recompute_num_layers"] = 1
+    values["data"] = {"kind": "tiny_omni", "samples": 8}
+    values["train"]["global_batch_size"] = 2
+    values.pop("cluster")
+    train_tiny_equivalent(values, tmp_path, tiny="qwen2_5_omni_tiny")
 
 
 def test_a_cogvideox_scripts_tiny_equivalent_trains_with_its_tensor_parallelism(tmp_path):
