@@ -56,6 +56,7 @@ def test_a_lora_sft_yaml_becomes_a_checked_recipe_field_by_field(user_data, tmp_
     assert r["output_dir"] == str(tmp_path / "saves")
     left = dict(imported.left_out)
     assert set(left) == {"video_max_pixels: 3136", "video_maxlen: 64", "max_samples: 1000"}, left
+    assert {"template", "trust_remote_code", "do_train"} <= set(imported.not_needed)  # named, not silently dropped
     recipe = build_recipe(r)  # mm's own checks
     assert recipe.model.lora.r == 16 and recipe.optim.offload == "optimizer" and recipe.data.packing
 
@@ -241,6 +242,8 @@ def test_a_mindspeed_script_becomes_a_recipe_whose_plan_has_its_layout(user_data
     left = dict(imported.left_out)
     assert set(left) == {"pipeline_num_layers: [12, 16]", "video_max_pixels: 16384", "video_maxlen: 64",
                          "--load ckpt/mm_path/Qwen2.5-VL-7B-Instruct"}, left
+    assert {"--use-flash-attn", "--tokenizer-type", "--ai-framework"} <= set(imported.not_needed)
+    assert "# Read, not needed by mm (the other tool's own machinery): " in imported.yaml_text()
     plan = make_plan(build_recipe(r))  # on the script's 1 x 8 Atlas 800T A2 (910B2)
     assert plan["fits"] and plan["devices"] == 8 and {rank["pp_stage"] for rank in plan["ranks"]} == {0, 1}, plan
     assert plan["batch_samples"] == 192

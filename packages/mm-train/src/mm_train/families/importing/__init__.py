@@ -62,6 +62,8 @@ def run(args) -> int:
     text = imported.yaml_text()
     for setting, reason in imported.left_out:
         print(f"mm-train import: not carried over: {setting}: {reason}", file=sys.stderr)
+    if imported.not_needed:
+        print(f"mm-train import: read, not needed by mm: {', '.join(imported.not_needed)}", file=sys.stderr)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(text)

@@ -15,6 +15,7 @@ class Imported:
     kind: str  # llamafactory | mindspeed
     recipe: Dict[str, Any] = field(default_factory=dict)
     left_out: List[Tuple[str, str]] = field(default_factory=list)  # (setting, why it is not in the recipe)
+    not_needed: List[str] = field(default_factory=list)  # read, and only the other tool's own machinery
     world_size: Optional[int] = None  # the source's processes, when it says
 
     def set(self, dotted: str, value: Any) -> None:
@@ -41,4 +42,6 @@ class Imported:
         if self.left_out:
             header.append("# Not carried over (no mm equivalent, or not readable):")
             header += [f"#   {setting}: {reason}" for setting, reason in self.left_out]
+        if self.not_needed:
+            header.append(f"# Read, not needed by mm (the other tool's own machinery): {', '.join(self.not_needed)}")
         return "\n".join(header) + "\n" + yaml.safe_dump(self.recipe, sort_keys=False)

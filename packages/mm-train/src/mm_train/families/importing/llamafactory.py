@@ -25,11 +25,10 @@ SCHEDULES = {"cosine": "cosine", "linear": "linear", "constant": "constant", "co
 PREF_LOSSES = {"sigmoid": "sigmoid", "ipo": "ipo", "hinge": "hinge"}
 REPORTERS = {"wandb": "logging.wandb", "swanlab": "logging.swanlab", "mlflow": "logging.mlflow",
              "tensorboard": "logging.tensorboard"}
-# settings that only steer LLaMA-Factory's own process and mean nothing to mm
-IGNORED = {"do_train", "trust_remote_code", "overwrite_cache", "overwrite_output_dir", "plot_loss", "ddp_timeout",
-           "preprocessing_num_workers", "save_only_model", "resume_from_checkpoint", "flash_attn",
-           "dataloader_num_workers", "logging_steps", "report_to", "num_train_epochs", "max_steps", "warmup_ratio",
-           "warmup_steps", "template"}
+# settings that only steer LLaMA-Factory's own process (the chat template is the family's own in mm)
+MACHINERY = {"do_train", "trust_remote_code", "overwrite_cache", "overwrite_output_dir", "plot_loss", "ddp_timeout",
+             "preprocessing_num_workers", "save_only_model", "resume_from_checkpoint", "flash_attn",
+             "dataloader_num_workers", "template"}
 
 
 def family_of(model: str) -> str:
@@ -50,13 +49,14 @@ def import_config(path: Path, nproc: int = 1) -> Imported:
         raise ValueError(f"{path} must hold LLaMA-Factory's arguments as a mapping")
     out = Imported(source=str(path), kind="llamafactory", world_size=nproc)
     _model(out, args)
-    _data(out, args, path.parent)
+    _data(out, args)
     _train(out, args, nproc)
     _method(out, args, path.parent)
     _logging(out, args)
-    handled = set(HANDLED) | IGNORED
     for key in args:
-        if key not in handled:
+        if key in MACHINERY:
+            out.not_needed.append(key)
+        elif key not in HANDLED:
             out.leave_out(f"{key}: {args[key]!r}", "no mm equivalent")
     return out
 
@@ -68,7 +68,8 @@ HANDLED = ("model_name_or_path", "image_max_pixels", "image_min_pixels", "video_
            "save_steps", "save_total_limit", "per_device_train_batch_size", "gradient_accumulation_steps",
            "learning_rate", "lr_scheduler_type", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2",
            "adam_epsilon", "bf16", "fp16", "seed", "pref_beta", "pref_loss", "pref_ftx", "dpo_label_smoothing",
-           "eval_steps", "val_size", "per_device_eval_batch_size")
+           "eval_steps", "val_size", "per_device_eval_batch_size", "logging_steps", "report_to", "num_train_epochs",
+           "max_steps", "warmup_ratio", "warmup_steps")
 
 
 def _model(out: Imported, args: Dict[str, Any]) -> None:
@@ -92,7 +93,7 @@ def _model(out: Imported, args: Dict[str, Any]) -> None:
                                                                "no frame cap")
 
 
-def _data(out: Imported, args: Dict[str, Any], here: Path) -> None:
+def _data(out: Imported, args: Dict[str, Any]) -> None:
     datasets = args.get("dataset")
     if not datasets:
         raise ValueError("the YAML names no dataset")

@@ -24,23 +24,26 @@ LORA_NAMES = {"linear_qkv": ["q_proj", "k_proj", "v_proj"], "linear_proj": ["o_p
               "proj_qkv": ["to_q", "to_k", "to_v"], "proj_q": ["to_q"], "proj_k": ["to_k"], "proj_v": ["to_v"],
               "proj_out": ["to_out.0"],
               "ffn.0": ["ffn.net.0.proj"], "ffn.2": ["ffn.net.2"]}
-# what mm does on its own (the kernel layer, data loading, its checkpoint format) or decides elsewhere
-BUILT_IN = {"use-mcore-models", "use-flash-attn", "use-fused-rmsnorm", "use-fused-swiglu", "use-fused-rotary-pos-emb",
-            "swiglu", "normalization", "tokenizer-type", "vocab-size", "make-vocab-size-divisible-by", "seq-length",
-            "variable-seq-lengths", "no-load-optim", "no-load-rng", "no-save-optim", "no-save-rng", "num-workers",
-            "ckpt-format", "distributed-backend", "ai-framework", "mm-tool", "mm-data", "mm-model", "log-interval",
-            "eval-interval", "eval-iters", "no-gradient-accumulation-fusion", "no-masked-softmax-fusion",
-            "use-distributed-optimizer", "overlap-grad-reduce", "overlap-param-gather", "use-ascend-mc2",
-            "sequence-parallel", "lr-warmup-init", "bf16", "fp16", "tensor-model-parallel-size",
-            "pipeline-model-parallel-size", "virtual-pipeline-model-parallel-size",
-            "num-layers-per-virtual-pipeline-stage", "context-parallel-size", "context-parallel-algo",
-            "ulysses-degree-in-cp", "expert-model-parallel-size", "micro-batch-size", "global-batch-size", "lr",
-            "min-lr", "lr-decay-style", "lr-decay-iters", "lr-warmup-fraction", "lr-warmup-iters", "weight-decay",
-            "clip-grad", "adam-beta1", "adam-beta2", "adam-eps", "seed", "train-iters", "save-interval", "load",
-            "save", "recompute-granularity", "recompute-method", "recompute-num-layers", "lora-r", "lora-alpha",
-            "lora-target-modules", "lora-dropout", "use-torch-fsdp2", "fsdp2-config-path", "use-cpu-initialization",
-            "init-model-with-meta-device", "log-tps", "untie-embeddings-and-output-weights", "optimizer-selection",
-            "distributed-timeout-minutes", "lora-register-forward-hook", "qk-layernorm", "allow-tf32"}
+# flags that steer only Megatron's machinery (fused kernels, tokenizer, checkpoint format, data loading)
+# or that mm decides itself: read, and named in the recipe's header as not needed
+MACHINERY = {"use-mcore-models", "use-flash-attn", "use-fused-rmsnorm", "use-fused-swiglu", "use-fused-rotary-pos-emb",
+             "swiglu", "normalization", "tokenizer-type", "vocab-size", "make-vocab-size-divisible-by", "seq-length",
+             "variable-seq-lengths", "no-load-optim", "no-load-rng", "no-save-optim", "no-save-rng", "num-workers",
+             "ckpt-format", "distributed-backend", "ai-framework", "mm-tool", "log-interval", "eval-interval",
+             "eval-iters", "no-gradient-accumulation-fusion", "no-masked-softmax-fusion", "overlap-grad-reduce",
+             "overlap-param-gather", "use-ascend-mc2", "lr-warmup-init", "fsdp2-config-path",
+             "use-cpu-initialization", "init-model-with-meta-device", "log-tps", "untie-embeddings-and-output-weights",
+             "optimizer-selection", "distributed-timeout-minutes", "lora-register-forward-hook", "qk-layernorm",
+             "allow-tf32"}
+# flags this module maps to recipe keys
+MAPPED = {"mm-data", "mm-model", "use-distributed-optimizer", "sequence-parallel", "bf16", "fp16",
+          "tensor-model-parallel-size", "pipeline-model-parallel-size", "virtual-pipeline-model-parallel-size",
+          "num-layers-per-virtual-pipeline-stage", "context-parallel-size", "context-parallel-algo",
+          "ulysses-degree-in-cp", "expert-model-parallel-size", "micro-batch-size", "global-batch-size", "lr",
+          "min-lr", "lr-decay-style", "lr-decay-iters", "lr-warmup-fraction", "lr-warmup-iters", "weight-decay",
+          "clip-grad", "adam-beta1", "adam-beta2", "adam-eps", "seed", "train-iters", "save-interval", "load", "save",
+          "recompute-granularity", "recompute-method", "recompute-num-layers", "lora-r", "lora-alpha",
+          "lora-target-modules", "lora-dropout", "use-torch-fsdp2"}
 
 
 def _number(value) -> float:
@@ -83,6 +86,8 @@ def apply_flags(out: Imported, found: Dict[str, object], layers: Optional[int]) 
     _optimizer(out, found)
     if found.get("lora-r"):
         lora = {"r": int(found["lora-r"]), "alpha": _number(found.get("lora-alpha", 2 * int(found["lora-r"])))}
+        if found.get("lora-dropout"):
+            lora["dropout"] = _number(found["lora-dropout"])
         if found.get("lora-target-modules"):
             names = re.split(r"[,\s]+", str(found["lora-target-modules"]).strip())
             lora["target_modules"] = [hf for name in names for hf in LORA_NAMES.get(name, [name])]
@@ -93,7 +98,9 @@ def apply_flags(out: Imported, found: Dict[str, object], layers: Optional[int]) 
     if found.get("save"):
         out.set("output_dir", str(found["save"]))
     for name, value in found.items():
-        if name not in BUILT_IN:
+        if name in MACHINERY:
+            out.not_needed.append(f"--{name}")
+        elif name not in MAPPED:
             out.leave_out(f"--{name}" + ("" if value is True else f" {value}"), "no mm equivalent")
 
 
