@@ -7,8 +7,9 @@ family wing: those configurations name models; the CLI finds it through the regi
 An importer reads the other tool's files (never runs them) and fills an `Imported`: the recipe as
 a YAML file holds it, and every setting it could not carry over with the reason. The left-out
 settings head the written recipe as comments and are printed; the recipe is then built and checked
-as `mm-train run` would (`recipe.build_recipe`, `recipe.check_layout` at the source's world size),
-so what is written is a recipe mm accepts.
+as `mm-train run` would (`recipe.build_recipe`, `recipe.check_layout` at the source's world size).
+One the check refuses (a data path the source could not give) is still written, and the command
+fails with the check's message, which names what to set.
 """
 
 from __future__ import annotations
