@@ -23,7 +23,7 @@ def pytest_sessionstart(session):
     problems = reference_problems()
     if problems:
         pytest.exit("the parity references are required: " + "; ".join(problems) +
-                    ". Run the suite with `hatch test` (hatch.toml pins them)", returncode=4)
+                    ". Run the suite with `hatch test --all` (hatch.toml pins them)", returncode=4)
 
 
 def pytest_collection_modifyitems(config, items):
