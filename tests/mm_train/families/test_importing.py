@@ -99,6 +99,16 @@ def test_the_command_writes_the_recipe_and_it_trains_on_two_processes(user_data,
     train_tiny_equivalent(values, tmp_path, tokenizer=str(user_data / "tokenizer.json"))
 
 
+def on_built_in_set(imported, kind):
+    """The written recipe's values with a built-in data set of ``kind`` in place of the source's data,
+    a global batch of 2 and no cluster section (2 local processes)."""
+    values = yaml.safe_load(imported.yaml_text())
+    values["data"] = {"kind": kind, "samples": 8}
+    values["train"]["global_batch_size"] = 2
+    values.pop("cluster", None)
+    return values
+
+
 def train_tiny_equivalent(values, tmp_path, tiny="qwen2_5_vl_tiny", **data):
     """The imported recipe with a tiny recipe's model in place of the real-size folder (and ``data``
     set) trains two steps on two processes."""
@@ -300,11 +310,8 @@ torchrun --nproc_per_node $NPUS_PER_NODE --nnodes $NNODES pretrain_sora.py --ten
     assert "torch pickles" in left["feature data set ./sora_features/data.jsonl"] and "model JSON task: t2v" in left
     # the tiny equivalent on 2 processes: the script's ring context parallelism (its pp2 x cp2 needs 4),
     # the built-in clips in place of the feature set mm cannot read
-    values = yaml.safe_load(imported.yaml_text())
+    values = on_built_in_set(imported, "tiny_video")
     values["parallel"]["pp"] = 1
-    values["data"] = {"kind": "tiny_video", "samples": 8}
-    values["train"]["global_batch_size"] = 2
-    values.pop("cluster")
     train_tiny_equivalent(values, tmp_path, tiny="wan2_1_t2v_tiny")
 
 
@@ -423,11 +430,8 @@ def test_an_omni_script_freezes_its_towers_as_its_model_json_says_and_trains(use
     assert "pipeline_num_layers: [14, 14]" not in dict(imported.left_out)  # an even split is mm's own
     build_recipe(imported.recipe)
     # the tiny equivalent: the script's pp 2 with every tower frozen, on the built-in sounding set
-    values = yaml.safe_load(imported.yaml_text())
+    values = on_built_in_set(imported, "tiny_omni")
     values["model"]["recompute_num_layers"] = 1
-    values["data"] = {"kind": "tiny_omni", "samples": 8}
-    values["train"]["global_batch_size"] = 2
-    values.pop("cluster")
     train_tiny_equivalent(values, tmp_path, tiny="qwen2_5_omni_tiny")
 
 
@@ -443,11 +447,9 @@ torchrun --nproc_per_node $GPUS_PER_NODE --nnodes 1 pretrain_sora.py --tensor-mo
   --recompute-num-layers 42 --mm-model model.json
 ''')
     imported = mindspeed.import_script(tmp_path / "pretrain_cogvideox_t2v.sh")
-    values = yaml.safe_load(imported.yaml_text())
-    assert values["parallel"] == {"tp": 2, "sequence_parallel": True} and values["train"]["global_batch_size"] == 4
-    assert values["model"] == {"family": "cogvideox", "recompute": "block", "recompute_num_layers": 42}
+    r = imported.recipe
+    assert r["parallel"] == {"tp": 2, "sequence_parallel": True} and r["train"]["global_batch_size"] == 4
+    assert r["model"] == {"family": "cogvideox", "recompute": "block", "recompute_num_layers": 42}
+    values = on_built_in_set(imported, "tiny_video")
     values["model"]["recompute_num_layers"] = 1  # of the tiny model's layers
-    values["data"] = {"kind": "tiny_video", "samples": 8}
-    values["train"]["global_batch_size"] = 2
-    values.pop("cluster")
     train_tiny_equivalent(values, tmp_path, tiny="cogvideox_t2v_tiny")
