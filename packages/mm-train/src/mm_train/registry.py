@@ -161,15 +161,19 @@ class CommandSpec:
     run: Callable[[Any], int]
 
 
+_COMMANDS: Dict[str, CommandSpec] = {}
+
+
 def commands() -> Dict[str, CommandSpec]:
-    """The wing's subcommands by name (the ``mm_train.commands`` entry points)."""
-    found = {}
-    for point in entry_points(group=COMMAND_GROUP):
-        spec = point.load()
-        if spec.name in found:
-            raise ValueError(f"mm-train command {spec.name!r} is registered twice")
-        found[spec.name] = spec
-    return found
+    """The wing's subcommands by name (the ``mm_train.commands`` entry points, read once: the CLI asks
+    when it builds its parser and again when it dispatches)."""
+    if not _COMMANDS:
+        for point in entry_points(group=COMMAND_GROUP):
+            spec = point.load()
+            if spec.name in _COMMANDS:
+                raise ValueError(f"mm-train command {spec.name!r} is registered twice")
+            _COMMANDS[spec.name] = spec
+    return dict(_COMMANDS)
 
 
 def families() -> Dict[str, FamilySpec]:
