@@ -102,11 +102,27 @@ def test_hybrid_cp_ulysses_inside_ring_across():
         (dict(tp=0), 1, "tp must be a positive integer"),
         (dict(sequence_parallel=True), 1, "needs tp > 1"),
         (dict(zero_stage=4), 1, "zero_stage=4 is unknown; use 0, 1, 2 or 3"),
+        (dict(pp=2, pp_layers=[3]), 2, "pp_layers must be a list of 2 layer counts"),
+        (dict(pp=2, pp_layers=[3, 0]), 2, "each at least 1"),
+        (dict(pp=2, vpp=2, pp_layers=[3, 1]), 2, "must be 2 lists of 2 counts"),
     ],
 )
 def test_invalid_layouts_name_the_rule(kwargs, world, rule):
     with pytest.raises(ValueError, match=rule):
         ParallelConfig(**kwargs).data_parallel_size(world)
+
+
+def test_an_uneven_split_is_kept_as_tuples_and_builds_the_stages_it_names():
+    """parallel.pp_layers (YAML lists) becomes tuples, so a config stays hashable and equal after a
+    JSON round trip; a model stage built without its own counts takes the topology's."""
+    from mm_parallel.model_base import ParallelModel
+
+    config = ParallelConfig(pp=2, vpp=2, pp_layers=[[1, 2], [2, 1]])
+    assert config.pp_layers == ((1, 2), (2, 1)) and hash(config)
+    assert ParallelConfig(pp=2, pp_layers=[5, 2]) == ParallelConfig(pp=2, pp_layers=(5, 2))
+    stage = ParallelModel()
+    layers = [stage.build_stage(Topology.build(config, 2, 1), chunk, 6) for chunk in (0, 1)]
+    assert layers == [range(1, 3), range(5, 6)]  # virtual stages 1 and 3 of [1, 2 | 2, 1]
 
 
 def test_world_of_one_needs_no_launcher_and_no_communication(monkeypatch):

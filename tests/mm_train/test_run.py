@@ -81,6 +81,9 @@ def test_a_layout_the_processes_cannot_hold_is_refused_before_launch(tmp_path):
                                   "divisible by parallel.tp=3"]),
     (None, 2, ["parallel.pp=2", "model.config.text_config.num_hidden_layers=3"],
      ["text_config.num_hidden_layers=3 layers cannot be cut evenly into pp x vpp = 2 x 1 = 2 stages"]),
+    (None, 2, ["parallel.pp=2", "parallel.pp_layers=[1,1]", "model.config.text_config.num_hidden_layers=3"],
+     ["parallel.pp_layers [1, 1] holds 2 layers, the model has text_config.num_hidden_layers=3: give counts "
+      "summing to 3"]),
     ("wan2_1_t2v_tiny", 4, ["parallel.cp=4"], ["Ulysses context parallelism splits each tp rank's 2 heads over 4 "
                                                "ranks"]),
     ("qwen3_vl_moe_tiny", 3, ["parallel.ep=3", "train.global_batch_size=12"],

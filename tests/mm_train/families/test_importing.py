@@ -240,7 +240,7 @@ def test_a_mindspeed_script_becomes_a_recipe_whose_plan_has_its_layout(user_data
                                                          "device": "ascend-910b2"}
     assert r["model"] == {"family": "qwen2_5_vl", "freeze": ["vision"], "path": model, "recompute": "block",
                           "recompute_num_layers": 4}
-    assert r["parallel"] == {"tp": 1, "pp": 2, "cp": 1, "zero_stage": 1}
+    assert r["parallel"] == {"tp": 1, "pp": 2, "cp": 1, "zero_stage": 1, "pp_layers": [12, 16]}
     assert r["train"] == {"micro_batch_size": 1, "global_batch_size": 192, "steps": 10000, "seed": 42,
                           "precision": "bf16"}  # GBS = MBS x GRAD_ACC_STEP x DP = 1 x 48 x 4
     assert r["optim"] == {"lr": 1e-5, "min_lr": 0.0, "lr_schedule": "cosine", "warmup_steps": 1000,
@@ -250,12 +250,17 @@ def test_a_mindspeed_script_becomes_a_recipe_whose_plan_has_its_layout(user_data
                          "max_length": 512, "path": str(user_data / "sft.json"), "media_dir": str(user_data)}
     assert r["checkpoint"] == {"every": 5000} and r["output_dir"] == "save_dir"
     left = dict(imported.left_out)
-    assert set(left) == {"pipeline_num_layers: [12, 16]", "video_max_pixels: 16384", "video_maxlen: 64",
+    assert set(left) == {"video_max_pixels: 16384", "video_maxlen: 64",
                          "--load ckpt/mm_path/Qwen2.5-VL-7B-Instruct"}, left
     assert {"--use-flash-attn", "--tokenizer-type", "--ai-framework"} <= set(imported.not_needed)
     assert "# Read, not needed by mm (the other tool's own machinery): " in imported.yaml_text()
     plan = make_plan(build_recipe(r))  # on the script's 1 x 8 Atlas 800T A2 (910B2)
     assert plan["fits"] and plan["devices"] == 8 and {rank["pp_stage"] for rank in plan["ranks"]} == {0, 1}, plan
+    # the uneven split [12, 16] moves two of the 28 text layers from the first stage to the second against [14, 14]
+    even = make_plan(build_recipe({**r, "parallel": {**r["parallel"], "pp_layers": None}}))
+    params = [{rank["pp_stage"]: rank["params"] for rank in p["ranks"]} for p in (plan, even)]
+    moved = params[0][1] - params[1][1]
+    assert moved > 0 and params[1][0] - params[0][0] == moved and moved % 2 == 0
     assert plan["batch_samples"] == 192
 
 
@@ -321,14 +326,26 @@ def test_the_mindspeed_command_writes_a_recipe_that_trains_with_its_pipeline_on_
     result = mm_train("import", "mindspeed", str(mindspeed_files(tmp_path, user_data, model)), "-o", str(out),
                       data=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "not carried over: pipeline_num_layers: [12, 16]" in result.stderr
-    # the script's layout (pp 2, ZeRO-1, block recomputation, bf16) on 2 processes
+    # the script's layout (pp 2 with its uneven split, ZeRO-1, block recomputation) on 2 processes equals one
+    # process: the tiny model with 3 text layers cut [2, 1], in fp32 (bf16's rounding is compared elsewhere)
     values = yaml.safe_load(out.read_text())
-    values["model"]["recompute_num_layers"] = 1  # of the tiny model's 2 layers
-    values["data"]["max_bad_fraction"] = 0.2  # sft.json's one broken entry
-    values["train"]["global_batch_size"] = 4
+    assert values["parallel"]["pp_layers"] == [12, 16] and "pipeline_num_layers" not in result.stderr
+    tiny = load_recipe("qwen2_5_vl_tiny").model.config
+    values["model"] = {**values["model"], "path": None, "recompute_num_layers": 1,
+                       "config": {**tiny, "text_config": {**tiny["text_config"], "num_hidden_layers": 3}}}
+    values["parallel"]["pp_layers"] = [2, 1]
+    values["data"].update(max_bad_fraction=0.2, tokenizer=str(user_data / "tokenizer.json"))  # sft.json's one bad entry
+    values["train"].update(global_batch_size=4, steps=2, precision="fp32")
     values["cluster"] = {"nodes": 1, "devices_per_node": 2}
-    train_tiny_equivalent(values, tmp_path, tokenizer=str(user_data / "tokenizer.json"))
+    runs = {"pp2": (values, 2), "single": ({**values, "parallel": {**values["parallel"], "pp": 1, "pp_layers": None}},
+                                           1)}
+    for name, (run_values, nproc) in runs.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({**run_values, "output_dir": str(tmp_path / name)}))
+        result = mm_train("run", str(path), "--nproc", str(nproc), "--no-progress", data=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert losses(tmp_path / "pp2") == pytest.approx(losses(tmp_path / "single"), rel=1e-4)
+    assert len(losses(tmp_path / "single")) == 2
 
 
 def test_a_yaml_configured_script_with_lora_and_a_hostfile_node_count(user_data, tmp_path):

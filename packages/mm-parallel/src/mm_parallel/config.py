@@ -9,7 +9,7 @@ expert groups are carved out of the ``dp * cp`` ranks that share a tensor/pipeli
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple, Union
 
 CP_ALGORITHMS = ("ulysses", "ring", "hybrid")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -28,7 +28,9 @@ class ParallelConfig:
     default); sequence_parallel: shard activations along the sequence
     inside the TP group (needs tp > 1); zero_stage: 0 plain DP, 1 sharded optimizer state,
     2 sharded state and gradients, 3 the weights too (mm_parallel.zero3: the linear weights of at
-    least ``zero3_min_numel`` values).
+    least ``zero3_min_numel`` values); pp_layers: the pipelined stack's layers per stage when they
+    are not cut evenly, pp counts (vpp > 1: vpp lists of pp counts, chunk c of stage s being virtual
+    stage c * pp + s), as the reference suite's ``pipeline_num_layers`` (mm_parallel.pipeline).
     """
 
     tp: int = 1
@@ -52,6 +54,8 @@ class ParallelConfig:
     # the ranks each node runs (for zero3_shard node); None: the launcher's (MM_RANKS_PER_NODE),
     # else the whole world as one node
     ranks_per_node: Optional[int] = None
+    # an uneven split of the pipelined layers over the stages (None: even); stored as tuples
+    pp_layers: Optional[Union[Tuple[int, ...], Tuple[Tuple[int, ...], ...]]] = None
 
     def __post_init__(self):
         for name in ("tp", "pp", "vpp", "cp", "ep", "zero3_min_numel"):
@@ -81,6 +85,7 @@ class ParallelConfig:
                 "sequence_parallel=True shards activations over the tensor-parallel group; it needs tp > 1"
             )
         self._check_ulysses_degree()
+        self._check_pp_layers()
         if self.expert_tp is not None and self.expert_tp not in (1, self.tp):
             raise ValueError(f"expert_tp={self.expert_tp!r} must be 1 (whole experts on every tp rank) or tp={self.tp} "
                              "(each expert split over the tp group)")
@@ -106,6 +111,23 @@ class ParallelConfig:
                 f"ulysses_degree={u!r} must be a positive divisor of cp={self.cp} "
                 "(cp = ulysses_degree x ring size)"
             )
+
+    def _check_pp_layers(self):
+        """pp_layers: pp positive counts, or vpp lists of them; kept as (nested) tuples. Their sum
+        against the model's layers is the model's check (mm_parallel.pipeline.stage_layer_ranges)."""
+        given = self.pp_layers
+        if given is None:
+            return
+        expected = f"a list of {self.pp} layer counts" if self.vpp == 1 else f"{self.vpp} lists of {self.pp} counts"
+        nested = isinstance(given, (list, tuple)) and bool(given) and isinstance(given[0], (list, tuple))
+        rows = given if nested else [given]
+        if (not isinstance(given, (list, tuple)) or nested != (self.vpp > 1) or len(rows) != self.vpp
+                or any(not isinstance(r, (list, tuple)) or len(r) != self.pp for r in rows)
+                or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for r in rows for n in r)):
+            raise ValueError(f"parallel.pp_layers must be {expected}, each at least 1 (pp={self.pp}, vpp={self.vpp}), "
+                             f"got {given!r}")
+        value = tuple(tuple(r) for r in rows) if nested else tuple(given)
+        object.__setattr__(self, "pp_layers", value)
 
     @property
     def ulysses_size(self) -> int:

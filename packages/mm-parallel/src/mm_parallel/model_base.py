@@ -48,9 +48,12 @@ class ParallelModel(PeftAdapters, nn.Cell):
 
     def build_stage(self, topology: Optional[Topology], chunk: int, num_layers: int,
                     pipeline_num_layers=None) -> range:
-        """Set the topology and this object's virtual stage; returns the layer numbers it holds."""
+        """Set the topology and this object's virtual stage; returns the layer numbers it holds
+        (``pipeline_num_layers``, else the topology's parallel.pp_layers, else an even split)."""
         self.topology = topology = get_topology(topology)
         pp, vpp = topology.pp.size, topology.config.vpp
+        if pipeline_num_layers is None:
+            pipeline_num_layers = topology.config.pp_layers
         if not 0 <= chunk < vpp:
             raise ValueError(f"chunk {chunk} does not exist: vpp={vpp} chunks per pipeline rank")
         layers = stage_layer_ranges(num_layers, pp, vpp, pipeline_num_layers)[chunk][topology.pp.rank]

@@ -47,13 +47,24 @@ def attention_rules(problems: List[str], prefix: str, heads: Optional[int], kv_h
 
 
 def layer_rules(problems: List[str], what: str, layers: Optional[int], parallel) -> None:
-    """pp x vpp stages of whole, equal layer counts (unless the plan lists its own)."""
+    """pp x vpp stages of whole, equal layer counts, or parallel.pp_layers summing to the layers."""
     stages = parallel.pp * parallel.vpp
-    if layers is None or stages <= 1 or getattr(parallel, "pipeline_num_layers", None):
+    if layers is None or stages <= 1:
+        return
+    if parallel.pp_layers is not None:
+        total = sum(sum(row) if isinstance(row, tuple) else row for row in parallel.pp_layers)
+        if total != layers:
+            problems.append(f"parallel.pp_layers {_as_lists(parallel.pp_layers)} holds {total} layers, the model "
+                            f"has {what}={layers}: give counts summing to {layers}")
         return
     if layers % stages:
         problems.append(f"{what}={layers} layers cannot be cut evenly into pp x vpp = {parallel.pp} x "
-                        f"{parallel.vpp} = {stages} stages; choose pp x vpp among {divisors(layers)}")
+                        f"{parallel.vpp} = {stages} stages; choose pp x vpp among {divisors(layers)}, or list "
+                        "the layers of each stage in parallel.pp_layers")
+
+
+def _as_lists(value):
+    return [_as_lists(v) for v in value] if isinstance(value, tuple) else value
 
 
 def model_config(recipe) -> dict:

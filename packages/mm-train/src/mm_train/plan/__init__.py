@@ -110,7 +110,7 @@ def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] =
     ranks, peak, slowest = [], 0, None
     for position in memory.positions(par, world):
         topo = Topology.build(par, world, position.rank)
-        key = (par.tp, par.pp, par.vpp, par.ep, par.expert_tp, position.tp, position.pp, position.ep)
+        key = (par.tp, par.pp, par.vpp, par.pp_layers, par.ep, par.expert_tp, position.tp, position.pp, position.ep)
         if key not in built:
             built[key] = memory.build_chunks(family, recipe, raw, config, topo)
         entry = {"tp_rank": position.tp, "pp_stage": position.pp, "ep_rank": position.ep, "count": position.count,

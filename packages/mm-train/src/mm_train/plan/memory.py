@@ -166,11 +166,12 @@ def _itemsize(dtype) -> int:
     return {ms.float32: 4, ms.bfloat16: 2, ms.float16: 2}.get(dtype, 4)
 
 
-def stage_layers(stack_layers: int, topo, pipeline_num_layers=None) -> int:
-    """The layers of a pipelined stack one pp stage holds (all its vpp chunks)."""
+def stage_layers(stack_layers: int, topo) -> int:
+    """The layers of a pipelined stack one pp stage holds (all its vpp chunks; parallel.pp_layers
+    when the recipe splits them unevenly)."""
     from mm_parallel.pipeline import stage_layer_ranges
 
-    ranges = stage_layer_ranges(stack_layers, topo.pp.size, topo.config.vpp, pipeline_num_layers)
+    ranges = stage_layer_ranges(stack_layers, topo.pp.size, topo.config.vpp, topo.config.pp_layers)
     return sum(len(r[topo.pp.rank]) for r in ranges)
 
 

@@ -58,7 +58,8 @@ def candidates(world: int, devices_per_node: int, global_batch: int, moe: bool) 
 
 def with_layout(recipe, layout: Dict):
     """``recipe`` under ``layout`` (a `candidates` entry)."""
-    parallel = dataclasses.replace(recipe.parallel, **layout["parallel"])
+    # a recipe's uneven split belongs to its own pp x vpp: the searched layouts split evenly
+    parallel = dataclasses.replace(recipe.parallel, pp_layers=None, **layout["parallel"])
     model = dataclasses.replace(recipe.model, recompute=layout["recompute"], recompute_num_layers=None)
     train = dataclasses.replace(recipe.train, micro_batch_size=layout["micro_batch_size"])
     optim = dataclasses.replace(recipe.optim, offload=layout.get("offload"))

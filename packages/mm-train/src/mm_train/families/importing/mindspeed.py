@@ -123,9 +123,8 @@ def _model(out: Imported, model: dict, family: str) -> None:
         if model.get("task"):
             out.leave_out(f"model JSON task: {model['task']}", "mm reads t2v / i2v from the model folder's config "
                                                                "(image_dim) and the data")
-    if split and len(set(split)) > 1:
-        out.leave_out(f"pipeline_num_layers: {split}", "mm splits the layers evenly over the stages "
-                                                       "(an uneven split is issue 55's parallel.pp_layers)")
+    if split and len({str(counts) for counts in split}) > 1:  # an even split is mm's own default
+        out.set("parallel.pp_layers", split)
 
 
 def _vl_data(out: Imported, data: dict, beside: Path) -> None:
