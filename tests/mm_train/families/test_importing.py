@@ -422,10 +422,10 @@ torchrun --nproc_per_node $GPUS_PER_NODE --nnodes 1 pretrain_sora.py --tensor-mo
                           "lora": {"r": 128, "alpha": 64.0, "target_modules": ["to_q", "to_k", "to_v", "to_out.0"]}}
     assert r["data"] == {"text_encoder": "5b-cogvideo", "kind": "video", "num_frames": 37, "max_area": 345600,
                          "fps": 8.0, "text_max_length": 226, "tokenizer": "5b-cogvideo/tokenizer",
-                         "path": "/data_path/data.jsonl"}
+                         "path": "/data_path/data.jsonl", "online": True, "encoder_dp": True}
     assert r["train"]["global_batch_size"] == 8 and r["train"]["precision"] == "bf16"
     left = dict(imported.left_out)
-    assert set(left) == {"ae.from_pretrained: 3d-vae.pt", "enable_encoder_dp: true", "model JSON task: t2v",
+    assert set(left) == {"ae.from_pretrained: 3d-vae.pt", "model JSON task: t2v",
                          "--load your_converted_dit_ckpt_dir"}, left
     with pytest.raises(ValueError, match="model needs a path"):
         checked(imported)
@@ -455,7 +455,8 @@ def test_an_omni_script_freezes_its_towers_as_its_model_json_says_and_trains(use
 def test_a_cogvideox_scripts_tiny_equivalent_trains_with_its_tensor_parallelism(tmp_path):
     from mm_train.families.importing import mindspeed
 
-    (tmp_path / "model.json").write_text(json.dumps({"predictor": {"model_id": "satdit", "num_layers": 42}}))
+    (tmp_path / "model.json").write_text(json.dumps({"predictor": {"model_id": "satdit", "num_layers": 42},
+                                                     "enable_encoder_dp": True}))
     (tmp_path / "pretrain_cogvideox_t2v.sh").write_text('''
 GPUS_PER_NODE=8; TP=2; MBS=1; GBS=$(($MBS*8/$TP))
 torchrun --nproc_per_node $GPUS_PER_NODE --nnodes 1 pretrain_sora.py --tensor-model-parallel-size ${TP} \\
@@ -467,6 +468,7 @@ torchrun --nproc_per_node $GPUS_PER_NODE --nnodes 1 pretrain_sora.py --tensor-mo
     r = imported.recipe
     assert r["parallel"] == {"tp": 2, "sequence_parallel": True} and r["train"]["global_batch_size"] == 4
     assert r["model"] == {"family": "cogvideox", "recompute": "block", "recompute_num_layers": 42}
+    assert r["data"] == {"online": True, "encoder_dp": True}  # each tp rank encodes its own micro-batches, gathered
     values = on_built_in_set(imported, "tiny_video")
     values["model"]["recompute_num_layers"] = 1  # of the tiny model's layers
     train_tiny_equivalent(values, tmp_path, tiny="cogvideox_t2v_tiny")

@@ -12,6 +12,8 @@ from helpers.media import write_picture, write_user_clips
 from helpers.mm_train_cli import losses, sample_pixels, val_losses
 from helpers.train_runs import train
 
+from mm_train.recipe import load_recipe
+
 pytestmark = pytest.mark.distributed
 
 RECIPES = Path(__file__).resolve().parents[4] / "packages/mm-train/src/mm_train/recipes"
@@ -152,13 +154,31 @@ def test_own_clips_train_with_the_tiny_encoders_by_name(tmp_path, run_distribute
     assert CLIPImageProcessorPil.from_pretrained(folders / "image_processor").crop_size["height"] == 32
 
 
-def test_online_encoding_trains_alike_under_dp2(tmp_path, run_distributed):
-    """data.online: clips decoded and encoded every step (no cache written); DP2 equals one process."""
-    data, online = tmp_path / "tiny_video", ["--set", "data.online=true", "--set", "train.steps=3"]
+def test_online_encoding_trains_alike_under_dp2_and_shared_out_under_cp2(tmp_path, run_distributed):
+    """data.online: clips decoded and encoded every step (no cache written); DP2 equals one process,
+    and so does CP2 with data.encoder_dp, whose two ranks encode a step's 3 micro-batches in two
+    rounds (the second's spare rank encoding one again): a micro-batch's features paired with
+    another's noise would change the loss."""
+    data = tmp_path / "tiny_video"
+    online = ["--set", "data.online=true", "--set", "train.steps=3", "--set", "train.global_batch_size=6",
+              "--set", "train.micro_batch_size=2"]
     single, _ = run(run_distributed, tmp_path / "single", *online, data=data)
-    dp2, _ = run(run_distributed, tmp_path / "dp2", *online, data=data, nproc=2)
+    dp2, _ = run(run_distributed, tmp_path / "dp2", *online, "--set", "train.micro_batch_size=1", data=data, nproc=2)
+    shared = ["--set", "parallel.cp=2", "--set", "data.encoder_dp=true"]
+    cp2, _ = run(run_distributed, tmp_path / "cp2_encoder_dp", *online, *shared, data=data, nproc=2)
     assert dp2 == pytest.approx(single, rel=1e-4) and np.isfinite(single).all()
+    assert cp2 == pytest.approx(single, rel=1e-4)
     assert not (data / "features-t2v").exists()
+
+
+def test_encoder_dp_rounds_give_every_micro_batch_one_encoder():
+    from mm_train.families.video.encoder_dp import rounds
+
+    assert [rounds(3, 2, k) for k in (0, 1)] == [[0, 2], [1, 2]]  # the spare rank of round 2 repeats its first
+    assert [rounds(4, 4, k) for k in range(4)] == [[0], [1], [2], [3]]
+    assert rounds(5, 1, 0) == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="data.encoder_dp shares out online encoding"):
+        load_recipe("wan2_1_t2v_tiny", ["data.encoder_dp=true"])
 
 
 def test_a_feature_cache_on_node_local_disks_is_built_by_both_nodes_and_read_where_it_is(tmp_path, run_distributed):

@@ -217,6 +217,6 @@ def _video_encoders(out: Imported, model: dict) -> None:
                                                        "diffusers VAE folder")
     elif source:
         out.set("data.vae", source)
-    if model.get("enable_encoder_dp"):
-        out.leave_out("enable_encoder_dp: true", "each tp rank encoding its own micro-batch is issue 55's "
-                                                 "data.encoder_dp; mm encodes once into its feature cache")
+    if model.get("enable_encoder_dp"):  # the clips encoded in the step, shared out over the tp x cp ranks
+        out.set("data.online", True)
+        out.set("data.encoder_dp", True)

@@ -16,7 +16,8 @@ the first latent frame) | those latents], as diffusers' Wan I2V pipeline builds 
 
 With ``data.online`` the clips are decoded and encoded every step instead (random clip starts and
 crops seeded by (seed, epoch, sample), captions dropped by the data set): no cache, fresh
-augmentation, the encoders' cost paid in every step. Latents are the VAE's means either way.
+augmentation, the encoders' cost paid in every step — shared out over the tp x cp ranks with
+``data.encoder_dp`` (`mm_train.families.video.encoder_dp`). Latents are the VAE's means either way.
 
 With train.objective dpo the annotations are clip pairs (mm_data.video.pairs; the tiny set's
 data_pairs.json): the cache holds both clips of every pair and their list, a sample is a pair
@@ -35,7 +36,7 @@ from safetensors.numpy import load_file, save_file
 
 from mm_train import node_disks
 from mm_train.evaluation import VALIDATION_STEP, training_split
-from mm_train.families.video import cache_nodes
+from mm_train.families.video import cache_nodes, encoder_dp
 from mm_train.families.video import tiny as tiny_video
 from mm_train.families.video.encoders import encoder_sources, wan_feature_encoders, wan_folder_encoders
 from mm_train.families.video.wan_pipeline import first_frame_clean, token_timesteps
@@ -317,9 +318,11 @@ class WanTrainData:
     def prepare(self, step: int, batches):
         """A step's micro-batches of features (of clips, encoded now when training online) as
         flow-matching forward keywords."""
-        if self.online:
-            batches = [{"index": b["index"], **{name: encode(b) for name, encode in self.encoders.items()}}
-                       for b in batches]
+        if self.online:  # data.encoder_dp: the tp x cp ranks encode different micro-batches and gather
+            group = encoder_dp.encoder_group(self.topo) if self.recipe.data.encoder_dp else None
+            features = encoder_dp.encode_shared(
+                batches, lambda b: {name: encode(b) for name, encode in self.encoders.items()}, group)
+            batches = [{"index": b["index"], **encoded} for b, encoded in zip(batches, features)]
         if self.pairs:
             return [self.pair_inputs(step, batch) for batch in batches]
         return [self.flow_inputs(step, batch) for batch in batches]

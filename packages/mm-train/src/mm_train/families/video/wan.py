@@ -51,6 +51,9 @@ class VideoDataSection(DataSection):
     text_max_length: int = 512
     caption_dropout: float = 0.0
     online: bool = False  # encode clips every step (random crops) instead of once into the cache
+    # online: the tp x cp ranks sharing micro-batches encode different ones and all-gather the
+    # features (families.video.encoder_dp), as MindSpeed-MM's enable_encoder_dp
+    encoder_dp: bool = False
     # ranks that encode one clip together while the feature cache is built, each holding 1 / n of
     # its frames' VAE activations (CogVideoX: mm_models_video.cogvideox.vae_context_parallel)
     vae_context_parallel: int = 1
@@ -58,6 +61,10 @@ class VideoDataSection(DataSection):
     def __post_init__(self):
         if self.vae_context_parallel < 1:
             raise ValueError(f"data.vae_context_parallel is a number of ranks (>= 1), got {self.vae_context_parallel}")
+        if self.encoder_dp and not (self.online and self.kind != "video_features"):
+            raise ValueError("data.encoder_dp shares out online encoding (data.online true with data.kind video or "
+                             "tiny_video); a feature cache is encoded once: set data.online true or leave encoder_dp "
+                             "false")
         if self.format != "json" and self.kind != "video":
             raise ValueError(f"data.format {self.format} reads shards of captioned clips with data.kind video (encoded "
                              "into the feature cache, or online); set data.kind video, or data.format json")
