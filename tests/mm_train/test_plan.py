@@ -184,7 +184,9 @@ def test_plan_command_prints_one_json_object(tmp_path, capsys):
         assert key in plan
     assert {"count", "params", "weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
             "total_bytes"} <= set(plan["ranks"][0])
-    assert math.isclose(plan["tokens_per_s"], plan["samples_per_s"] * 31941, rel_tol=1e-9)
+    # 81 frames of 480 x 832 (the largest aspect bucket of 399,360 pixels): 21 latent frames of 30 x 52 patches
+    assert math.isclose(plan["tokens_per_s"], plan["samples_per_s"] * 21 * 30 * 52, rel_tol=1e-9)
+    assert math.isclose(plan["tokens_per_s_per_device"], plan["tokens_per_s"] / plan["devices"], rel_tol=1e-9)
     code = main(["plan", "wan2_1_t2v_1_3b", "--set", f"model.path={folder}", "--device", "ascend-910b4",
                  "--nodes", "1", "--devices-per-node", "1", "--set", "parallel.cp=1", "--set",
                  "parallel.zero_stage=0", "--set", "model.recompute=none"])
@@ -297,10 +299,11 @@ def test_a_ready_feature_cache_is_planned_at_its_largest_clip(tmp_path):
              enumerate((3, 5))]
     (tmp_path / "index-r000.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     recipe = load_recipe("wan2_1_t2v_tiny", ["data.kind=video_features", f"data.path={tmp_path}"])
-    assert clip_shape(recipe.data, read_cache=True) == {"num_frames": 17, "max_area": 64 * 96, "text_length": 64}
+    assert clip_shape(recipe.data, read_cache=True) == {"num_frames": 17, "max_area": 64 * 96, "height": 64,
+                                                        "width": 96, "text_length": 64}
     assert clip_shape(recipe.data)["num_frames"] == recipe.data.num_frames == 81  # the data path keeps its own
     plan = make_plan(recipe, 1, 1, "cpu", complete_config=False)
-    assert plan["fits"] and "17 frames of 6144 pixels" in plan["notes"][0]
+    assert plan["fits"] and "17 frames of 64 x 96" in plan["notes"][0]
 
 
 def test_the_optimizer_steps_bucketed_buffers_are_in_the_peak():
@@ -322,24 +325,27 @@ def test_the_optimizer_steps_bucketed_buffers_are_in_the_peak():
 def test_online_encoding_costs_every_rank_the_vae_and_t5_forward_of_its_samples():
     """CogVideoX with data.online: the step gains the VAE encoder's and T5's FLOPs of the rank's
     G / dp samples at devices.yaml's encode efficiency, whatever tp (every rank of a tp group
-    encodes its sample); without a readable encoder folder the 5B's shapes are assumed, and said."""
+    encodes its sample) — a quarter of them with data.encoder_dp over tp 4 (4 micro-batches a rank,
+    one round); without a readable encoder folder the 5B's shapes are assumed, and said."""
     from mm_models_video.cogvideox.flops import vae_encode_flops
     from mm_models_video.encoders.t5 import t5_encoder_flops
-    from mm_train.families.video.cogvideox import T5_XXL
-    from mm_train.plan import load_devices
+    from mm_train.families.video.encoders import T5_XXL
+    from mm_train.plan import efficiency_of, load_devices
 
     cached = _planned("cogvideox_5b_t2v")
     assert cached["breakdown"]["encode"] == 0.0
     known = load_devices()
     peak = known["devices"]["ascend-910b2"]["peak_tflops"] * 1e12
-    side = 8 * int((345600 / 64) ** 0.5)  # the planner's square frame of data.max_area
-    flops = vae_encode_flops({}, 49, side, side) + t5_encoder_flops(T5_XXL, 226)
+    flops = vae_encode_flops({}, 49, 480, 720) + t5_encoder_flops(T5_XXL, 226)  # 345,600 pixels: 480 x 720 frames
+    want = {}
     for tp in (4, 2):
         online = _planned("cogvideox_5b_t2v", "data.online=true", f"parallel.tp={tp}")
         samples_per_rank = 8 / (8 // tp)
-        want = flops * samples_per_rank / (peak * known["efficiency"]["encode"])
-        assert online["breakdown"]["encode"] == pytest.approx(want, rel=1e-9)
+        want[tp] = flops * samples_per_rank / (peak * efficiency_of(known, "ascend-910b2")["encode"])
+        assert online["breakdown"]["encode"] == pytest.approx(want[tp], rel=1e-9)
         assert any("5B vae and text_encoder shapes" in note for note in online["notes"])
+    shared = _planned("cogvideox_5b_t2v", "data.online=true", "parallel.tp=4", "data.encoder_dp=true")
+    assert shared["breakdown"]["encode"] == pytest.approx(want[4] / 4, rel=1e-9)
 
 
 
@@ -499,3 +505,43 @@ def test_dpo_is_planned_as_pairs_with_the_references_forward():
     lora = ["dpo.reference=adapters_off"]
     off = make_plan(load_recipe("qwen2_5_vl_tiny_lora", dpo + lora), 1, 1, "cpu", complete_config=False)
     assert off["ranks"][0]["reference_bytes"] == 0
+
+
+def test_a_lora_step_computes_no_weight_gradient_and_whose_pipeline_decides_the_recomputed_forward():
+    """model.lora: a trained stack costs 2 forwards a sample, not 3 (no gradient of the frozen
+    weights). Under pp, mm's stages run their forward again in the backward (and a frozen tower
+    twice); planned as torch_npu runs it (the calibration's figures), only the recipe's recompute."""
+    from mm_train.plan import load_devices, model_config, plan_on
+
+    lora = _planned("cogvideox1_5_5b_t2v_lora", "model.recompute=none")
+    full = _planned("cogvideox1_5_5b_t2v_lora", "model.recompute=none", "model.lora=null")
+    assert lora["assumptions"]["passes"] == {"trained": 2.0, "frozen": 1, "recomputed": 0.0}
+    assert lora["breakdown"]["compute"] == pytest.approx(full["breakdown"]["compute"] * 2 / 3, rel=1e-9)
+    assert lora["mfu"] == pytest.approx(full["mfu"] * 2 / 3 * full["step_time_s"] / lora["step_time_s"], rel=1e-9)
+    recipe = load_recipe("qwen2_5_vl_7b_sft", [f"model.path={_hub_folder('Qwen2.5-VL-7B-Instruct')}",
+                                               "model.recompute=none", "model.freeze=[vision]"])
+    cluster = {"nodes": 1, "devices_per_node": 8, "device": "ascend-910b2"}
+    planned = {framework: plan_on(recipe, cluster, load_devices(), model_config(recipe), framework=framework)
+               for framework in ("mm", "torch_npu")}
+    assert planned["mm"]["assumptions"]["passes"] == {"trained": 4.0, "frozen": 2, "recomputed": 1.0}
+    assert planned["torch_npu"]["assumptions"]["passes"] == {"trained": 3.0, "frozen": 1, "recomputed": 0.0}
+    assert planned["torch_npu"]["step_time_s"] < planned["mm"]["step_time_s"]
+
+
+def test_plan_explain_lists_every_term_of_the_step_and_what_it_rests_on(capsys):
+    """--explain: the terms add up to the step, largest first, each saying what it counted; the
+    efficiencies name their calibration group and figures."""
+    from mm_train.cli import main
+
+    folder = _hub_folder("Qwen2.5-VL-7B-Instruct")
+    assert main(["plan", "qwen2_5_vl_7b_sft", "--set", f"model.path={folder}", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert sum(t[1] for t in plan["terms"]) == pytest.approx(plan["step_time_s"], rel=1e-9)
+    assert {t[0] for t in plan["terms"]} >= {"compute: language model", "compute: vision tower", "pipeline bubble",
+                                             "launch: language model", "dp gradients"}
+    assert main(["plan", "qwen2_5_vl_7b_sft", "--set", f"model.path={folder}", "--explain"]) == 0
+    text = capsys.readouterr().out
+    table = text[text.index("term by term"):text.index("assumptions:")].splitlines()[2:]
+    largest_first = [t[0] for t in sorted(plan["terms"], key=lambda t: -t[1])]
+    assert [line[2:42].strip() for line in table] == largest_first
+    assert "calibration group ascend-910b, fitted on torch_npu runs" in text and "tokens/s per device" in text

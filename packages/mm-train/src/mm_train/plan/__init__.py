@@ -37,12 +37,21 @@ def load_devices(extra: Optional[str] = None) -> dict:
             more = yaml.safe_load(f) or {}
         known["devices"].update(more.get("devices", {}))
         known["efficiency"].update(more.get("efficiency", {}))
+        known.setdefault("calibrated", {}).update(more.get("calibrated", {}))
     return known
 
 
 def host_memory_bytes() -> int:
     with open("/proc/meminfo") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
+
+
+def efficiency_of(known: dict, device: str) -> dict:
+    """The efficiencies a plan on ``device`` uses: its calibration's (devices.yaml ``calibrated``,
+    fitted per device and framework by benchmarks/plan_calibration.py on calibration.yaml's
+    figures) over the shared ``efficiency``."""
+    calibration = known["devices"][device].get("calibration")
+    return {**known["efficiency"], **(known.get("calibrated", {}).get(calibration) or {})}
 
 
 def device_spec(name: str, known: dict) -> dict:
@@ -88,10 +97,12 @@ def make_plan(recipe, nodes: Optional[int] = None, devices_per_node: Optional[in
     return plan_on(recipe, cluster, load_devices(devices_file), model_config(recipe, complete_config))
 
 
-def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] = None) -> Dict:
+def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] = None,
+            framework: str = "mm") -> Dict:
     """The plan of ``recipe`` on ``cluster`` ({nodes, devices_per_node, device}) given the model's
     ``configs`` (`model_config`); ``built``: a cache of shape-only chunks by model-parallel
-    position, shared by plans that differ only in what leaves the parameters alone (`search`)."""
+    position, shared by plans that differ only in what leaves the parameters alone (`search`);
+    ``framework``: whose pipeline runs it (mm's, or another's for the calibration: plan.timing)."""
     from mm_parallel.topology import Topology
 
     spec_device = device_spec(cluster["device"], known)
@@ -107,6 +118,7 @@ def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] =
     par = recipe.parallel
     if par.ranks_per_node is None:  # hybrid ZeRO-3 shards over the cluster's nodes
         par = dataclasses.replace(par, ranks_per_node=cluster["devices_per_node"])
+    efficiency = efficiency_of(known, spec_device["name"])
     ranks, peak, slowest = [], 0, None
     for position in memory.positions(par, world):
         topo = Topology.build(par, world, position.rank)
@@ -126,17 +138,23 @@ def plan_on(recipe, cluster: Dict, known: Dict, configs, built: Optional[Dict] =
         entry["total_bytes"] = sum(entry[k] for k in ("weights_bytes", "grads_bytes", "optimizer_bytes")) + max(
             entry["activations_bytes"] + entry["zero3_gather_bytes"], entry["optimizer_step_buffers_bytes"],
             entry["kv_cache_bytes"])
-        times = timing.step_time(step.workload, modelled, topo, spec_device, cluster, known["efficiency"],
+        times = timing.step_time(step.workload, modelled, topo, spec_device, cluster, efficiency,
                                  entry["reduced_numel"], micro_batches, entry["zero3_numel"],
-                                 entry["optimizer_host_bytes"])
+                                 entry["optimizer_host_bytes"], framework)
         if recipe.train.objective == "grpo":  # the rollouts' share of a step (plan.timing)
-            times["generate_s"] = timing.generation_time(recipe, workload, topo, spec_device, known["efficiency"],
+            times["generate_s"] = timing.generation_time(recipe, workload, topo, spec_device, efficiency,
                                                          step.samples)
             times["step_time_s"] += times["generate_s"]
+            times["terms"].append(("generation", times["generate_s"], "the rollouts' prefill and one-token steps"))
         ranks.append(entry)
         peak = max(peak, entry["total_bytes"])
         slowest = times if slowest is None or times["step_time_s"] > slowest["step_time_s"] else slowest
-    return _summary(recipe, cluster, spec_device, world, ranks, peak, slowest, workload, step.samples)
+    plan = _summary(recipe, cluster, spec_device, world, ranks, peak, slowest, workload, step.samples)
+    passes = timing.Passes.of(modelled, step.workload, par.pp, framework)
+    plan["assumptions"] = {"framework": framework, "efficiency": efficiency, "micro_batches": micro_batches,
+                           "calibration": known["devices"][spec_device["name"]].get("calibration"),
+                           "passes": dataclasses.asdict(passes)}
+    return plan
 
 
 def _kv_cache_bytes(recipe, workload, topo, prompts: int) -> int:
@@ -210,9 +228,11 @@ def _summary(recipe, cluster, device, world, ranks, peak, times, workload, sampl
     step = times["step_time_s"]
     sps = samples / step if step else 0.0
     # model FLOPs: no recompute, frozen towers forward only; dpo: each pair's sequences, the reference's forward too
-    flops = sequences_per_sample(recipe) * (timing.step_flops(workload, 3, 1) + reference_passes(recipe) *
-                                            timing.step_flops(workload, 1, 1)) * sps
-    terms = {k[:-2]: v for k, v in times.items() if k != "step_time_s"}
+    model_passes = 2 if recipe.model.lora else 3  # a LoRA step computes no gradient of the frozen weights
+    flops = sequences_per_sample(recipe) * (timing.step_flops(workload, model_passes) + reference_passes(recipe) *
+                                            timing.step_flops(workload, 1)) * sps
+    terms = {k[:-2]: v for k, v in times.items() if k not in ("step_time_s", "terms")}
+    tokens = sps * workload.tokens_per_sample * sequences_per_sample(recipe)
     notes = list(workload.notes)
     if recipe.train.objective == "dpo":
         notes.append(f"dpo: a sample is a pair of two sequences, each also run forward by the frozen reference "
@@ -234,8 +254,10 @@ def _summary(recipe, cluster, device, world, ranks, peak, times, workload, sampl
             "fits": demand <= usable and host <= host_usable, "host_fits": host <= host_usable,
             "host_bytes_per_node": int(host), "devices": world, "cluster": cluster, "device": device["name"],
             "device_memory_bytes": device["memory_bytes"], "usable_bytes": int(usable), "ranks": ranks,
-            "peak_bytes": int(peak), "demand_bytes": int(demand), "step_time_s": step, "samples_per_s": sps,
-            "tokens_per_s": sps * workload.tokens_per_sample * sequences_per_sample(recipe),
+            "peak_bytes": int(peak), "demand_bytes": int(demand), "step_time_s": step,
+            # the cluster's throughput, and one device's (MindSpeed-MM publishes SPS per cluster, TPS per device)
+            "samples_per_s": sps, "tokens_per_s": tokens, "samples_per_s_per_device": sps / world,
+            "tokens_per_s_per_device": tokens / world, "terms": times["terms"],
             "mfu": flops / (world * device["peak_tflops"] * 1e12) if device["peak_tflops"] else 0.0,
             "breakdown": terms, "dominant": max(terms, key=terms.get), "notes": notes}
 
@@ -255,6 +277,7 @@ def render(plan: Dict) -> str:
     lines.append(f"peak {plan['peak_bytes'] / gib:.2f} GiB per rank: {verdict}")
     parts = ", ".join(f"{k} {v:.3g} s" for k, v in plan["breakdown"].items() if v)
     lines.append(f"step {plan['step_time_s']:.3g} s ({parts}; {plan['dominant']} dominates): "
-                 f"{plan['samples_per_s']:.3g} samples/s, {plan['tokens_per_s']:.4g} tokens/s, MFU {plan['mfu']:.1%}")
+                 f"{plan['samples_per_s']:.3g} samples/s and {plan['tokens_per_s']:.4g} tokens/s on the cluster, "
+                 f"{plan['tokens_per_s_per_device']:.4g} tokens/s per device, MFU {plan['mfu']:.1%}")
     lines += [f"note: {n}" for n in plan["notes"]]
     return "\n".join(lines)

@@ -6,6 +6,7 @@ import json
 import sys
 
 from mm_train.plan import make_plan, render, search
+from mm_train.plan.explain import explain
 from mm_train.recipe import load_recipe
 
 
@@ -26,6 +27,9 @@ def add_parser(commands) -> None:
     plan.add_argument("--search", action="store_true",
                       help="plan every layout (tp, pp, vpp, cp, ep, ZeRO stage, recompute, micro-batch size) of the "
                            "cluster and list those that fit, fastest first")
+    plan.add_argument("--explain", action="store_true",
+                      help="break the step time into its terms (compute per stack, encoders, communication per "
+                           "group, pipeline bubble, optimizer, launch time) and the assumptions behind them")
     plan.add_argument("--top", type=int, default=10, help="with --search: layouts shown in the table (default 10)")
 
 
@@ -37,6 +41,8 @@ def run(args) -> int:
         return 0 if result["layouts"] else 3
     plan = make_plan(recipe, args.nodes, args.devices_per_node, args.device, args.devices_file)
     print(json.dumps(plan, indent=2) if args.json else render(plan))
+    if args.explain and not args.json:
+        print(explain(plan))
     if not plan["fits"]:
         print("mm-train: the plan does not fit: raise tp / pp / the ZeRO stage, recompute, or add devices",
               file=sys.stderr)

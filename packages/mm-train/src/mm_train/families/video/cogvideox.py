@@ -11,14 +11,13 @@ embedding. The model's ``loss`` is mean((out - v)^2), the training scripts' weig
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from typing import Dict, List
 
 from mm_train.families.video import tiny as tiny_video
 from mm_train.families.video.cogvideox_data import CogVideoXTrainData
 from mm_train.families.video.data import clip_shape, objective_problems
+from mm_train.families.video.encoders import online_encoder_configs
 from mm_train.families.video.generate import generate_video
 from mm_train.families.video.samples import CogVideoXSampler
 from mm_train.families.video.task import VideoTask
@@ -63,31 +62,9 @@ def preflight(recipe, config: dict) -> List[str]:
     return problems
 
 
-T5_XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, feed_forward_proj="gated-gelu")
-
-
-def _encoder_configs(data):
-    """(VAE config, T5 config, note) of online encoding: the tiny set's encoders, or the folders'
-    config.json, or — a folder not readable here — the 5B's VAE and T5 v1.1 XXL (every CogVideoX's)."""
-    if data.kind == "tiny_video":
-        return tiny_video.COGVIDEOX_VAE_CONFIG, tiny_video.TEXT_CONFIG, ""
-    configs, assumed = [], []
-    for field, default in (("vae", {}), ("text_encoder", T5_XXL)):
-        path = os.path.join(getattr(data, field) or "", "config.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                configs.append(json.load(f))
-        else:
-            configs.append(default)
-            assumed.append(field)
-    note = f"online encoding with the CogVideoX-5B {' and '.join(assumed)} shapes (data.{assumed[0]} has no " \
-           "config.json here)" if assumed else ""
-    return configs[0], configs[1], note
-
-
 def workload(recipe, config):
     """The planner's shapes (mm_train.plan.workload) of the largest clip (`data.clip_shape`):
-    num_frames frames of max_area pixels through the VAE's 4 x 8 x 8 compression (1.5: latent
+    num_frames frames of its height x width through the VAE's 4 x 8 x 8 compression (1.5: latent
     frames padded to whole temporal patches) and the patches, joined by the text tokens: every
     block runs over text + video rows. With data.online the VAE encoder and T5 run every step."""
     from mm_models_video.cogvideox.conditioning import patch_frames
@@ -97,8 +74,8 @@ def workload(recipe, config):
     shape = clip_shape(recipe.data, read_cache=True)
     frames = patch_frames((shape["num_frames"] - 1) // 4 + 1, config.patch_size_t)
     pt, p = config.patch_size_t or 1, config.patch_size
-    side = int((shape["max_area"] / 64) ** 0.5)  # latent pixels a side of a square frame of max_area
-    tokens, text = frames // pt * (side // p) ** 2, shape["text_length"]
+    height, width = shape["height"] // 8, shape["width"] // 8  # latent pixels
+    tokens, text = frames // pt * (height // p) * (width // p), shape["text_length"]
     h = config.inner_dim
     # per block: two LayerNorm-zero inputs and outputs and two gated residual inputs outside the
     # tp-split linears; q, k, v, their norms and rotations, the attention output and the 4 h MLP's
@@ -108,12 +85,14 @@ def workload(recipe, config):
     stack = LayerStack("DiT", config.num_layers, text + tokens, h, outside=6 * h, inside=16 * h,
                        heads=config.num_attention_heads, keys=text + tokens, reference=60 * h,
                        reference_emulated=28 * h)
-    flops = cogvideox_flops(config, frames, side, side, text)
-    notes = [f"{shape['num_frames']} frames of {shape['max_area']} pixels: {tokens} video tokens + {text} text rows"]
+    flops = cogvideox_flops(config, frames, height, width, text)
+    notes = [f"{shape['num_frames']} frames of {shape['height']} x {shape['width']}: {tokens} video tokens + {text} "
+             "text rows"]
     encoder = 0.0
     if recipe.data.online and recipe.data.kind != "video_features":
-        vae, t5, note = _encoder_configs(recipe.data)
-        encoder = float(vae_encode_flops(vae, shape["num_frames"], 8 * side, 8 * side) + t5_encoder_flops(t5, text))
+        vae, t5, note = online_encoder_configs(recipe.data, tiny_video.COGVIDEOX_VAE_CONFIG, "CogVideoX-5B")
+        encoder = float(vae_encode_flops(vae, shape["num_frames"], shape["height"], shape["width"]) +
+                        t5_encoder_flops(t5, text))
         notes += [note] if note else []
     heads = config.num_attention_heads
     joint = AttentionForm("DiT joint text + video attention", text + tokens, heads, heads, config.attention_head_dim)

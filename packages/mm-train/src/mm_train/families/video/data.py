@@ -48,20 +48,35 @@ from mm_train.task import load_tokenizer, once_on_rank_zero
 
 NULL_CAPTION = "null_prompt_embeds.safetensors"  # the empty caption's embedding, for caption dropout
 REJECTED = "rejected_"  # a pair's rejected clip's features (mm_data.FeaturePairs)
+BUCKET_STRIDE = 16  # frame sides in multiples of the VAE's 8 x the DiT's patch of 2
 
 
 def clip_shape(data, read_cache: bool = False) -> Dict[str, int]:
-    """{num_frames, max_area, text_length} of a recipe's clips: the built-in clips' own for
-    data.kind tiny_video, else the data section's (clips are resampled to num_frames, areas kept
-    <= max_area); with ``read_cache`` (the planner) a ready cache's largest clip for
-    video_features, when its index is there."""
+    """{num_frames, max_area, height, width, text_length} of a recipe's largest clip: the built-in
+    clips' own for data.kind tiny_video, else the data section's (clips resampled to num_frames,
+    frames to the aspect bucket of max_area nearest theirs: height x width is the bucket of the
+    most pixels, `largest_frame`); with ``read_cache`` (the planner) a ready cache's largest clip
+    for video_features, when its index is there."""
     if data.kind == "tiny_video":
-        return {"num_frames": tiny_video.FRAMES, "max_area": tiny_video.SIZE ** 2, "text_length": 16}
+        side = tiny_video.SIZE
+        return {"num_frames": tiny_video.FRAMES, "max_area": side ** 2, "height": side, "width": side,
+                "text_length": 16}
     if data.kind == "video_features" and read_cache:
         cached = _cached_shape(data.path)
         if cached:
             return cached
-    return {"num_frames": data.num_frames, "max_area": data.max_area, "text_length": data.text_max_length}
+    height, width = largest_frame(data.max_area)
+    return {"num_frames": data.num_frames, "max_area": data.max_area, "height": height, "width": width,
+            "text_length": data.text_max_length}
+
+
+def largest_frame(max_area: int) -> Tuple[int, int]:
+    """(height, width) of the aspect bucket of ``max_area`` with the most pixels (the training data's
+    buckets, `_Source`): 480 x 720 for 345,600 pixels (a square would be 576 x 576)."""
+    from mm_data.video import AspectBuckets
+
+    buckets = AspectBuckets(max_area=max_area, stride=BUCKET_STRIDE)
+    return max((buckets.size(ratio) for ratio in buckets.ratios), key=lambda size: size[0] * size[1])
 
 
 def _cached_shape(folder: str):
@@ -73,13 +88,15 @@ def _cached_shape(folder: str):
         entries = FeatureDataset(folder or "").entries  # reads the index only
     except ValueError:  # no index (the preflight names the missing cache)
         return None
-    frames = area = text = 0
+    frames = text = 0
+    frame = (0, 0)
     for entry in entries:
         shapes = entry["features"]
         _, f, h, w = shapes["latents"]
-        frames, area = max(frames, (f - 1) * 4 + 1), max(area, h * w * 64)
+        frames, frame = max(frames, (f - 1) * 4 + 1), max(frame, (8 * h, 8 * w), key=lambda hw: hw[0] * hw[1])
         text = max(text, shapes.get("prompt_embeds", [0])[0])
-    return {"num_frames": frames, "max_area": area, "text_length": text}
+    return {"num_frames": frames, "max_area": frame[0] * frame[1], "height": frame[0], "width": frame[1],
+            "text_length": text}
 
 
 class _Source:
@@ -93,7 +110,7 @@ class _Source:
         self.i2v, self.data, self.family = i2v, data, family
         shape = clip_shape(data)
         self.frames = FrameBuckets(num_frames=shape["num_frames"])
-        self.buckets = AspectBuckets(max_area=shape["max_area"], stride=16)
+        self.buckets = AspectBuckets(max_area=shape["max_area"], stride=BUCKET_STRIDE)
         self.text_length = shape["text_length"]
         self.pairs = recipe.train.objective == "dpo"
         if data.kind == "tiny_video":

@@ -9,6 +9,7 @@ recipe says ``tiny``).
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Dict, Optional
 
@@ -67,6 +68,34 @@ def _first_frame_latents(vae, video: np.ndarray) -> np.ndarray:
     given = np.zeros_like(video)
     given[:, :, 0] = video[:, :, 0]
     return vae.normalize_latents(vae.encode(ms.Tensor(given)).mean).asnumpy()
+
+
+# T5 v1.1 XXL's shapes (every CogVideoX's text encoder; Wan's UMT5-XXL has the same widths)
+T5_XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, feed_forward_proj="gated-gelu")
+
+
+def online_encoder_configs(data, tiny_vae: dict, label: str, model_path: Optional[str] = None):
+    """(VAE config, text encoder config, note) the planner counts online encoding with: the tiny
+    set's (``tiny_vae`` and the tiny text encoder), or the folders' config.json (a pipeline folder's
+    vae/ and text_encoder/ for those unset), or — a folder not readable here — the published
+    model's (``label``: the VAE's defaults and T5 XXL), said in the note."""
+    if data.kind == "tiny_video":
+        return tiny_vae, tiny_video.TEXT_CONFIG, ""
+    configs, assumed = [], []
+    for field, default in (("vae", {}), ("text_encoder", T5_XXL)):
+        folder = getattr(data, field)
+        if folder is None and model_path and os.path.isfile(os.path.join(model_path, "model_index.json")):
+            folder = os.path.join(model_path, field)
+        path = os.path.join(folder or "", "config.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                configs.append(json.load(f))
+        else:
+            configs.append(default)
+            assumed.append(field)
+    note = f"online encoding with the {label} {' and '.join(assumed)} shapes (data.{assumed[0]} has no " \
+           "config.json here)" if assumed else ""
+    return configs[0], configs[1], note
 
 
 def encoder_sources(data, topo, family: str = "wan", model_path: Optional[str] = None) -> Dict[str, str]:

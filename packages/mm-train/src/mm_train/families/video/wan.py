@@ -15,7 +15,9 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from mm_train.families.video import tiny as tiny_video
 from mm_train.families.video.data import WanTrainData, clip_shape, latent_tokens, objective_problems
+from mm_train.families.video.encoders import online_encoder_configs
 from mm_train.families.video.generate import generate_video
 from mm_train.families.video.task import VideoTask
 from mm_train.families.video.tiny import ENCODER_FIELDS, TINY
@@ -192,7 +194,7 @@ def vae_compression(recipe, settings: WanPipelineSettings) -> int:
 
 def workload(recipe, config):
     """The planner's shapes (mm_train.plan.workload) of the largest clip (`data.clip_shape`):
-    num_frames frames of max_area pixels, through the VAE's 4 x s x s compression (s 8, 16 for
+    num_frames frames of its height x width, through the VAE's 4 x s x s compression (s 8, 16 for
     Wan2.2's VAE: `vae_compression`) and the DiT's patches; each block keeps its self-attention,
     cross-attention to the text tokens and GELU FFN. A Wan2.2 pair of experts runs one expert per
     micro-batch: a sample's FLOPs are one expert's (the memory of both is the model's build)."""
@@ -202,8 +204,9 @@ def workload(recipe, config):
     shape = clip_shape(recipe.data, read_cache=True)
     pt, ph, pw = config.patch_size
     frames = (shape["num_frames"] - 1) // 4 + 1
-    side = int((shape["max_area"] / vae_compression(recipe, settings) ** 2) ** 0.5)  # latent pixels a side
-    tokens = (frames // pt) * (side // ph) * (side // pw)
+    s = vae_compression(recipe, settings)
+    height, width = shape["height"] // s, shape["width"] // s  # latent pixels
+    tokens = (frames // pt) * (height // ph) * (width // pw)
     h = config.num_attention_heads * config.attention_head_dim
     text = shape["text_length"]
     inside = 10 * h + 2 * config.ffn_dim
@@ -213,12 +216,30 @@ def workload(recipe, config):
     stack = LayerStack("DiT", config.num_layers, tokens, h, outside=8 * h, inside=inside,
                        heads=config.num_attention_heads, keys=tokens + text, reference=55 * h + inside,
                        reference_emulated=28 * h)
-    flops = wan_dit_flops(config, frames, side, side, text, 257 if config.image_dim else 0)
-    note = f"{shape['num_frames']} frames of {shape['max_area']} pixels: {tokens} video tokens per clip"
+    flops = wan_dit_flops(config, frames, height, width, text, 257 if config.image_dim else 0)
+    note = f"{shape['num_frames']} frames of {shape['height']} x {shape['width']}: {tokens} video tokens per clip"
     heads, head_dim = config.num_attention_heads, config.attention_head_dim
     attention = [AttentionForm("DiT self-attention", tokens, heads, heads, head_dim),
                  AttentionForm("DiT cross-attention to the text", tokens, heads, heads, head_dim, keys=text)]
-    return Workload([stack], float(flops), tokens, boundary_hidden=h, notes=[note], attention=attention)
+    encoder, notes = _online_encoding(recipe, settings, shape)
+    return Workload([stack], float(flops), tokens, boundary_hidden=h, notes=[note, *notes], attention=attention,
+                    encoder_flops=encoder)
+
+
+def _online_encoding(recipe, settings, shape):
+    """(FLOPs, notes) of data.online's encoders per sample: the VAE encoder on the clip and UMT5
+    on the caption (an I2V model's CLIP image encoder, a few hundred GFLOPs, is not counted)."""
+    from mm_models_video.encoders.t5 import t5_encoder_flops
+    from mm_models_video.wan.flops import vae_encode_flops
+
+    data = recipe.data
+    if not data.online or data.kind == "video_features":
+        return 0.0, []
+    tiny = tiny_video.VAE22_CONFIG if vae_compression(recipe, settings) == 16 else tiny_video.VAE_CONFIG
+    vae, text, note = online_encoder_configs(data, tiny, "Wan", recipe.model.path)
+    flops = vae_encode_flops(vae, shape["num_frames"], shape["height"], shape["width"]) + \
+        t5_encoder_flops(text, shape["text_length"])
+    return float(flops), [note] if note else []
 
 
 _TINY, _ASCEND = "1-2 CPU processes", "Ascend NPUs"
