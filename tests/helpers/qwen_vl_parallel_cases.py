@@ -63,9 +63,9 @@ def build(path, topo, case):
     Qwen VL models share one plan)."""
     from mm_models_vl.qwen2_5_vl.parallel_plan import LoraConfig, parallelize
     chunks = []
+    split = case.get("pipeline_num_layers") if topo.pp.size > 1 else None  # the one-process reference: whole
     for chunk in range(topo.config.vpp):
-        model = model_class(path).from_pretrained(path, topology=topo, chunk=chunk,
-                                                  pipeline_num_layers=case.get("pipeline_num_layers"))
+        model = model_class(path).from_pretrained(path, topology=topo, chunk=chunk, pipeline_num_layers=split)
         parallelize(model, recompute=case.get("recompute", "none"), recompute_num_layers=1,
                     lora=LoraConfig(r=4, alpha=8.0) if case.get("lora") else None, freeze=case.get("freeze", ()))
         if case.get("lora"):

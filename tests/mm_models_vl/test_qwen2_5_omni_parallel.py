@@ -22,7 +22,7 @@ TWO = {
     "ulysses2": {"layout": {"cp": 2}},
     "ring2": {"layout": {"cp": 2, "cp_algo": "ring"}},
     "dp2_zero1": {"layout": {"zero_stage": 1}},
-    "pp2": {"layout": {"pp": 2}},
+    "pp2": {"layout": {"pp": 2}, "freeze": ("audio", "vision", "merger")},  # both towers' outputs kept
     "pp2_vpp2": {"layout": {"pp": 2, "vpp": 2}, "checkpoint": DEEP},
     "lora_tp2": {"layout": {"tp": 2}, "lora": True},
     "tp2_sp_recompute_full": {"layout": {"tp": 2, "sequence_parallel": True}, "recompute": "full"},

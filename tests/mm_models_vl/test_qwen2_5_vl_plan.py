@@ -96,3 +96,20 @@ def test_layouts_the_model_cannot_take_are_refused():
     assert parallelize(model, solo) is model
     with pytest.raises(ValueError, match="build the model under the layout"):
         parallelize(model, Topology.build(ParallelConfig(), 1, 0))
+
+
+@pytest.mark.parametrize("freeze, runs", [(("vision", "merger"), 1), (("vision",), 2)])
+def test_a_frozen_tower_runs_once_per_micro_batch_in_a_pipeline_stage(checkpoint, freeze, runs):
+    """A pipeline stage runs its forward again in its backward (mm_parallel.pipeline): a tower
+    with no trainable parameter gives its first output again (kept in the micro-batch), one that
+    trains (the merger) runs again. The stage's output is the same either way."""
+    from mm_models_vl.qwen2_5_vl.modeling import TOWER_MEMO
+
+    model = _load(checkpoint, freeze=freeze)
+    batch = padded_pair(np.random.default_rng(0))
+    with counted_forwards(list(model.model.visual.blocks)) as block_calls:
+        first = model.pipeline_stage(None, batch).asnumpy()
+        again = model.pipeline_stage(None, batch).asnumpy()
+    assert set(block_calls.values()) == {runs} and np.array_equal(first, again)
+    assert (TOWER_MEMO in batch and bool(batch[TOWER_MEMO])) == (runs == 1)
+    assert model.model.tower_memo is None  # only while a stage embeds

@@ -23,7 +23,8 @@ TWO = {
     "ulysses2": {"layout": {"cp": 2}},
     "ring2": {"layout": {"cp": 2, "cp_algo": "ring"}},
     "dp2_zero1": {"layout": {"zero_stage": 1}},
-    "pp2": {"layout": {"pp": 2}, "pipeline_num_layers": [1, 2]},  # DeepStack level 1 crosses
+    "pp2": {"layout": {"pp": 2}, "pipeline_num_layers": [1, 2],  # DeepStack level 1 crosses
+            "freeze": ("vision", "merger")},  # the frozen tower's output (and DeepStack's) kept for the backward
     "pp2_vpp2": {"layout": {"pp": 2, "vpp": 2}, "checkpoint": DEEP},
     "lora_tp2": {"layout": {"tp": 2}, "lora": True},
     "tp2_frozen_vision": {"layout": {"tp": 2}, "freeze": ("vision",)},

@@ -526,6 +526,15 @@ def test_a_lora_step_computes_no_weight_gradient_and_whose_pipeline_decides_the_
     assert planned["mm"]["assumptions"]["passes"] == {"trained": 4.0, "frozen": 2, "recomputed": 1.0}
     assert planned["torch_npu"]["assumptions"]["passes"] == {"trained": 3.0, "frozen": 1, "recomputed": 0.0}
     assert planned["torch_npu"]["step_time_s"] < planned["mm"]["step_time_s"]
+    # frozen with its merger, the tower has no trainable parameter: the stage keeps its output, one forward
+    from mm_train.plan import timing
+
+    for freeze, forwards in (("[vision]", 2), ("[vision, merger]", 1)):
+        frozen = load_recipe("qwen2_5_vl_7b_sft", [f"model.path={_hub_folder('Qwen2.5-VL-7B-Instruct')}",
+                                                   f"model.freeze={freeze}"])
+        workload = frozen.family.workload(frozen, model_config(frozen)[1])
+        tower = next(stack for stack in workload.stacks if not stack.trained)
+        assert timing.stack_passes(tower, timing.Passes.of(frozen, workload, 2)) == forwards, freeze
 
 
 def test_plan_explain_lists_every_term_of_the_step_and_what_it_rests_on(capsys):

@@ -113,7 +113,7 @@ class Qwen2_5OmniThinkerModel(Qwen2_5_VLModel):
                 raise ValueError(f"audio features and audio tokens do not match: the audios give {expected} "
                                  f"tokens{f' x {media_copies} copies' if media_copies > 1 else ''}, input_ids hold "
                                  f"{len(slots)} audio placeholder tokens")
-            parts.append((slots, self.audio_tower(Tensor(features), lengths)))
+            parts.append((slots, self.run_tower(self.audio_tower, "audio", Tensor(features), lengths)))
         return place_rows(embeds.shape, parts, embeds)
 
 

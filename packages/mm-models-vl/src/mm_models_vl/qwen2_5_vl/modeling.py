@@ -67,11 +67,22 @@ def load_config(config):
     return hf_config(config)
 
 
+def _constant(value):
+    """``value`` (a tensor, or tuples / lists of them) cut from autodiff."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(_constant(v) for v in value)
+    return ops.stop_gradient(value) if isinstance(value, Tensor) else value
+
+
+TOWER_MEMO = "_frozen_tower_outputs"  # a micro-batch's key for its frozen towers' outputs (first_stage_embed)
+
+
 class Qwen2_5_VLModel(nn.Cell):
     """Vision tower + language model (no head); holds the parts this pipeline stage owns."""
 
     vision_class = Qwen2_5_VisionTransformerPretrainedModel
     text_class = Qwen2_5_VLTextModel
+    tower_memo: Optional[dict] = None  # while a pipeline stage embeds: its micro-batch's frozen tower outputs
 
     def __init__(self, config, topology: Topology, first: int = 0, last: Optional[int] = None,
                  pre: bool = True, post: bool = True):
@@ -97,7 +108,8 @@ class Qwen2_5_VLModel(nn.Cell):
                 continue
             if grid is None:
                 raise ValueError(f"{name} pixels need {name}_grid_thw")
-            output = self.visual(ms.Tensor(host(pixels, np.float32)), towered(host(grid, np.int64), copies, name))
+            output = self.run_tower(self.visual, name, ms.Tensor(host(pixels, np.float32)),
+                                    towered(host(grid, np.int64), copies, name))
             features = output[0] if isinstance(output, tuple) else output
             if features.shape[0] * copies != len(slots):
                 raise ValueError(f"{name} features and {name} tokens do not match: {features.shape[0]} features"
@@ -105,6 +117,17 @@ class Qwen2_5_VLModel(nn.Cell):
                                  "input_ids")
             parts.append((slots, output))
         return parts
+
+    def run_tower(self, tower, key: str, *inputs):
+        """``tower(*inputs)``; under ``tower_memo`` a tower with no trainable parameter (frozen, no
+        adapters) runs once per micro-batch: its output is kept under ``key`` and given again when
+        the stage's forward runs again in its backward (mm_parallel.pipeline), as a constant."""
+        memo = self.tower_memo
+        if memo is None or tower.trainable_params():
+            return tower(*inputs)
+        if key not in memo:
+            memo[key] = _constant(tower(*inputs))
+        return memo[key]
 
     def inputs_embeds(self, input_ids: np.ndarray, pixel_values=None, image_grid_thw=None,
                       pixel_values_videos=None, video_grid_thw=None, media_copies: int = 1):
@@ -412,10 +435,20 @@ class Qwen2_5_VLForConditionalGeneration(ParallelModel):
         cache = batch.get("past_key_values")
         plan = self.sequence_plan(**self.plan_args(batch), past_length=cache.length() if cache else 0)
         if self.is_first:
-            x = self.embed(**{k: batch.get(k) for k in self.embed_keys}) if not (cache and cache.length()) else \
+            x = self.first_stage_embed(batch) if not (cache and cache.length()) else \
                 self.embed_tokens(batch["input_ids"])
         x = self.model.language_model(x, plan.cos, plan.sin, plan.key_padding_mask, cache, plan.segment_ids)
         return self.lm_head(last_positions(x, batch.get("logits_to_keep"))) if self.is_last else x
+
+    def first_stage_embed(self, batch: dict):
+        """The first stage's embeddings of a micro-batch; a frozen tower's output is kept in the
+        micro-batch (``TOWER_MEMO``) the first time, so the stage's forward run again in its
+        backward does not run the tower again (Qwen2_5_VLModel.run_tower)."""
+        self.model.tower_memo = batch.setdefault(TOWER_MEMO, {})
+        try:
+            return self.embed(**{k: batch.get(k) for k in self.embed_keys})
+        finally:
+            self.model.tower_memo = None
 
     def pipeline_loss(self, logits, batch: dict):
         """The last stage's loss of a micro-batch (the schedule averages over micro-batches)."""

@@ -152,7 +152,7 @@ class Qwen3VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
         cache = batch.get("past_key_values")
         plan = self.sequence_plan(**self.plan_args(batch), past_length=cache.length() if cache else 0)
         if self.is_first:
-            hidden, deepstack = self.embed(**{k: batch.get(k) for k in self.embed_keys}) \
+            hidden, deepstack = self.first_stage_embed(batch) \
                 if not (cache and cache.length()) else (self.embed_tokens(batch["input_ids"]), {})
             stats = []
         else:

@@ -40,7 +40,8 @@ def assumptions(plan: Dict) -> List[str]:
         f"  efficiencies: compute {e['compute']:.3g} of the peak, {e['layer_pass_ms']:.3g} ms per layer pass, online "
         f"encoding {e['encode']:.3g}, links {e['communication']:.3g} — {source}",
         f"  passes per sample: a trained stack {p['trained']:.3g} forwards (recomputed share {p['recomputed']:.3g}; a "
-        f"LoRA backward computes no weight gradient), a frozen one {p['frozen']}; {pipeline}",
+        f"LoRA backward computes no weight gradient), a frozen one {p['frozen']} (1 where the stage keeps its output); "
+        f"{pipeline}",
         f"  {a['micro_batches']} micro-batches per data-parallel rank and step; {plan['batch_samples']} samples a step",
         f"  throughput: {plan['samples_per_s']:.4g} samples/s and {plan['tokens_per_s']:.4g} tokens/s on the "
         f"{plan['devices']} devices, {plan['tokens_per_s_per_device']:.4g} tokens/s per device",

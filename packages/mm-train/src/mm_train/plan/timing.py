@@ -13,8 +13,9 @@ micro-batches per data-parallel rank and step, and E_c, E_n the compute and link
                 pipeline decides the rest (`FRAMEWORKS`): mm's stage backward runs its stage's
                 forward again (MindSpore's vjp runs the forward again for its deferred backward,
                 the same benchmark counts it; PyNative has no other, 2.7.2 - 2.10), so under pp the
-                share is 1 and a frozen tower runs forward twice;
-                Megatron on torch_npu (MindSpeed-MM) keeps the forward's graph: the recipe's
+                share is 1 and a frozen tower runs forward twice — once when the stage keeps its
+                output (no trainable parameter in it, e.g. a VL tower frozen with its merger:
+                LayerStack.output_kept); Megatron on torch_npu (MindSpeed-MM) keeps the forward's graph: the recipe's
                 recomputation alone, frozen towers once. A stack that runs whole (the VL towers)
                 is not divided by tp, cp or pp: the first stage runs all of it
     bubble      compute (pp - 1) / (m vpp)  (1F1B; interleaving divides the idle ticks by vpp)
@@ -119,13 +120,21 @@ def stack_flops(workload) -> Dict[str, float]:
     return {s.name: whole.get(s.name, workload.flops_per_sample - sum(whole.values())) for s in workload.stacks}
 
 
+def stack_passes(stack, passes: Passes) -> float:
+    """Forwards per sample of ``stack``: a trained one's, or a frozen one's (once when a pipeline
+    stage keeps its output: LayerStack.output_kept)."""
+    if stack.trained:
+        return passes.trained
+    return 1 if stack.output_kept else passes.frozen
+
+
 def rank_stack_flops(workload, passes: Passes, topo, reference: float = 0.0) -> Dict[str, float]:
     """FLOPs of one sample in a step on ``topo``'s rank, per stack: a split stack over tp cp pp, a
     stack that runs whole on the first stage alone (module docstring); ``reference``: forward
     passes more without a backward (dpo / grpo's reference)."""
     out = {}
     for stack, flops in zip(workload.stacks, stack_flops(workload).values()):
-        n = (passes.trained if stack.trained else passes.frozen) + reference
+        n = stack_passes(stack, passes) + reference
         if stack.runs_whole:
             out[stack.name] = n * flops if topo.is_first_stage else 0.0
         else:
@@ -197,7 +206,7 @@ def _model_parallel_times(times, terms, workload, recipe, topo, device, cluster,
         if not stack.pipelined and not topo.is_first_stage:
             continue
         layers = stage_layers(stack.layers, topo) if stack.pipelined else stack.layers
-        layer_passes = layers * ((passes.trained if stack.trained else passes.frozen) + reference)
+        layer_passes = layers * (stack_passes(stack, passes) + reference)
         launch = micro_batches * layer_passes * per_layer_pass
         times["launch_s"] += launch
         terms.append((f"launch: {stack.name}", launch, f"{micro_batches * layer_passes:.4g} layer passes"))

@@ -57,6 +57,9 @@ class LayerStack:
     trained: bool = True  # False: frozen, its activations are not kept for a backward
     runs_whole: bool = False  # every rank of the first stage runs it unsplit (module docstring)
     flops: float = 0.0  # forward FLOPs per sample, for a stack that runs whole (part of flops_per_sample)
+    # frozen with no trainable parameter in its module: a pipeline stage keeps its output for the
+    # forward its backward runs again, so it runs once per micro-batch (mm_models_vl's run_tower)
+    output_kept: bool = False
 
     def __post_init__(self):
         if self.runs_whole and self.pipelined:

@@ -128,7 +128,7 @@ def workload(recipe, config):
     stack = LayerStack("audio tower", audio.encoder_layers, positions, d, outside=4 * d, inside=6 * d + 2 * ffn,
                        heads=audio.encoder_attention_heads, keys=min(positions, audio.n_window),
                        reference=27 * d + 6 * ffn, reference_emulated=42 * d, pipelined=False, trained=not frozen,
-                       runs_whole=True, flops=flops)
+                       runs_whole=True, flops=flops, output_kept=frozen and not recipe.model.lora)
     vl = vl_workload(recipe, config)
     heads = audio.encoder_attention_heads
     chunks = AttentionForm("audio, chunks", positions, heads, heads, d // heads, segment=min(positions, audio.n_window),

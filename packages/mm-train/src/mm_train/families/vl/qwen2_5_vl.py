@@ -330,7 +330,8 @@ def workload(recipe, config):
     stacks = [LayerStack("vision tower", vision.depth, patches, hv, outside=4 * hv, inside=vision_inside,
                          heads=vision.num_heads, keys=int(keys), reference=13 * hv + vision_inside,
                          reference_emulated=42 * hv, pipelined=False, trained=not frozen, runs_whole=True,
-                         flops=tower_flops),
+                         flops=tower_flops, output_kept=frozen and "merger" in recipe.model.freeze
+                         and not recipe.model.lora),
               LayerStack("language model", text.num_hidden_layers, seq, h, outside=4 * h, inside=text_inside,
                          heads=text.num_attention_heads, keys=seq, reference=13 * h + text_inside,
                          reference_emulated=42 * h)]
