@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -41,7 +42,9 @@ import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-HUB = json.loads((ROOT / "tests" / "mm_train" / "data" / "hub_configs.json").read_text())
+sys.path.insert(0, str(ROOT / "tests"))
+from helpers.hub_folders import HUB_CONFIGS, write_hub_folder  # noqa: E402  (the published shapes, in the tests' data)
+
 GOAL, SHARE = 0.25, 0.8  # leave-one-out within 25 % on at least 80 % of the figures that have one
 # whose pipeline a framework's figures are planned with: MindSpeed-MM's MindSpore backend is taken
 # to share MindSpore's PyNative limit (mm's: the stage's forward again in its backward)
@@ -60,21 +63,13 @@ def load_table() -> dict:
 
 
 def model_folder(figure: dict) -> str:
-    """A folder with the figure's model: its config.json (hub_configs' ``config`` with
-    ``config_changes``), or a diffusers pipeline folder (``pipeline``: model_index.json and its
-    components' config.json, as tests/helpers/hub_folders.py writes them)."""
+    """A folder with the figure's model: hub_configs' ``config`` with ``config_changes`` as its
+    config.json, or a diffusers pipeline folder (``pipeline``, written by the tests' helper)."""
     root = tempfile.mkdtemp(prefix="calibration_")
     if "pipeline" in figure:
-        key = figure["pipeline"]
-        files = [("model_index.json", HUB[key]["model_index.json"])] + [
-            (f"{part}/config.json", HUB[f"{key}/{part}"]) for part in HUB[key]["model_index.json"]
-            if f"{key}/{part}" in HUB]
-    else:
-        files = [("config.json", {**HUB[figure["config"]], **figure.get("config_changes", {})})]
-    for name, content in files:
-        os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
-        with open(os.path.join(root, name), "w") as f:
-            json.dump(content, f)
+        return write_hub_folder(os.path.join(root, figure["pipeline"]), figure["pipeline"])
+    with open(os.path.join(root, "config.json"), "w") as f:
+        json.dump({**HUB_CONFIGS[figure["config"]], **figure.get("config_changes", {})}, f)
     return root
 
 

@@ -228,7 +228,7 @@ def _summary(recipe, cluster, device, world, ranks, peak, times, workload, sampl
     step = times["step_time_s"]
     sps = samples / step if step else 0.0
     # model FLOPs: no recompute, frozen towers forward only; dpo: each pair's sequences, the reference's forward too
-    model_passes = 2 if recipe.model.lora else 3  # a LoRA step computes no gradient of the frozen weights
+    model_passes = timing.forward_and_backward(recipe)
     flops = sequences_per_sample(recipe) * (timing.step_flops(workload, model_passes) + reference_passes(recipe) *
                                             timing.step_flops(workload, 1)) * sps
     terms = {k[:-2]: v for k, v in times.items() if k not in ("step_time_s", "terms")}

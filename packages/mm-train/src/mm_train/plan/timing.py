@@ -92,8 +92,13 @@ class Passes:
             share = min(recipe.model.recompute_num_layers or 0, layers) / layers
         else:
             share = 0.0
-        backward = 1 if recipe.model.lora else 2  # LoRA: the inputs' gradients only
-        return cls(1 + backward + share, 2 if pipeline_recomputes else 1, share)
+        return cls(forward_and_backward(recipe) + share, 2 if pipeline_recomputes else 1, share)
+
+
+def forward_and_backward(recipe) -> int:
+    """Forwards a trained stack's forward and backward cost per sample: 3, under LoRA 2 (the inputs'
+    gradients only, no weight gradient of the frozen weights)."""
+    return 2 if recipe.model.lora else 3
 
 
 def group_spans_servers(topo, kind: str, devices_per_node: int) -> bool:

@@ -70,6 +70,15 @@ def _first_frame_latents(vae, video: np.ndarray) -> np.ndarray:
     return vae.normalize_latents(vae.encode(ms.Tensor(given)).mean).asnumpy()
 
 
+def pipeline_part(model_path: Optional[str], field: str) -> Optional[str]:
+    """``model_path``'s sub-folder ``field`` (vae, text_encoder, ...) when model_path is a diffusers
+    pipeline folder (model_index.json) that has it, else None."""
+    if not model_path or not os.path.isfile(os.path.join(model_path, "model_index.json")):
+        return None
+    folder = os.path.join(model_path, field)
+    return folder if os.path.isdir(folder) else None
+
+
 # T5 v1.1 XXL's shapes (every CogVideoX's text encoder; Wan's UMT5-XXL has the same widths)
 T5_XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, feed_forward_proj="gated-gelu")
 
@@ -84,8 +93,8 @@ def online_encoder_configs(data, tiny_vae: dict, label: str, model_path: Optiona
     configs, assumed = [], []
     for field, default in (("vae", {}), ("text_encoder", T5_XXL)):
         folder = getattr(data, field)
-        if folder is None and model_path and os.path.isfile(os.path.join(model_path, "model_index.json")):
-            folder = os.path.join(model_path, field)
+        if folder is None:
+            folder = pipeline_part(model_path, field)
         path = os.path.join(folder or "", "config.json")
         if os.path.exists(path):
             with open(path) as f:
@@ -106,10 +115,7 @@ def encoder_sources(data, topo, family: str = "wan", model_path: Optional[str] =
     those names (a Wan2.2 folder's own VAE: TI2V-5B's of Wan2.2's layout, A14B's Wan2.1's). The
     tokenizer defaults to the text encoder's folder, the image processor to the image encoder's."""
     given = {field: getattr(data, field) for field in tiny_video.ENCODER_FIELDS}
-    if model_path and os.path.isfile(os.path.join(model_path, "model_index.json")):
-        for field, value in given.items():
-            if value is None and os.path.isdir(os.path.join(model_path, field)):
-                given[field] = os.path.join(model_path, field)
+    given = {field: pipeline_part(model_path, field) if value is None else value for field, value in given.items()}
     if tiny_video.TINY in given.values():
         folder = "tiny_encoders" if family == "wan" else f"tiny_encoders-{family}"
         root = os.path.join(tiny_video.default_folder(), folder)

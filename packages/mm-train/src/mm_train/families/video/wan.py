@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 
 from mm_train.families.video import tiny as tiny_video
 from mm_train.families.video.data import WanTrainData, clip_shape, latent_tokens, objective_problems
-from mm_train.families.video.encoders import online_encoder_configs
+from mm_train.families.video.encoders import online_encoder_configs, pipeline_part
 from mm_train.families.video.generate import generate_video
 from mm_train.families.video.task import VideoTask
 from mm_train.families.video.tiny import ENCODER_FIELDS, TINY
@@ -121,10 +121,9 @@ def video_source_problems(data, model_path: Optional[str] = None) -> List[str]:
             require_exists(problems, "data.path", data.path,
                            "video annotations (data.json / .jsonl / .txt or a folder)")
         shard_rules(problems, data)
-        pipeline = bool(model_path) and os.path.isfile(os.path.join(model_path, "model_index.json"))
         for field in ENCODER_FIELDS:
             value = getattr(data, field)
-            if value is None and pipeline and os.path.isdir(os.path.join(model_path, field)):
+            if value is None and pipeline_part(model_path, field):
                 continue
             if value is None and field in ("vae", "text_encoder"):
                 problems.append(f"data.{field}: data.kind video encodes the clips with it; give its folder (or tiny), "
